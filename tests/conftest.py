@@ -1,0 +1,125 @@
+"""Real components for the tests: PostgreSQL, a Kafka-protocol broker, one SparkSession."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+
+from walstream.change import parse_lsn
+from walstream.postgres.embedded import EmbeddedPostgres
+from walstream.postgres.replication import RawMessage, connect, drop_slot, read_messages
+from walstream.testing import TansuBroker
+
+TEST_SETTINGS = {
+    "wal_sender_timeout": "10s",  # catches a reader that forgets keepalive replies
+    "fsync": "off",
+    "full_page_writes": "off",
+    "synchronous_commit": "on",
+}
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[EmbeddedPostgres]:
+    """One private PostgreSQL (wal_level=logical) for the whole run."""
+    server = EmbeddedPostgres(settings=TEST_SETTINGS)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@dataclass
+class TestDatabase:
+    """A fresh database in the shared server, with slots and publications cleaned up."""
+
+    server: EmbeddedPostgres
+    name: str
+    conn: psycopg.Connection[Any]
+    slots: list[str] = field(default_factory=list)
+
+    __test__ = False  # not a test class
+
+    @property
+    def dsn(self) -> str:
+        return self.server.dsn(self.name)
+
+    def execute(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        cur = self.conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+    def create_slot(self, plugin: str = "pgoutput") -> str:
+        name = unique("slot")
+        self.conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (name, plugin))
+        self.slots.append(name)
+        return name
+
+    def create_publication(self, *tables: str) -> str:
+        name = unique("pub")
+        target = "FOR TABLE " + ", ".join(tables) if tables else "FOR ALL TABLES"
+        self.conn.execute(f"CREATE PUBLICATION {name} {target}")
+        return name
+
+    def mark(self) -> int:
+        """Commit a marker transaction; return an LSN its Commit ends after."""
+        row = self.execute("SELECT pg_logical_emit_message(true, 'test:mark', '')::text")
+        return parse_lsn(row[0][0])
+
+    def read(self, slot: str, publication: str, **kw: Any) -> list[RawMessage]:
+        """Everything the slot holds up to now (a marker is committed first)."""
+        until = self.mark()
+        return list(read_messages(self.dsn, slot, publication, until_lsn=until, **kw))
+
+
+@pytest.fixture
+def db(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
+    name = unique("db")
+    with connect(pg.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    conn = connect(pg.dsn(name), autocommit=True)
+    tdb = TestDatabase(pg, name, conn)
+    try:
+        yield tdb
+    finally:
+        for slot in tdb.slots:
+            drop_slot(conn, slot)
+        conn.close()
+        with connect(pg.dsn(), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[TansuBroker]:
+    """The tansu Kafka-protocol broker (memory storage) on a free loopback port."""
+    with TansuBroker() as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One SparkSession (local[2], Python worker reuse on) shared by the whole run."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("walstream-tests")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,0 +1,155 @@
+"""The canonical change row: WAL cursor, column list, Spark schema, idempotency key."""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+
+from walstream.errors import WalstreamError
+
+_LSN_RE = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
+
+#: Postgres timestamps on the wire count microseconds from this instant.
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+PG_EPOCH_UNIX_US = 946_684_800_000_000
+
+
+def parse_lsn(text: str) -> int:
+    """Parse Postgres' `X/Y` LSN text into a 64-bit integer."""
+    m = _LSN_RE.match(text)
+    if not m:
+        raise WalstreamError(
+            f"invalid LSN {text!r}",
+            "write an LSN as Postgres prints it: two hex numbers separated by '/', e.g. 0/16B3748",
+        )
+    return (int(m.group(1), 16) << 32) | int(m.group(2), 16)
+
+
+def format_lsn(lsn: int) -> str:
+    """Format a 64-bit LSN the way Postgres prints it (`16/B374D848`)."""
+    if not 0 <= lsn < 1 << 64:
+        raise ValueError(f"LSN out of range: {lsn}")
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class WalCursor:
+    """Position of one change: commit LSN of its transaction and its index inside it.
+
+    Totally ordered; unique per change; the basis of Spark offsets and of the
+    idempotency key every sink passes on.
+    """
+
+    lsn: int
+    seq: int
+
+    def __post_init__(self) -> None:
+        if self.lsn < 0 or self.seq < 0:
+            raise ValueError(f"WalCursor needs non-negative lsn and seq, got {self.lsn}, {self.seq}")
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.lsn, self.seq)
+
+    def to_json(self) -> dict[str, int]:
+        return {"lsn": self.lsn, "seq": self.seq}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WalCursor:
+        try:
+            return cls(int(data["lsn"]), int(data["seq"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WalstreamError(
+                f"invalid WAL cursor {data!r}: {exc}",
+                'a cursor is a JSON object {"lsn": <int>, "seq": <int>}',
+            ) from exc
+
+    def __str__(self) -> str:
+        return f"{format_lsn(self.lsn)}:{self.seq}"
+
+
+def idempotency_key(lsn: int, seq: int) -> str:
+    """`base64("lsn:seq")` with the LSN as a decimal integer: stable across replays."""
+    return base64.b64encode(f"{lsn}:{seq}".encode()).decode("ascii")
+
+
+def pg_timestamp_to_datetime(us_since_2000: int) -> datetime:
+    return PG_EPOCH + timedelta(microseconds=us_since_2000)
+
+
+class ChangeRow(NamedTuple):
+    """One change in the canonical shape (DESIGN.md section 2).
+
+    `committed_at_us` is microseconds since the Unix epoch (UTC); the Spark
+    column is a timestamp. `unchanged_toast` lists columns left out of `record`
+    because Postgres did not send their (unchanged, TOASTed) value.
+    """
+
+    source: str
+    lsn: int
+    seq: int
+    xid: int | None
+    committed_at_us: int
+    action: str
+    schema: str
+    table: str
+    pk: list[str]
+    record: str | None
+    old: str | None
+    annotations: str | None
+    unchanged_toast: list[str] | None
+
+    @property
+    def cursor(self) -> WalCursor:
+        return WalCursor(self.lsn, self.seq)
+
+    @property
+    def committed_at(self) -> datetime:
+        return datetime.fromtimestamp(0, UTC) + timedelta(microseconds=self.committed_at_us)
+
+
+ACTIONS = ("insert", "update", "delete", "truncate", "read")
+
+#: The canonical change schema as a Spark DDL string; column order is the contract.
+CHANGE_SCHEMA_DDL = (
+    "source STRING, lsn BIGINT, seq INT, xid BIGINT, committed_at TIMESTAMP, action STRING, "
+    "schema STRING, table STRING, pk ARRAY<STRING>, record STRING, old STRING, "
+    "annotations STRING, unchanged_toast ARRAY<STRING>"
+)
+
+CHANGE_COLUMNS = tuple(c.split()[0] for c in CHANGE_SCHEMA_DDL.split(", "))
+
+
+def spark_schema() -> Any:
+    """The canonical schema as a `pyspark.sql.types.StructType` (imports pyspark lazily)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    s = StringType()
+    return StructType(
+        [
+            StructField("source", s, False),
+            StructField("lsn", LongType(), False),
+            StructField("seq", IntegerType(), False),
+            StructField("xid", LongType(), True),
+            StructField("committed_at", TimestampType(), False),
+            StructField("action", s, False),
+            StructField("schema", s, False),
+            StructField("table", s, False),
+            StructField("pk", ArrayType(s, True), False),
+            StructField("record", s, True),
+            StructField("old", s, True),
+            StructField("annotations", s, True),
+            StructField("unchanged_toast", ArrayType(s, False), True),
+        ]
+    )

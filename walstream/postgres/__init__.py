@@ -1,0 +1,1 @@
+"""Everything that speaks to Postgres: replication, pgoutput decoding, types, setup checks."""

@@ -1,0 +1,202 @@
+"""Start a private PostgreSQL server (initdb + pg_ctl) for the demo and the tests.
+
+It runs the server binaries already on the machine (Debian's `postgresql`
+package, or any `initdb` on PATH, or WALSTREAM_PG_BIN). When the process is
+root, the server runs as the unprivileged `postgres` (or `nobody`) user, since
+Postgres refuses to run as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from walstream.errors import SetupError
+
+log = logging.getLogger(__name__)
+
+#: Settings every walstream-started server gets; tests add a short wal_sender_timeout.
+LOGICAL_SETTINGS: dict[str, str] = {
+    "wal_level": "logical",
+    "max_replication_slots": "20",
+    "max_wal_senders": "20",
+    "max_connections": "100",
+    "listen_addresses": "'127.0.0.1'",
+    "logging_collector": "off",
+    "shared_buffers": "128MB",
+}
+
+
+def find_pg_bin() -> Path:
+    """The directory holding initdb/pg_ctl/postgres, or a SetupError saying how to get it."""
+    env = os.environ.get("WALSTREAM_PG_BIN")
+    candidates = [Path(env)] if env else []
+    on_path = shutil.which("initdb")
+    if on_path:
+        candidates.append(Path(os.path.realpath(on_path)).parent)
+    debian = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True
+    )
+    candidates += [Path(p) for p in debian]
+    for c in candidates:
+        if (c / "initdb").exists() and (c / "pg_ctl").exists():
+            return c
+    raise SetupError(
+        "PostgreSQL server binaries (initdb, pg_ctl) were not found",
+        "install them (Debian: `apt-get install postgresql`) or set WALSTREAM_PG_BIN to their directory",
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_as() -> str | None:
+    """The OS user to run the server as: None (ourselves) unless we are root."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    raise SetupError(
+        "running as root and no unprivileged user (postgres, nobody) exists to run PostgreSQL",
+        "create one: `useradd --system postgres`",
+    )
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server in a directory of its own, on a free loopback port.
+
+    `base_dir` persists the cluster across runs (the demo); without it a temp
+    dir is used and removed on stop (the tests).
+    """
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        settings: Mapping[str, str] | None = None,
+        superuser: str = "postgres",
+    ) -> None:
+        self.bin = find_pg_bin()
+        self._temp = base_dir is None
+        self.base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="walstream-pg-"))
+        self.data = self.base / "data"
+        self.log_file = self.base / "postgres.log"
+        self.port = port or free_port()
+        self.settings = {**LOGICAL_SETTINGS, **(settings or {})}
+        self.superuser = superuser
+        self.user = _run_as()
+        self.running = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _cmd(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        kwargs: dict[str, Any] = {}
+        if self.user:
+            kwargs["user"] = self.user
+            kwargs["group"] = pwd.getpwnam(self.user).pw_gid
+            kwargs["extra_groups"] = []
+        env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+        proc = subprocess.run(
+            args, capture_output=True, text=True, cwd=self.base, env=env, check=False, **kwargs
+        )
+        if check and proc.returncode != 0:
+            raise SetupError(
+                f"{Path(args[0]).name} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}",
+                f"see {self.log_file} for the server log",
+            )
+        return proc
+
+    def _prepare_dirs(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        (self.base / "sock").mkdir(exist_ok=True)
+        if self.user:
+            pw = pwd.getpwnam(self.user)
+            for p in [self.base, self.base / "sock", *self.base.rglob("*")]:
+                os.chown(p, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+            # The server user must be able to reach the directory.
+            p = self.base.parent
+            while p != p.parent:
+                if p.stat().st_mode & 0o001 == 0:
+                    raise SetupError(
+                        f"{self.user} cannot enter {p}, which holds the embedded server's directory",
+                        f"chmod o+x {p} or choose a base directory elsewhere",
+                    )
+                p = p.parent
+
+    def initdb(self) -> None:
+        if (self.data / "PG_VERSION").exists():
+            return
+        self._prepare_dirs()
+        self._cmd(
+            str(self.bin / "initdb"),
+            "-D", str(self.data),
+            "-U", self.superuser,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+        )  # fmt: skip
+
+    def start(self) -> EmbeddedPostgres:
+        self.initdb()
+        self._prepare_dirs()
+        opts = [f"-c {k}={v}" for k, v in self.settings.items()]
+        opts += [f"-p {self.port}", f"-c unix_socket_directories='{self.base / 'sock'}'"]
+        proc = self._cmd(
+            str(self.bin / "pg_ctl"),
+            "-D", str(self.data),
+            "-l", str(self.log_file),
+            "-o", " ".join(opts),
+            "-w", "-t", "60",
+            "start",
+            check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            tail = self.log_tail()
+            raise SetupError(
+                f"the embedded PostgreSQL did not start on port {self.port}: {proc.stderr.strip()}\n{tail}",
+                f"read {self.log_file}; a port conflict or a full disk are the usual causes",
+            )
+        self.running = True
+        log.info("embedded PostgreSQL running on 127.0.0.1:%s (%s)", self.port, self.data)
+        return self
+
+    def stop(self) -> None:
+        if self.running:
+            self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop", check=False)
+            self.running = False
+        if self._temp:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> EmbeddedPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- connecting --------------------------------------------------------------------------
+    def dsn(self, dbname: str = "postgres", user: str | None = None) -> str:
+        return f"postgresql://{user or self.superuser}@127.0.0.1:{self.port}/{dbname}"
+
+    def version(self) -> str:
+        out = subprocess.run([str(self.bin / "postgres"), "--version"], capture_output=True, text=True)
+        return out.stdout.strip()

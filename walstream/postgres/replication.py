@@ -1,0 +1,189 @@
+"""Slots, publications and the streaming-replication connection (psycopg2)."""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from walstream.errors import ConnectionFailed, SetupError
+from walstream.postgres.types import session_options
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """An ordinary connection (psycopg 3) with walstream's session settings."""
+    try:
+        return psycopg.connect(dsn, options=session_options(), **kwargs)
+    except psycopg.OperationalError as exc:
+        raise ConnectionFailed(
+            f"cannot connect to PostgreSQL at {_safe_dsn(dsn)}: {str(exc).strip()}",
+            "check that the server runs and that host, port, user, password and database in the DSN are right",
+        ) from exc
+
+
+def _safe_dsn(dsn: str) -> str:
+    """The DSN without its password, for messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable DSN>"
+    info.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in info.items())
+
+
+def replication_connection(dsn: str, extra_options: str = "") -> Any:
+    """A psycopg2 LogicalReplicationConnection with walstream's session settings."""
+    import psycopg2
+    import psycopg2.extras
+
+    try:
+        return psycopg2.connect(
+            dsn,
+            connection_factory=psycopg2.extras.LogicalReplicationConnection,
+            options=(session_options() + " " + extra_options).strip(),
+        )
+    except psycopg2.OperationalError as exc:
+        raise ConnectionFailed(
+            f"cannot open a replication connection to {_safe_dsn(dsn)}: {str(exc).strip()}",
+            "the role needs the REPLICATION attribute (ALTER ROLE ... WITH REPLICATION) and "
+            "pg_hba.conf must allow it; wal_level must be logical",
+        ) from exc
+
+
+def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: Iterable[str] | None) -> bool:
+    """Create the publication when missing (FOR TABLE ..., or FOR ALL TABLES). True if created."""
+    cur = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
+    if cur.fetchone():
+        return False
+    tables = list(tables or [])
+    if tables:
+        idents = sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in tables)
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), idents)
+    else:
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name))
+    try:
+        conn.execute(stmt)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise SetupError(
+            f"cannot create publication {name}: {exc}",
+            f"ask the table owner or a superuser to run: {stmt.as_string(conn)}",
+        ) from exc
+    return True
+
+
+def ensure_slot(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Create a pgoutput logical slot when missing; check the plugin when present."""
+    row = conn.execute(
+        "SELECT plugin, database FROM pg_replication_slots WHERE slot_name = %s", (name,)
+    ).fetchone()
+    if row:
+        plugin, database = row
+        if plugin != "pgoutput":
+            raise SetupError(
+                f"replication slot {name} uses plugin {plugin!r}, walstream needs pgoutput",
+                f"drop it (SELECT pg_drop_replication_slot('{name}')) or configure another slot name",
+            )
+        return False
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+    return True
+
+
+def drop_slot(conn: psycopg.Connection[Any], name: str, wait: float = 10.0) -> None:
+    """Drop a slot, waiting for a just-closed walsender to let go of it."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (name,),
+            )
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def server_version(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute("SHOW server_version_num").fetchone()[0])  # type: ignore[index]
+
+
+def max_protocol_version(version_num: int) -> int:
+    """The newest pgoutput protocol this server speaks (4 needs 16+, 3 needs 15+)."""
+    if version_num >= 160000:
+        return 4
+    if version_num >= 150000:
+        return 3
+    return 2 if version_num >= 140000 else 1
+
+
+def start_options(publication: str, proto_version: int = 1, streaming: bool = False) -> dict[str, str]:
+    opts = {
+        "proto_version": str(proto_version),
+        "publication_names": publication,
+        "messages": "true",
+    }
+    if streaming:
+        opts["streaming"] = "on"
+    return opts
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    data_start: int
+    wal_end: int
+    payload: bytes
+
+
+def read_messages(
+    dsn: str,
+    slot: str,
+    publication: str,
+    *,
+    until_lsn: int,
+    proto_version: int = 1,
+    streaming: bool = False,
+    extra_options: str = "",
+    timeout: float = 60.0,
+) -> Iterator[RawMessage]:
+    """Read raw pgoutput messages from a slot until a Commit whose end reaches `until_lsn`.
+
+    A simple synchronous reader for tools, tests and benchmarks; the Spark
+    source's capture thread is the production reader. It confirms nothing.
+    """
+    conn = replication_connection(dsn, extra_options)
+    try:
+        cur = conn.cursor()
+        cur.start_replication(
+            slot_name=slot,
+            decode=False,
+            options=start_options(publication, proto_version, streaming),
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = cur.read_message()
+            if msg is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"slot {slot} did not reach LSN {until_lsn:X} within {timeout}s"
+                    )
+                select.select([cur], [], [], 1.0)
+                continue
+            payload = msg.payload
+            yield RawMessage(msg.data_start, msg.wal_end, payload)
+            kind = payload[:1]
+            if kind in (b"C", b"c") and int.from_bytes(payload[-16:-8], "big") >= until_lsn:
+                return
+    finally:
+        conn.close()
+
+
+def current_lsn(conn: psycopg.Connection[Any]) -> int:
+    from walstream.change import parse_lsn
+
+    return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]

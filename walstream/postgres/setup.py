@@ -1,0 +1,357 @@
+"""Check that a database is ready for walstream; every finding says the fix."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from walstream.errors import ConnectionFailed
+from walstream.postgres.replication import connect
+
+Level = Literal["ok", "warning", "error"]
+
+MIN_SERVER_VERSION = 140000  # pgoutput `messages` and streaming need 14+
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    level: Level
+    subject: str
+    message: str
+    fix: str | None = None
+
+
+def _q(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
+    return conn.execute(query, params or None).fetchall()  # type: ignore[arg-type]
+
+
+def check_database(
+    dsn: str,
+    slot: str | None = None,
+    publication: str | None = None,
+    tables: Sequence[str] = (),
+) -> list[Finding]:
+    """Run every setup check; never raises for a database problem, returns findings."""
+    try:
+        conn = connect(dsn, autocommit=True, connect_timeout=10)
+    except ConnectionFailed as exc:
+        return [Finding("error", "connection", exc.problem, exc.fix)]
+    with conn:
+        out: list[Finding] = []
+        out += _server(conn)
+        out += _role(conn)
+        out += _capacity(conn, slot)
+        if slot:
+            out += _slot(conn, slot)
+        resolved, missing = _resolve_tables(conn, tables)
+        out += missing
+        if publication:
+            pub_findings, pub_tables = _publication(conn, publication, resolved)
+            out += pub_findings
+            if not tables:
+                resolved = pub_tables
+        for schema, table in resolved:
+            out += _table(conn, schema, table)
+        return out
+
+
+def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
+    out: list[Finding] = []
+    version = int(_q(conn, "SHOW server_version_num")[0][0])
+    human = _q(conn, "SHOW server_version")[0][0]
+    if version < MIN_SERVER_VERSION:
+        out.append(
+            Finding(
+                "error",
+                "server version",
+                f"PostgreSQL {human} is too old; walstream needs 14 or newer",
+                "upgrade the server to PostgreSQL 14+",
+            )
+        )
+    else:
+        out.append(Finding("ok", "server version", f"PostgreSQL {human}"))
+    wal_level = _q(conn, "SHOW wal_level")[0][0]
+    if wal_level != "logical":
+        out.append(
+            Finding(
+                "error",
+                "wal_level",
+                f"wal_level is {wal_level!r}; logical replication needs 'logical'",
+                "run `ALTER SYSTEM SET wal_level = logical;` as a superuser and restart PostgreSQL "
+                "(managed services: set the rds.logical_replication / cloudsql.logical_decoding flag)",
+            )
+        )
+    else:
+        out.append(Finding("ok", "wal_level", "logical"))
+    return out
+
+
+def _role(conn: psycopg.Connection[Any]) -> list[Finding]:
+    user, can_replicate, superuser = _q(
+        conn,
+        "SELECT current_user, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
+    )[0]
+    if can_replicate or superuser:
+        return [Finding("ok", "replication permission", f"role {user} may replicate")]
+    return [
+        Finding(
+            "error",
+            "replication permission",
+            f"role {user} has no REPLICATION attribute",
+            f"run as a superuser: {sql.SQL('ALTER ROLE {} WITH REPLICATION').format(sql.Identifier(user)).as_string(conn)};",
+        )
+    ]
+
+
+def _capacity(conn: psycopg.Connection[Any], slot: str | None) -> list[Finding]:
+    out: list[Finding] = []
+    max_slots = int(_q(conn, "SHOW max_replication_slots")[0][0])
+    used = int(_q(conn, "SELECT count(*) FROM pg_replication_slots")[0][0])
+    exists = bool(slot) and bool(
+        _q(conn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", slot)
+    )
+    free = max_slots - used
+    if free <= 0 and not exists:
+        out.append(
+            Finding(
+                "error",
+                "replication slots",
+                f"all {max_slots} replication slots are in use",
+                "drop unused slots (SELECT pg_drop_replication_slot(name)) or raise max_replication_slots and restart",
+            )
+        )
+    elif free < 2:
+        out.append(
+            Finding(
+                "warning",
+                "replication slots",
+                f"only {free} of {max_slots} replication slots free",
+                "raise max_replication_slots (needs a restart) before adding sources or shards",
+            )
+        )
+    else:
+        out.append(Finding("ok", "replication slots", f"{free} of {max_slots} free"))
+    max_senders = int(_q(conn, "SHOW max_wal_senders")[0][0])
+    senders = int(_q(conn, "SELECT count(*) FROM pg_stat_replication")[0][0])
+    if max_senders - senders <= 0:
+        out.append(
+            Finding(
+                "error",
+                "wal senders",
+                f"all {max_senders} WAL senders are busy",
+                "raise max_wal_senders and restart PostgreSQL",
+            )
+        )
+    return out
+
+
+def _slot(conn: psycopg.Connection[Any], slot: str) -> list[Finding]:
+    rows = _q(
+        conn,
+        "SELECT plugin, database, active, slot_type FROM pg_replication_slots WHERE slot_name = %s",
+        slot,
+    )
+    if not rows:
+        return [Finding("ok", f"slot {slot}", "does not exist yet; walstream run creates it (pgoutput)")]
+    plugin, database, active, slot_type = rows[0]
+    current_db = _q(conn, "SELECT current_database()")[0][0]
+    drop = f"SELECT pg_drop_replication_slot('{slot}');"
+    if slot_type != "logical" or plugin != "pgoutput":
+        return [
+            Finding(
+                "error",
+                f"slot {slot}",
+                f"slot uses plugin {plugin!r} ({slot_type}); walstream needs a logical pgoutput slot",
+                f"choose another slot name, or drop this one if nothing else uses it: {drop}",
+            )
+        ]
+    if database != current_db:
+        return [
+            Finding(
+                "error",
+                f"slot {slot}",
+                f"slot belongs to database {database!r}, not {current_db!r}",
+                "point the DSN at that database or choose another slot name",
+            )
+        ]
+    if active:
+        return [
+            Finding(
+                "warning",
+                f"slot {slot}",
+                "slot is in use by another connection right now",
+                "stop the other consumer (a second walstream waits as standby), or choose another slot name",
+            )
+        ]
+    return [Finding("ok", f"slot {slot}", "exists (pgoutput)")]
+
+
+def _resolve_tables(
+    conn: psycopg.Connection[Any], tables: Sequence[str]
+) -> tuple[list[tuple[str, str]], list[Finding]]:
+    """Expand `schema.table` names and globs (`public.*`) to existing tables."""
+    if not tables:
+        return [], []
+    existing = _q(
+        conn,
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
+        "ORDER BY 1, 2",
+    )
+    resolved: list[tuple[str, str]] = []
+    findings: list[Finding] = []
+    for pattern in tables:
+        if "." not in pattern:
+            pattern = "public." + pattern
+        matches = [(s, t) for s, t in existing if fnmatch.fnmatchcase(f"{s}.{t}", pattern)]
+        if not matches:
+            findings.append(
+                Finding(
+                    "error",
+                    f"table {pattern}",
+                    "no such table",
+                    "check the name (schema.table; globs like public.* allowed) and the database in the DSN",
+                )
+            )
+        resolved += [m for m in matches if m not in resolved]
+    return resolved, findings
+
+
+def _publication(
+    conn: psycopg.Connection[Any], name: str, tables: list[tuple[str, str]]
+) -> tuple[list[Finding], list[tuple[str, str]]]:
+    rows = _q(
+        conn,
+        "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate "
+        "FROM pg_publication WHERE pubname = %s",
+        name,
+    )
+    subject = f"publication {name}"
+    if not rows:
+        target = (
+            sql.SQL("FOR TABLE {}").format(
+                sql.SQL(", ").join(sql.Identifier(s, t) for s, t in tables)
+            )
+            if tables
+            else sql.SQL("FOR ALL TABLES")
+        )
+        stmt = sql.SQL("CREATE PUBLICATION {} ").format(sql.Identifier(name)) + target
+        return [
+            Finding(
+                "warning",
+                subject,
+                "does not exist yet; walstream run creates it (the role must own the tables, "
+                "or be superuser for FOR ALL TABLES)",
+                f"to create it yourself: {stmt.as_string(conn)};",
+            )
+        ], []
+    all_tables, ins, upd, dele, trunc = rows[0]
+    out: list[Finding] = []
+    skipped = [a for a, on in (("insert", ins), ("update", upd), ("delete", dele), ("truncate", trunc)) if not on]
+    if skipped:
+        out.append(
+            Finding(
+                "warning",
+                subject,
+                f"does not publish {', '.join(skipped)}; those changes will never reach walstream",
+                f"ALTER PUBLICATION {name} SET (publish = 'insert, update, delete, truncate');",
+            )
+        )
+    covered = set(
+        _q(conn, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", name)
+    )
+    uncovered = [t for t in tables if t not in covered]
+    if uncovered and not all_tables:
+        names = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in uncovered)
+        stmt = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(name), names)
+        out.append(
+            Finding(
+                "error",
+                subject,
+                f"does not cover {', '.join(f'{s}.{t}' for s, t in uncovered)}",
+                f"{stmt.as_string(conn)};",
+            )
+        )
+    elif not skipped:
+        scope = "all tables" if all_tables else f"{len(covered)} table(s)"
+        out.append(Finding("ok", subject, f"exists, covers {scope}"))
+    return out, sorted(covered)
+
+
+def _table(conn: psycopg.Connection[Any], schema: str, table: str) -> list[Finding]:
+    ident = sql.Identifier(schema, table).as_string(conn)
+    subject = f"table {schema}.{table}"
+    rows = _q(
+        conn,
+        """
+        SELECT c.relreplident,
+               (SELECT array_agg(a.attname ORDER BY array_position(i.indkey, a.attnum))
+                  FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                 WHERE i.indrelid = c.oid AND i.indisprimary)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s
+        """,
+        schema,
+        table,
+    )
+    if not rows:
+        return [Finding("error", subject, "no such table", "check the table name")]
+    ident_kind, pk = rows[0]
+    out: list[Finding] = []
+    if not pk:
+        if ident_kind == "f":
+            out.append(
+                Finding(
+                    "warning",
+                    subject,
+                    "has no primary key; REPLICA IDENTITY FULL makes every column the key, "
+                    "so per-row ordering and backfills cannot use a key",
+                    f"add one: ALTER TABLE {ident} ADD PRIMARY KEY (...);",
+                )
+            )
+        elif ident_kind == "i":
+            out.append(Finding("ok", subject, "no primary key; replica identity uses an index"))
+        else:
+            out.append(
+                Finding(
+                    "error",
+                    subject,
+                    "has no primary key: Postgres rejects its UPDATEs and DELETEs once it is "
+                    "published, and walstream cannot order or backfill its rows",
+                    f"add one: ALTER TABLE {ident} ADD PRIMARY KEY (...); "
+                    f"or at least: ALTER TABLE {ident} REPLICA IDENTITY FULL;",
+                )
+            )
+            return out
+    if ident_kind == "d":
+        out.append(
+            Finding(
+                "warning",
+                subject,
+                f"primary key ({', '.join(pk)}); REPLICA IDENTITY DEFAULT sends no old values on "
+                "update and only the key on delete",
+                f"for old values: ALTER TABLE {ident} REPLICA IDENTITY FULL;",
+            )
+        )
+    elif ident_kind == "n":
+        out.append(
+            Finding(
+                "error",
+                subject,
+                "REPLICA IDENTITY NOTHING: Postgres rejects its UPDATEs and DELETEs once published",
+                f"ALTER TABLE {ident} REPLICA IDENTITY FULL; (or DEFAULT)",
+            )
+        )
+    elif pk:
+        kind = "FULL" if ident_kind == "f" else "USING INDEX"
+        out.append(Finding("ok", subject, f"primary key ({', '.join(pk)}), replica identity {kind}"))
+    return out
+
+
+def has_errors(findings: Sequence[Finding]) -> bool:
+    return any(f.level == "error" for f in findings)

