@@ -259,7 +259,7 @@ def _publication(
                 "warning",
                 subject,
                 f"does not publish {', '.join(skipped)}; those changes will never reach walstream",
-                f"ALTER PUBLICATION {name} SET (publish = 'insert, update, delete, truncate');",
+                f"ALTER PUBLICATION {sql.Identifier(name).as_string(conn)} SET (publish = 'insert, update, delete, truncate');",
             )
         )
     covered = set(

@@ -1,0 +1,131 @@
+"""`walstream check`: a correct database passes; each wrong setup is an error that names the fix."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from walstream.cli import app
+from walstream.postgres.embedded import EmbeddedPostgres
+from walstream.postgres.setup import check_database, has_errors
+
+runner = CliRunner()
+
+
+def by_subject(findings):
+    return {f.subject: f for f in findings}
+
+
+@pytest.fixture
+def shop(db):
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY, total numeric)")
+    db.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
+    return db
+
+
+def test_correct_database_passes(shop):
+    pub = shop.create_publication("orders")
+    slot = shop.create_slot()
+    findings = check_database(shop.dsn, slot, pub, ["public.orders"])
+    assert not has_errors(findings), findings
+    assert all(f.level == "ok" for f in findings), findings
+    got = by_subject(findings)
+    assert got["wal_level"].message == "logical"
+    assert got[f"slot {slot}"].message == "exists (pgoutput)"
+    assert got["table public.orders"].message == "primary key (id), replica identity FULL"
+
+    result = runner.invoke(app, ["check", "--dsn", shop.dsn, "--slot", slot, "--publication", pub, "-t", "public.orders"])
+    assert result.exit_code == 0, result.output
+    assert "ready: 0 error(s), 0 warning(s)" in result.output
+
+
+def test_default_replica_identity_warns_with_exact_statement(db):
+    db.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    findings = check_database(db.dsn, tables=["public.items"])
+    f = by_subject(findings)["table public.items"]
+    assert f.level == "warning"
+    assert f.fix == 'for old values: ALTER TABLE "public"."items" REPLICA IDENTITY FULL;'
+    assert not has_errors(findings)
+
+
+def test_missing_publication_names_the_create_statement(shop):
+    findings = check_database(shop.dsn, publication="nope", tables=["public.orders"])
+    f = by_subject(findings)["publication nope"]
+    assert f.level == "warning"
+    assert "does not exist yet; walstream run creates it" in f.message
+    assert f.fix == 'to create it yourself: CREATE PUBLICATION "nope" FOR TABLE "public"."orders";'
+
+
+def test_publication_not_covering_a_table_is_an_error(shop):
+    shop.execute("CREATE TABLE other (id int PRIMARY KEY)")
+    pub = shop.create_publication("other")
+    findings = check_database(shop.dsn, publication=pub, tables=["public.*"])
+    f = by_subject(findings)[f"publication {pub}"]
+    assert f.level == "error"
+    assert f.message == "does not cover public.orders"
+    assert f.fix == f'ALTER PUBLICATION "{pub}" ADD TABLE "public"."orders";'
+
+
+def test_table_without_primary_key_is_an_error(db):
+    db.execute("CREATE TABLE events (at timestamptz, what text)")
+    pub = db.create_publication("events")
+    findings = check_database(db.dsn, publication=pub)  # tables come from the publication
+    f = by_subject(findings)["table public.events"]
+    assert f.level == "error"
+    assert "has no primary key" in f.message
+    assert 'ALTER TABLE "public"."events" ADD PRIMARY KEY (...)' in f.fix
+    assert 'ALTER TABLE "public"."events" REPLICA IDENTITY FULL' in f.fix
+
+    result = runner.invoke(app, ["check", "--dsn", db.dsn, "--publication", pub])
+    assert result.exit_code == 1
+    assert "not ready: 1 error(s)" in result.output
+
+
+def test_missing_table_and_wrong_slot_plugin(db):
+    slot = db.create_slot("test_decoding")
+    findings = check_database(db.dsn, slot=slot, tables=["public.ghost"])
+    got = by_subject(findings)
+    assert got["table public.ghost"].level == "error"
+    assert got[f"slot {slot}"].level == "error"
+    assert "needs a logical pgoutput slot" in got[f"slot {slot}"].message
+    assert f"pg_drop_replication_slot('{slot}')" in got[f"slot {slot}"].fix
+
+
+def test_role_without_replication_permission(db):
+    db.execute("CREATE ROLE plain LOGIN")
+    try:
+        findings = check_database(db.server.dsn(db.name, user="plain"))
+        f = by_subject(findings)["replication permission"]
+        assert f.level == "error"
+        assert f.fix == 'run as a superuser: ALTER ROLE "plain" WITH REPLICATION;'
+    finally:
+        db.execute(f"REVOKE ALL ON DATABASE {db.name} FROM plain")
+        db.execute("DROP ROLE plain")
+
+
+def test_unreachable_server_is_a_clear_error():
+    from walstream.postgres.embedded import free_port
+
+    findings = check_database(f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+    (f,) = findings
+    assert f.level == "error" and f.subject == "connection"
+    assert "cannot connect to PostgreSQL" in f.message
+    assert "check that the server runs" in f.fix
+
+
+@pytest.fixture(scope="module")
+def replica_level_server():
+    server = EmbeddedPostgres(settings={"wal_level": "replica"})
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_wal_level_replica_is_an_error_with_the_fix(replica_level_server):
+    findings = check_database(replica_level_server.dsn())
+    f = by_subject(findings)["wal_level"]
+    assert f.level == "error"
+    assert f.message == "wal_level is 'replica'; logical replication needs 'logical'"
+    assert "ALTER SYSTEM SET wal_level = logical;" in f.fix and "restart" in f.fix
+    result = runner.invoke(app, ["check", "--dsn", replica_level_server.dsn()])
+    assert result.exit_code == 1

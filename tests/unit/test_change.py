@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+import walstream
+from walstream.change import WalCursor, format_lsn, idempotency_key, parse_lsn
+from walstream.errors import WalstreamError
+
+
+def test_public_api_is_pinned():
+    assert sorted(walstream.__all__) == sorted([
+        "CHANGE_COLUMNS", "CHANGE_SCHEMA_DDL", "ChangeRow", "ConfigError", "ConnectionFailed",
+        "DecodeError", "SetupError", "WalCursor", "WalstreamError", "__version__", "format_lsn",
+        "idempotency_key", "parse_lsn", "spark_schema",
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("0/0", 0), ("0/16B3748", 0x16B3748), ("16/B374D848", (0x16 << 32) | 0xB374D848), ("FFFFFFFF/FFFFFFFF", (1 << 64) - 1)],
+)
+def test_lsn_round_trip(text, value):
+    assert parse_lsn(text) == value
+    assert format_lsn(value) == text
+    assert parse_lsn(text.lower()) == value
+
+
+@pytest.mark.parametrize("bad", ["", "16B3748", "0/", "G/1", "1/2/3", "123456789/0"])
+def test_bad_lsn_says_how_to_write_one(bad):
+    with pytest.raises(WalstreamError, match="invalid LSN") as e:
+        parse_lsn(bad)
+    assert "0/16B3748" in str(e.value.fix)
+
+
+def test_cursor_total_order():
+    cursors = [WalCursor(5, 2), WalCursor(4, 9), WalCursor(5, 0), WalCursor(4, 0)]
+    assert sorted(cursors) == [WalCursor(4, 0), WalCursor(4, 9), WalCursor(5, 0), WalCursor(5, 2)]
+    assert WalCursor(4, 9) < WalCursor(5, 0)
+    assert WalCursor(3, 1) == WalCursor(3, 1) and len({WalCursor(3, 1), WalCursor(3, 1)}) == 1
+
+
+def test_idempotency_key_is_base64_of_lsn_colon_seq():
+    key = WalCursor(0x16B3748, 3).idempotency_key
+    assert base64.b64decode(key) == f"{0x16B3748}:3".encode()
+    assert key == idempotency_key(0x16B3748, 3)
+    assert WalCursor(1, 23).idempotency_key != WalCursor(12, 3).idempotency_key
+
+
+def test_cursor_json_round_trip_and_errors():
+    c = WalCursor(123, 4)
+    assert WalCursor.from_json(c.to_json()) == c
+    with pytest.raises(WalstreamError, match="invalid WAL cursor"):
+        WalCursor.from_json({"lsn": "x"})
+    with pytest.raises(ValueError):
+        WalCursor(-1, 0)
