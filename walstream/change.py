@@ -48,7 +48,9 @@ class WalCursor:
 
     def __post_init__(self) -> None:
         if self.lsn < 0 or self.seq < 0:
-            raise ValueError(f"WalCursor needs non-negative lsn and seq, got {self.lsn}, {self.seq}")
+            raise ValueError(
+                f"WalCursor needs non-negative lsn and seq, got {self.lsn}, {self.seq}"
+            )
 
     @property
     def idempotency_key(self) -> str:
@@ -96,7 +98,7 @@ class ChangeRow(NamedTuple):
     action: str
     schema: str
     table: str
-    pk: list[str]
+    pk: list[str | None]
     record: str | None
     old: str | None
     annotations: str | None

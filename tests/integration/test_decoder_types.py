@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from walstream.postgres import pgoutput as po
-from walstream.postgres.decoder import ChangeDecoder
-from walstream.postgres.catalog import load_metadata
 from tests.oracle import UNCHANGED, oracle_changes
+from walstream.postgres import pgoutput as po
+from walstream.postgres.catalog import load_metadata
+from walstream.postgres.decoder import ChangeDecoder
 
 # (column type, SQL literal, expected JSON value)
 CASES: list[tuple[str, str, Any]] = [
@@ -26,7 +26,11 @@ CASES: list[tuple[str, str, Any]] = [
     ("float8", "'Infinity'", "Infinity"),
     ("float8", "'-Infinity'", "-Infinity"),
     ("float8", "-1.5e-7", -1.5e-7),
-    ("numeric", "123456789012345678901234567890.123456789", "123456789012345678901234567890.123456789"),
+    (
+        "numeric",
+        "123456789012345678901234567890.123456789",
+        "123456789012345678901234567890.123456789",
+    ),
     ("numeric(10,3)", "1.5", "1.500"),
     ("numeric", "'NaN'", "NaN"),
     ("text", "E'it''s \"q\"\\n\\t\u00e9 \U0001f389 \\\\'", 'it\'s "q"\n\t\u00e9 \U0001f389 \\'),
@@ -63,12 +67,20 @@ CASES: list[tuple[str, str, Any]] = [
     ("int4[]", "'{}'", []),
     ("int4[]", "'[0:1]={5,6}'", [5, 6]),
     ("int8[][]", "'{{1,2},{3,4}}'", [[1, 2], [3, 4]]),
-    ("text[]", """'{"a,b","NULL",NULL,"x\\"y","  sp ",\u00e9}'""", ["a,b", "NULL", None, 'x"y', "  sp ", "\u00e9"]),
+    (
+        "text[]",
+        """'{"a,b","NULL",NULL,"x\\"y","  sp ",\u00e9}'""",
+        ["a,b", "NULL", None, 'x"y', "  sp ", "\u00e9"],
+    ),
     ("bool[]", "'{t,f,NULL}'", [True, False, None]),
     ("float8[]", "'{1.5,NaN,-Infinity}'", [1.5, "NaN", "-Infinity"]),
     ("numeric[]", "'{1.10,NaN}'", ["1.10", "NaN"]),
     ("bytea[]", "ARRAY['\\x01'::bytea, NULL]", ["AQ==", None]),
-    ("uuid[]", "'{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}'", ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]),
+    (
+        "uuid[]",
+        "'{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}'",
+        ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"],
+    ),
     ("jsonb[]", """ARRAY['{"a":1}'::jsonb, '[2]'::jsonb]""", [{"a": 1}, [2]]),
     ("date[]", "'{2024-01-01,infinity}'", ["2024-01-01", "infinity"]),
     ("timestamptz[]", "ARRAY['2024-01-01 00:00:00+00'::timestamptz]", ["2024-01-01T00:00:00Z"]),
@@ -189,5 +201,7 @@ def test_unknown_type_oid_is_passed_as_text(alltypes):
 def test_oracle_parser_reads_unchanged_toast():
     from tests.oracle import parse_change
 
-    c = parse_change("table public.t: UPDATE: id[integer]:1 big[text]:unchanged-toast-datum s[text]:'a ''b'''")
+    c = parse_change(
+        "table public.t: UPDATE: id[integer]:1 big[text]:unchanged-toast-datum s[text]:'a ''b'''"
+    )
     assert c is not None and c.new == {"id": "1", "big": UNCHANGED, "s": "a 'b'"}

@@ -20,7 +20,12 @@ def test_tansu_broker_round_trips_keys_and_headers(kafka):
     topic = f"t-{uuid.uuid4().hex[:8]}"
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True})
     for i in range(5):
-        producer.produce(topic, key=f"k{i % 2}", value=json.dumps({"n": i}), headers={"idempotency-key": f"id{i}"})
+        producer.produce(
+            topic,
+            key=f"k{i % 2}",
+            value=json.dumps({"n": i}),
+            headers={"idempotency-key": f"id{i}"},
+        )
     assert producer.flush(15) == 0
     consumer = Consumer({
         "bootstrap.servers": kafka.bootstrap_servers,
@@ -34,7 +39,13 @@ def test_tansu_broker_round_trips_keys_and_headers(kafka):
     def drained() -> bool:
         msg = consumer.poll(0.5)
         if msg is not None and msg.error() is None:
-            got.append((msg.key().decode(), json.loads(msg.value())["n"], dict(msg.headers())["idempotency-key"].decode()))
+            got.append(
+                (
+                    msg.key().decode(),
+                    json.loads(msg.value())["n"],
+                    dict(msg.headers())["idempotency-key"].decode(),
+                )
+            )
         return len(got) == 5
 
     try:
@@ -57,7 +68,11 @@ def test_decoded_rows_fit_the_canonical_spark_schema(spark, db):
     df = spark.createDataFrame(spark_rows, spark_schema())
     assert tuple(df.columns) == CHANGE_COLUMNS
     got = df.orderBy("lsn", "seq").collect()
-    assert [(g.action, g.pk, g.seq) for g in got] == [("insert", ["1"], 0), ("insert", ["2"], 1), ("delete", ["1"], 0)]
+    assert [(g.action, g.pk, g.seq) for g in got] == [
+        ("insert", ["1"], 0),
+        ("insert", ["2"], 1),
+        ("delete", ["1"], 0),
+    ]
     assert got[0].committed_at.replace(tzinfo=None) is not None
     assert json.loads(got[1].record) == {"id": 2, "v": "b"}
 
@@ -65,5 +80,5 @@ def test_decoded_rows_fit_the_canonical_spark_schema(spark, db):
 def test_wait_until_returns_value_and_fails_at_deadline():
     calls = iter([0, 0, 7])
     assert wait_until(lambda: next(calls), timeout=5, interval=0) == 7
-    with pytest.raises(TimeoutError, match="after 0.1s: never"):
+    with pytest.raises(TimeoutError, match=r"after 0\.1s: never"):
         wait_until(lambda: False, timeout=0.1, message="never")

@@ -19,7 +19,12 @@ def test_public_api_is_pinned():
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("0/0", 0), ("0/16B3748", 0x16B3748), ("16/B374D848", (0x16 << 32) | 0xB374D848), ("FFFFFFFF/FFFFFFFF", (1 << 64) - 1)],
+    [
+        ("0/0", 0),
+        ("0/16B3748", 0x16B3748),
+        ("16/B374D848", (0x16 << 32) | 0xB374D848),
+        ("FFFFFFFF/FFFFFFFF", (1 << 64) - 1),
+    ],
 )
 def test_lsn_round_trip(text, value):
     assert parse_lsn(text) == value

@@ -11,7 +11,7 @@ from walstream.postgres import pgoutput as po
 from walstream.postgres.decoder import ChangeDecoder
 
 
-def tuple_data(*values: bytes | None | str) -> bytes:
+def tuple_data(*values: bytes | str | None) -> bytes:
     out = struct.pack("!h", len(values))
     for v in values:
         if v is None:
@@ -49,16 +49,27 @@ def insert(oid: int, *values, xid: int | None = None) -> bytes:
 def test_parse_relation_and_insert():
     p = po.PgOutputParser()
     rel = p.parse(relation(16384))
-    assert rel == po.Relation(16384, "public", "t", "d", (po.Column("id", 23, -1, True), po.Column("note", 25, -1, False)))
+    assert rel == po.Relation(
+        16384, "public", "t", "d", (po.Column("id", 23, -1, True), po.Column("note", 25, -1, False))
+    )
     ins = p.parse(insert(16384, b"1", None))
     assert ins == po.Insert(16384, [b"1", None])
-    upd = p.parse(b"U" + struct.pack("!I", 16384) + b"K" + tuple_data(b"1", None) + b"N" + tuple_data(b"2", "u"))
+    upd = p.parse(
+        b"U"
+        + struct.pack("!I", 16384)
+        + b"K"
+        + tuple_data(b"1", None)
+        + b"N"
+        + tuple_data(b"2", "u")
+    )
     assert upd == po.Update(16384, "K", [b"1", None], [b"2", po.UNCHANGED_TOAST])
 
 
 def test_truncate_and_message_and_origin():
     p = po.PgOutputParser()
-    assert p.parse(b"T" + struct.pack("!ib", 2, 3) + struct.pack("!II", 1, 2)) == po.Truncate((1, 2), True, True)
+    assert p.parse(b"T" + struct.pack("!ib", 2, 3) + struct.pack("!II", 1, 2)) == po.Truncate(
+        (1, 2), True, True
+    )
     msg = p.parse(b"M" + struct.pack("!bq", 1, 99) + b"pfx\0" + struct.pack("!i", 3) + b"abc")
     assert msg == po.Message(True, 99, "pfx", b"abc")
     assert p.parse(b"O" + struct.pack("!q", 5) + b"upstream\0") == po.Origin(5, "upstream")

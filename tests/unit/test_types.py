@@ -12,7 +12,7 @@ from walstream.postgres.types import BUILTIN, TEXT, PgType, TypeRegistry, parse_
     [
         ("{}", []),
         ("{1,2,3}", ["1", "2", "3"]),
-        ("{NULL,null,\"NULL\"}", [None, None, "NULL"]),
+        ('{NULL,null,"NULL"}', [None, None, "NULL"]),
         ('{"a\\"b","c\\\\d","e,f"}', ['a"b', "c\\d", "e,f"]),
         ("{{1,2},{3,4}}", [["1", "2"], ["3", "4"]]),
         ("{{{1}},{{2}}}", [[["1"]], [["2"]]]),
@@ -36,7 +36,9 @@ def test_parse_array_rejects_garbage(bad):
 
 
 def test_unknown_oid_is_text_and_domains_resolve():
-    reg = TypeRegistry([PgType(90001, "posint", "d", 23, 0), PgType(90002, "_posint", "b", 0, 90001)])
+    reg = TypeRegistry(
+        [PgType(90001, "posint", "d", 23, 0), PgType(90002, "_posint", "b", 0, 90001)]
+    )
     assert reg.codec(424242) is TEXT
     assert reg.codec(90001).value("5") == 5
     assert reg.codec(90002).value("{1,NULL}") == [1, None]

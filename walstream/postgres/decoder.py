@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
 
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
 from walstream.errors import DecodeError
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 ANNOTATIONS_PREFIX = "walstream:annotations"
 
 _UNCHANGED = po.UNCHANGED_TOAST
+_U32 = struct.Struct("!I").unpack_from
+_I32 = struct.Struct("!i").unpack_from
+_I16 = struct.Struct("!h").unpack_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +69,51 @@ class _Compiled:
         self.key_idx = [pos[k] for k in info.key_columns]
         self.key_set = frozenset(self.key_idx)
 
-    def pk(self, values: po.TupleData, fallback: po.TupleData | None = None) -> list[str]:
-        out = []
+    def pk(self, values: po.TupleData, fallback: po.TupleData | None = None) -> list[str | None]:
+        out: list[str | None] = []
         for i in self.key_idx:
             v = values[i] if i < len(values) else None
             if (v is None or v is _UNCHANGED) and fallback is not None and i < len(fallback):
                 v = fallback[i]
             out.append(None if v is None or v is _UNCHANGED else v.decode("utf-8"))
-        return out  # type: ignore[return-value]
+        return out
+
+    def fused(self, buf: bytes, pos: int) -> tuple[str, list[str | None], list[str] | None]:
+        """Parse TupleData at `pos` and build (record JSON, pk, omitted columns) in one pass."""
+        (ncols,) = _I16(buf, pos)
+        pos += 2
+        keys, encs, names = self.keys, self.encoders, self.names
+        parts = []
+        append = parts.append
+        omitted: list[str] | None = None
+        key_vals: dict[int, bytes | None] | None = {} if self.key_idx else None
+        key_set = self.key_set
+        for i in range(ncols):
+            kind = buf[pos]
+            if kind == 116:  # 't'
+                (n,) = _I32(buf, pos + 1)
+                v = buf[pos + 5 : pos + 5 + n]
+                pos += 5 + n
+                append(keys[i] + encs[i](v))
+                if i in key_set:
+                    key_vals[i] = v  # type: ignore[index]
+            elif kind == 110:  # 'n'
+                pos += 1
+                append(keys[i] + "null")
+            elif kind == 117:  # 'u'
+                pos += 1
+                if omitted is None:
+                    omitted = []
+                omitted.append(names[i])
+            else:
+                raise IndexError(f"tuple column kind {kind}")  # slow path reports it
+        if key_vals is None:
+            pk: list[str | None] = []
+        else:
+            pk = [
+                None if (v := key_vals.get(i)) is None else v.decode("utf-8") for i in self.key_idx
+            ]
+        return "{" + ",".join(parts) + "}", pk, omitted
 
     def record(
         self, values: po.TupleData, fill: po.TupleData | None = None, only_keys: bool = False
@@ -168,8 +209,42 @@ class ChangeDecoder:
     # -- decoding ------------------------------------------------------------------------
     def decode(self, raw: bytes) -> list[ChangeRow]:
         """Decode one raw message; return the change rows it completes (often 0 or 1)."""
-        if self.parser.in_stream and raw[:1] not in (b"S", b"E"):
-            return self._buffer_streamed(raw)
+        if self.parser.in_stream:
+            if raw[:1] not in (b"S", b"E"):
+                return self._buffer_streamed(raw)
+        else:
+            kind = raw[0]
+            # Fast path for the common messages: an Insert, or an Update without old
+            # tuple, is parsed and encoded in one pass with no intermediate objects.
+            if (kind == 73 or (kind == 85 and raw[5] == 78)) and self.txn is not None:
+                rel = self.relations.get(_U32(raw, 1)[0])
+                if rel is not None:
+                    try:
+                        record, pk, omitted = rel.fused(raw, 6)
+                    except (IndexError, struct.error, UnicodeDecodeError):
+                        pass  # let the full parser report what is wrong
+                    else:
+                        txn = self.txn
+                        seq = txn.seq
+                        txn.seq = seq + 1
+                        info = rel.info
+                        return [
+                            ChangeRow(
+                                self.source,
+                                txn.lsn,
+                                seq,
+                                txn.xid,
+                                txn.committed_at_us,
+                                "insert" if kind == 73 else "update",
+                                info.schema,
+                                info.table,
+                                pk,
+                                record,
+                                None,
+                                txn.annotations,
+                                omitted,
+                            )
+                        ]
         msg = self.parser.parse(raw)
         return self.apply(msg)
 
@@ -255,7 +330,7 @@ class ChangeDecoder:
         txn: TxnContext,
         action: str,
         info: RelationInfo,
-        pk: list[str],
+        pk: list[str | None],
         record: str | None,
         old: str | None,
         omitted: list[str] | None,

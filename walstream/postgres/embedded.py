@@ -176,7 +176,16 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         if self.running:
-            self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop", check=False)
+            self._cmd(
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+                check=False,
+            )
             self.running = False
         if self._temp:
             shutil.rmtree(self.base, ignore_errors=True)
@@ -198,5 +207,7 @@ class EmbeddedPostgres:
         return f"postgresql://{user or self.superuser}@127.0.0.1:{self.port}/{dbname}"
 
     def version(self) -> str:
-        out = subprocess.run([str(self.bin / "postgres"), "--version"], capture_output=True, text=True)
+        out = subprocess.run(
+            [str(self.bin / "postgres"), "--version"], capture_output=True, text=True
+        )
         return out.stdout.strip()

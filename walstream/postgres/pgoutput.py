@@ -231,7 +231,7 @@ class PgOutputParser:
             xid, pos = self._xid(buf, 1)
             (oid,) = _U32.unpack_from(buf, pos)
             if buf[pos + 4] != 78:  # 'N'
-                raise DecodeError(f"Insert without new tuple (got {buf[pos + 4:pos + 5]!r})")
+                raise DecodeError(f"Insert without new tuple (got {buf[pos + 4 : pos + 5]!r})")
             new, _ = read_tuple(buf, pos + 5)
             return Insert(oid, new, xid)
         if kind == b"U":
@@ -244,7 +244,7 @@ class PgOutputParser:
                 old_kind = chr(buf[pos])
                 old, pos = read_tuple(buf, pos + 1)
             if buf[pos] != 78:
-                raise DecodeError(f"Update without new tuple (got {buf[pos:pos + 1]!r})")
+                raise DecodeError(f"Update without new tuple (got {buf[pos : pos + 1]!r})")
             new, _ = read_tuple(buf, pos + 1)
             return Update(oid, old_kind, old, new, xid)
         if kind == b"D":

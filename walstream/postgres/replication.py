@@ -55,7 +55,9 @@ def replication_connection(dsn: str, extra_options: str = "") -> Any:
         ) from exc
 
 
-def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: Iterable[str] | None) -> bool:
+def ensure_publication(
+    conn: psycopg.Connection[Any], name: str, tables: Iterable[str] | None
+) -> bool:
     """Create the publication when missing (FOR TABLE ..., or FOR ALL TABLES). True if created."""
     cur = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
     if cur.fetchone():
@@ -83,6 +85,12 @@ def ensure_slot(conn: psycopg.Connection[Any], name: str) -> bool:
     ).fetchone()
     if row:
         plugin, database = row
+        current = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        if database != current:
+            raise SetupError(
+                f"replication slot {name} belongs to database {database!r}, not {current!r}",
+                "point the DSN at that database or configure another slot name",
+            )
         if plugin != "pgoutput":
             raise SetupError(
                 f"replication slot {name} uses plugin {plugin!r}, walstream needs pgoutput",
@@ -122,7 +130,9 @@ def max_protocol_version(version_num: int) -> int:
     return 2 if version_num >= 140000 else 1
 
 
-def start_options(publication: str, proto_version: int = 1, streaming: bool = False) -> dict[str, str]:
+def start_options(
+    publication: str, proto_version: int = 1, streaming: bool = False
+) -> dict[str, str]:
     opts = {
         "proto_version": str(proto_version),
         "publication_names": publication,

@@ -27,7 +27,7 @@ class Finding:
 
 
 def _q(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
-    return conn.execute(query, params or None).fetchall()  # type: ignore[arg-type]
+    return conn.execute(query, params or None).fetchall()
 
 
 def check_database(
@@ -157,7 +157,9 @@ def _slot(conn: psycopg.Connection[Any], slot: str) -> list[Finding]:
         slot,
     )
     if not rows:
-        return [Finding("ok", f"slot {slot}", "does not exist yet; walstream run creates it (pgoutput)")]
+        return [
+            Finding("ok", f"slot {slot}", "does not exist yet; walstream run creates it (pgoutput)")
+        ]
     plugin, database, active, slot_type = rows[0]
     current_db = _q(conn, "SELECT current_database()")[0][0]
     drop = f"SELECT pg_drop_replication_slot('{slot}');"
@@ -252,7 +254,11 @@ def _publication(
         ], []
     all_tables, ins, upd, dele, trunc = rows[0]
     out: list[Finding] = []
-    skipped = [a for a, on in (("insert", ins), ("update", upd), ("delete", dele), ("truncate", trunc)) if not on]
+    skipped = [
+        a
+        for a, on in (("insert", ins), ("update", upd), ("delete", dele), ("truncate", trunc))
+        if not on
+    ]
     if skipped:
         out.append(
             Finding(
@@ -349,7 +355,9 @@ def _table(conn: psycopg.Connection[Any], schema: str, table: str) -> list[Findi
         )
     elif pk:
         kind = "FULL" if ident_kind == "f" else "USING INDEX"
-        out.append(Finding("ok", subject, f"primary key ({', '.join(pk)}), replica identity {kind}"))
+        out.append(
+            Finding("ok", subject, f"primary key ({', '.join(pk)}), replica identity {kind}")
+        )
     return out
 
 

@@ -22,7 +22,7 @@ import base64
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
 from typing import Any
 
 #: GUCs walstream sets on every connection whose text output it decodes.
@@ -57,7 +57,7 @@ def _json_via_value(value: Callable[[str], Any]) -> Callable[[bytes], str]:
 
 
 def _text_json(raw: bytes) -> str:
-    return encode_basestring(raw.decode("utf-8"))  # type: ignore[no-any-return]
+    return encode_basestring(raw.decode("utf-8"))
 
 
 def _ascii_json(raw: bytes) -> str:
@@ -199,16 +199,28 @@ def _quoted(value: Callable[[str], str]) -> Callable[[bytes], str]:
     return enc
 
 
+def _timestamptz_json(raw: bytes) -> str:
+    s = raw.decode("ascii")
+    # Common case with TimeZone=UTC: "2024-01-02 03:04:05.678+00".
+    if s[-3:] == "+00" and len(s) > 19 and s[10] == " " and s[4] == "-":
+        return '"' + s[:10] + "T" + s[11:-3] + 'Z"'
+    return '"' + _timestamptz_value(s) + '"'
+
+
+def _numeric_json(raw: bytes) -> str:
+    return '"' + raw.decode("ascii") + '"'
+
+
 TEXT = Codec("text", _str_value, _text_json)
 INT = Codec("int", _int_value, _ascii_json)
 BOOL = Codec("bool", _bool_value, _bool_json)
 FLOAT = Codec("float", _float_value, _float_json)
-NUMERIC = Codec("numeric", _str_value, _quoted(_str_value))
+NUMERIC = Codec("numeric", _str_value, _numeric_json)
 BYTEA = Codec("bytea", _bytea_value, _bytea_json)
 JSON = Codec("json", _json_value, _json_json)
 DATE = Codec("date", _date_value, _quoted(_date_value))
 TIMESTAMP = Codec("timestamp", _timestamp_value, _quoted(_timestamp_value))
-TIMESTAMPTZ = Codec("timestamptz", _timestamptz_value, _quoted(_timestamptz_value))
+TIMESTAMPTZ = Codec("timestamptz", _timestamptz_value, _timestamptz_json)
 TIMETZ = Codec("timetz", _timetz_value, _quoted(_timetz_value))
 
 # Base type OIDs (pg_type.dat) and their codecs.
@@ -317,14 +329,26 @@ def array_codec(element: Codec, delimiter: str = ",") -> Codec:
     ev = element.value
 
     def convert(items: list[Any]) -> list[Any]:
-        return [
-            None if x is None else convert(x) if isinstance(x, list) else ev(x) for x in items
-        ]
+        return [None if x is None else convert(x) if isinstance(x, list) else ev(x) for x in items]
 
     def value(s: str) -> list[Any]:
         return convert(parse_array(s, delimiter))
 
-    return Codec(f"{element.name}[]", value, _json_via_value(value))
+    ej = element.json
+    dumps = json.dumps
+    sep = delimiter.encode()
+
+    def to_json(raw: bytes) -> str:
+        # Fast path: one dimension, default bounds, no quoted or escaped elements
+        # (Postgres quotes empty strings, "NULL" text, blanks and delimiters).
+        if raw[:1] == b"{" and raw[1:2] != b"{" and b'"' not in raw and b"\\" not in raw:
+            inner = raw[1:-1]
+            if not inner:
+                return "[]"
+            return "[" + ",".join("null" if x == b"NULL" else ej(x) for x in inner.split(sep)) + "]"
+        return dumps(value(raw.decode("utf-8")), ensure_ascii=False)
+
+    return Codec(f"{element.name}[]", value, to_json)
 
 
 @dataclass(frozen=True, slots=True)
