@@ -83,10 +83,10 @@ class _Compiled:
         (ncols,) = _I16(buf, pos)
         pos += 2
         keys, encs, names = self.keys, self.encoders, self.names
-        parts = []
+        parts: list[str] = []
         append = parts.append
         omitted: list[str] | None = None
-        key_vals: dict[int, bytes | None] | None = {} if self.key_idx else None
+        key_vals: dict[int, bytes] = {}
         key_set = self.key_set
         for i in range(ncols):
             kind = buf[pos]
@@ -96,7 +96,7 @@ class _Compiled:
                 pos += 5 + n
                 append(keys[i] + encs[i](v))
                 if i in key_set:
-                    key_vals[i] = v  # type: ignore[index]
+                    key_vals[i] = v
             elif kind == 110:  # 'n'
                 pos += 1
                 append(keys[i] + "null")
@@ -107,12 +107,9 @@ class _Compiled:
                 omitted.append(names[i])
             else:
                 raise IndexError(f"tuple column kind {kind}")  # slow path reports it
-        if key_vals is None:
-            pk: list[str | None] = []
-        else:
-            pk = [
-                None if (v := key_vals.get(i)) is None else v.decode("utf-8") for i in self.key_idx
-            ]
+        pk: list[str | None] = [
+            None if (kv := key_vals.get(i)) is None else kv.decode("utf-8") for i in self.key_idx
+        ]
         return "{" + ",".join(parts) + "}", pk, omitted
 
     def record(
