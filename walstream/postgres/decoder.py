@@ -20,6 +20,7 @@ from json.encoder import encode_basestring
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
 from walstream.errors import DecodeError
 from walstream.postgres import pgoutput as po
+from walstream.postgres.fastpath import compile_tuple_encoder
 from walstream.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class RelationInfo:
 class _Compiled:
     """Per-relation encoders: column JSON keys, value encoders, key positions."""
 
-    __slots__ = ("encoders", "info", "key_idx", "key_set", "keys", "names")
+    __slots__ = ("encoders", "fast", "info", "key_idx", "key_set", "keys", "names")
 
     def __init__(self, info: RelationInfo, types: TypeRegistry) -> None:
         self.info = info
@@ -68,6 +69,8 @@ class _Compiled:
         pos = {n: i for i, n in enumerate(self.names)}
         self.key_idx = [pos[k] for k in info.key_columns]
         self.key_set = frozenset(self.key_idx)
+        codecs = [types.codec(c.type_oid) for c in info.columns]
+        self.fast = compile_tuple_encoder(self.names, codecs, self.key_idx)
 
     def pk(self, values: po.TupleData, fallback: po.TupleData | None = None) -> list[str | None]:
         out: list[str | None] = []
@@ -217,7 +220,12 @@ class ChangeDecoder:
                 rel = self.relations.get(_U32(raw, 1)[0])
                 if rel is not None:
                     try:
-                        record, pk, omitted = rel.fused(raw, 6)
+                        fast = rel.fast(raw, 6)
+                        if fast is None:
+                            record, pk, omitted = rel.fused(raw, 6)
+                        else:
+                            record, pk = fast
+                            omitted = None
                     except (IndexError, struct.error, UnicodeDecodeError):
                         pass  # let the full parser report what is wrong
                     else:

@@ -1,0 +1,73 @@
+"""Generate a per-relation function that parses a tuple and builds its JSON in one pass.
+
+The decoder is the throughput bottleneck of the whole pipeline (DESIGN.md
+section 9), so each relation gets straight-line code: no loop, no per-column
+dispatch, the common types' encoders inlined. It handles text and NULL
+columns; anything else (unchanged TOAST, binary, a column-count mismatch)
+returns None and the generic path takes over.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring
+
+from walstream.postgres import types as t
+
+FastEncoder = Callable[[bytes, int], "tuple[str, list[str | None]] | None"]
+
+_INLINE: dict[int, str] = {
+    id(t.INT): '{v}.decode("ascii")',
+    id(t.TEXT): '_ebs({v}.decode("utf-8"))',
+    id(t.BOOL): '("true" if {v} == b"t" else "false")',
+    id(t.NUMERIC): '"\\"" + {v}.decode("ascii") + "\\""',
+    id(t.JSON): '{v}.decode("utf-8")',
+}
+
+
+def compile_tuple_encoder(
+    names: Sequence[str], codecs: Sequence[t.Codec], key_idx: Sequence[int]
+) -> FastEncoder:
+    n = len(names)
+    ns: dict[str, object] = {
+        "_I16": struct.Struct("!h").unpack_from,
+        "_I32": struct.Struct("!i").unpack_from,
+        "_ebs": encode_basestring,
+    }
+    lines = [
+        "def encode(buf, pos):",
+        f"    if _I16(buf, pos)[0] != {n}:",
+        "        return None",
+        "    pos += 2",
+    ]
+    for i, codec in enumerate(codecs):
+        v = f"v{i}"
+        template = _INLINE.get(id(codec))
+        if template is None:
+            ns[f"_enc{i}"] = codec.json
+            expr = f"_enc{i}({v})"
+        else:
+            expr = template.format(v=v)
+        lines += [
+            "    k = buf[pos]",
+            "    if k == 116:",
+            "        e = pos + 5 + _I32(buf, pos + 1)[0]",
+            f"        {v} = buf[pos + 5:e]",
+            "        pos = e",
+            f"        p{i} = {expr}",
+            "    elif k == 110:",
+            "        pos += 1",
+            f"        {v} = None",
+            f'        p{i} = "null"',
+            "    else:",
+            "        return None",
+        ]
+    for i, name in enumerate(names):
+        ns[f"K{i}"] = ("{" if i == 0 else ",") + encode_basestring(name) + ":"
+    parts = ", ".join(f"K{i}, p{i}" for i in range(n))
+    record = f'"".join(({parts}, "}}"))' if n else '"{}"'
+    pk = ", ".join(f'(None if v{i} is None else v{i}.decode("utf-8"))' for i in key_idx)
+    lines.append(f"    return {record}, [{pk}]")
+    exec(compile("\n".join(lines), f"<walstream tuple encoder {n} columns>", "exec"), ns)
+    return ns["encode"]  # type: ignore[return-value]
