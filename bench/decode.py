@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import gc
 import resource
+import subprocess
 import time
 
-from walstream.change import parse_lsn
+from walstream.change import format_lsn, parse_lsn
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder
 from walstream.postgres.embedded import EmbeddedPostgres
-from walstream.postgres.replication import connect, read_messages
+from walstream.postgres.replication import connect
 
 TABLE = """
 CREATE TABLE orders (
@@ -48,12 +49,55 @@ def workload(conn, rows: int, txn_size: int) -> None:
 
 
 def receive(dsn: str, slot: str, pub: str, until: int) -> tuple[float, list[bytes]]:
+    """The leanest psycopg2 receive loop: read_message and keep the payload, nothing else."""
+    import select
+
+    from walstream.postgres.replication import replication_connection, start_options
+
     payloads: list[bytes] = []
     append = payloads.append
+    conn = replication_connection(dsn)
+    cur = conn.cursor()
     t0 = time.perf_counter()
-    for m in read_messages(dsn, slot, pub, until_lsn=until, timeout=600):
-        append(m.payload)
-    return time.perf_counter() - t0, payloads
+    cur.start_replication(slot_name=slot, decode=False, options=start_options(pub))
+    read = cur.read_message
+    while True:
+        msg = read()
+        if msg is None:
+            select.select([cur], [], [], 1.0)
+            continue
+        p = msg.payload
+        append(p)
+        if p[:1] == b"C" and int.from_bytes(p[-16:-8], "big") >= until:
+            break
+    secs = time.perf_counter() - t0
+    conn.close()
+    return secs, payloads
+
+
+def recvlogical(pg: EmbeddedPostgres, slot: str, pub: str, until: int) -> float | None:
+    """pg_recvlogical (C) writing the same stream to /dev/null: what Postgres can send."""
+    exe = pg.bin / "pg_recvlogical"
+    if not exe.exists():
+        return None
+    # pg_recvlogical confirms what it wrote: give it a copy of the slot each time.
+    copy = f"{slot}_copy"
+    with connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (slot, copy))
+    slot = copy
+    t0 = time.perf_counter()
+    subprocess.run(
+        [
+            str(exe), "-d", pg.dsn(), "-S", slot, "--start", "-f", "/dev/null",
+            "-o", "proto_version=1", "-o", f"publication_names={pub}", "-o", "messages=true",
+            "-E", format_lsn(until), "--no-loop",
+        ],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    secs = time.perf_counter() - t0
+    with connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (copy,))
+    return secs
 
 
 def main() -> None:
@@ -62,7 +106,7 @@ def main() -> None:
     )
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--txn-size", type=int, default=1000)
-    ap.add_argument("--repeat", type=int, default=2, help="best of N for each measurement")
+    ap.add_argument("--repeat", type=int, default=3, help="best of N for each measurement")
     args = ap.parse_args()
 
     with EmbeddedPostgres(settings={"fsync": "off", "synchronous_commit": "off"}) as pg:
@@ -87,6 +131,14 @@ def main() -> None:
         for _ in range(args.repeat):
             secs, payloads = receive(dsn, "bench", "bench", until)
             best_rx = min(best_rx, secs)
+        best_c = min(
+            (
+                s
+                for s in (recvlogical(pg, "bench", "bench", until) for _ in range(args.repeat))
+                if s
+            ),
+            default=None,
+        )
         changes = sum(1 for p in payloads if p[:1] in b"IUDT")
         print(
             f"messages: {len(payloads):,} ({changes:,} changes), {sum(map(len, payloads)) / 1e6:.0f} MB"
@@ -111,6 +163,8 @@ def main() -> None:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print()
     print(f"{'figure':<38}{'changes/s':>12}")
+    if best_c:
+        print(f"{'pg_recvlogical to /dev/null (C)':<38}{changes / best_c:>12,.0f}")
     print(f"{'raw pgoutput receive (psycopg2)':<38}{rx_rate:>12,.0f}")
     print(f"{'decode to canonical rows (1 core)':<38}{dec_rate:>12,.0f}")
     print(f"{'ratio decode / receive':<38}{dec_rate / rx_rate:>12.2f}x")

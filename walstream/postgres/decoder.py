@@ -212,46 +212,54 @@ class ChangeDecoder:
         if self.parser.in_stream:
             if raw[:1] not in (b"S", b"E"):
                 return self._buffer_streamed(raw)
-        else:
-            kind = raw[0]
-            # Fast path for the common messages: an Insert, or an Update without old
-            # tuple, is parsed and encoded in one pass with no intermediate objects.
-            if (kind == 73 or (kind == 85 and raw[5] == 78)) and self.txn is not None:
-                rel = self.relations.get(_U32(raw, 1)[0])
-                if rel is not None:
-                    try:
-                        fast = rel.fast(raw, 6)
-                        if fast is None:
-                            record, pk, omitted = rel.fused(raw, 6)
-                        else:
-                            record, pk = fast
-                            omitted = None
-                    except (IndexError, struct.error, UnicodeDecodeError):
-                        pass  # let the full parser report what is wrong
-                    else:
-                        txn = self.txn
-                        seq = txn.seq
-                        txn.seq = seq + 1
-                        info = rel.info
-                        return [
-                            ChangeRow(
-                                self.source,
-                                txn.lsn,
-                                seq,
-                                txn.xid,
-                                txn.committed_at_us,
-                                "insert" if kind == 73 else "update",
-                                info.schema,
-                                info.table,
-                                pk,
-                                record,
-                                None,
-                                txn.annotations,
-                                omitted,
-                            )
-                        ]
+        elif self.txn is not None:
+            rows = self._fast_change(raw, 0)
+            if rows is not None:
+                return rows
         msg = self.parser.parse(raw)
         return self.apply(msg)
+
+    def _fast_change(self, raw: bytes, off: int) -> list[ChangeRow] | None:
+        """Fast path for the common messages: an Insert, or an Update without old tuple,
+        parsed and encoded in one pass with no intermediate objects. `off` is 4 when the
+        message carries a streamed xid. None means: use the full parser."""
+        kind = raw[0]
+        if not (kind == 73 or (kind == 85 and raw[off + 5] == 78)):
+            return None
+        rel = self.relations.get(_U32(raw, off + 1)[0])
+        if rel is None:
+            return None
+        try:
+            fast = rel.fast(raw, off + 6)
+            if fast is None:
+                record, pk, omitted = rel.fused(raw, off + 6)
+            else:
+                record, pk = fast
+                omitted = None
+        except (IndexError, struct.error, UnicodeDecodeError):
+            return None  # the full parser reports what is wrong
+        txn = self.txn
+        assert txn is not None
+        seq = txn.seq
+        txn.seq = seq + 1
+        info = rel.info
+        return [
+            ChangeRow(
+                self.source,
+                txn.lsn,
+                seq,
+                txn.xid,
+                txn.committed_at_us,
+                "insert" if kind == 73 else "update",
+                info.schema,
+                info.table,
+                pk,
+                record,
+                None,
+                txn.annotations,
+                omitted,
+            )
+        ]
 
     def apply(self, msg: po.PgOutputMessage) -> list[ChangeRow]:
         if isinstance(msg, po.Insert | po.Update | po.Delete | po.Truncate):
@@ -388,7 +396,8 @@ class ChangeDecoder:
         rows: list[ChangeRow] = []
         try:
             for _, raw in stream.messages:
-                rows.extend(self.apply(replay.parse(raw)))
+                fast = self._fast_change(raw, 4)
+                rows.extend(fast if fast is not None else self.apply(replay.parse(raw)))
         finally:
             self.txn = saved
         return rows
