@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -98,16 +99,17 @@ def demo(
 
     result = run_demo(home, progress=lambda s: console.print(f"[dim]•[/] {s}"))
     print_findings(result.findings)
-    table = Table(title=f"{len(result.changes)} changes → {result.output}")
-    for col in ("lsn:seq", "action", "table", "pk", "record", "annotations"):
-        table.add_column(col, overflow="fold")
+    table = Table(title=f"{len(result.changes)} changes decoded", title_justify="left")
+    for col in ("lsn:seq", "action", "table", "pk", "record"):
+        table.add_column(col, no_wrap=col != "record", overflow="ellipsis")
     for c in result.changes:
-        j = row_to_json(c)
-        table.add_row(
-            str(c.cursor), c.action, f"{c.schema}.{c.table}", ",".join(map(str, c.pk)),
-            str(j["record"]), str(j["annotations"] or ""),
-        )  # fmt: skip
+        record = json.dumps(row_to_json(c)["record"], separators=(",", ":"))
+        if len(record) > 70:
+            record = record[:67] + "..."
+        pk = ",".join("null" if v is None else v for v in c.pk)
+        table.add_row(str(c.cursor), c.action, f"{c.schema}.{c.table}", pk, record)
     console.print(table)
+    console.print(f"full change rows (with old values and annotations): {result.output}")
     if has_errors(result.findings):
         raise typer.Exit(1)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from walstream.change import ChangeRow, format_lsn
 from walstream.postgres.decoder import ChangeDecoder
-from walstream.postgres.embedded import EmbeddedPostgres
+from walstream.postgres.embedded import EmbeddedPostgres, server_home
 from walstream.postgres.replication import (
     connect,
     ensure_publication,
@@ -42,7 +42,7 @@ class DemoResult:
 def run_demo(home: Path, progress: Callable[[str], None] = print) -> DemoResult:
     """Start (or reuse) the embedded server under `home`, make changes, decode them to a file."""
     home.mkdir(parents=True, exist_ok=True)
-    pg = EmbeddedPostgres(base_dir=home / "postgres")
+    pg = EmbeddedPostgres(base_dir=server_home(home / "postgres"))
     progress(f"starting embedded PostgreSQL ({pg.version()}) in {pg.base}")
     with pg:
         admin = connect(pg.dsn(), autocommit=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import logging
 import os
 import pwd
@@ -75,6 +76,28 @@ def _run_as() -> str | None:
         "running as root and no unprivileged user (postgres, nobody) exists to run PostgreSQL",
         "create one: `useradd --system postgres`",
     )
+
+
+def _reachable_by(user: str | None, path: Path) -> bool:
+    """Whether `user` (other than the owner, as root runs things) can enter every parent of path."""
+    if user is None:
+        return True
+    p = path.resolve().parent
+    while True:
+        if p.exists() and p.stat().st_mode & 0o001 == 0:
+            return False
+        if p == p.parent:
+            return True
+        p = p.parent
+
+
+def server_home(preferred: Path) -> Path:
+    """`preferred`, or — when root must hand the server to a user who cannot reach it
+    (a checkout under /root, say) — a stable directory under /var/tmp instead."""
+    if _reachable_by(_run_as(), preferred):
+        return preferred
+    digest = hashlib.sha1(str(preferred.resolve()).encode()).hexdigest()[:10]
+    return Path("/var/tmp") / f"walstream-{digest}"
 
 
 class EmbeddedPostgres:
