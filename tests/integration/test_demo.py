@@ -22,8 +22,9 @@ def home():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_demo_runs_twice_on_its_own_server(home):
-    tmp_path = home
+def test_demo_runs_twice_on_its_own_server(home, monkeypatch):
+    monkeypatch.chdir(home)
+    tmp_path = Path(".walstream")  # relative, as bin/demo passes it
     messages: list[str] = []
     last_lsn = -1
     for _ in range(2):

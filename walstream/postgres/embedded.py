@@ -116,7 +116,9 @@ class EmbeddedPostgres:
     ) -> None:
         self.bin = find_pg_bin()
         self._temp = base_dir is None
-        self.base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="walstream-pg-"))
+        self.base = (
+            Path(base_dir).resolve() if base_dir else Path(tempfile.mkdtemp(prefix="walstream-pg-"))
+        )
         self.data = self.base / "data"
         self.log_file = self.base / "postgres.log"
         self.port = port or free_port()
