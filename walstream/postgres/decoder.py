@@ -14,7 +14,7 @@ import json
 import logging
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
@@ -416,7 +416,3 @@ def _annotations_json(content: bytes) -> str:
     except ValueError:
         log.warning("transaction annotations are not JSON; passing them on as a string")
         return json.dumps(text)
-
-
-def with_seq(ctx: TxnContext, seq: int) -> TxnContext:
-    return replace(ctx, seq=seq)
