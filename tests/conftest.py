@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -109,6 +111,10 @@ def spark() -> Iterator[Any]:
     """One SparkSession (local[2], Python worker reuse on) shared by the whole run."""
     from pyspark.sql import SparkSession
 
+    import walstream
+
+    # Python workers must run the interpreter that has walstream installed.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (
         SparkSession.builder.master("local[2]")
         .appName("walstream-tests")
@@ -119,6 +125,7 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
+    walstream.register(session)
     try:
         yield session
     finally:

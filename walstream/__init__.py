@@ -20,6 +20,17 @@ from walstream.errors import (
 
 __version__ = "0.1.0"
 
+
+def register(spark: object) -> None:
+    """Register the "walstream" streaming data source with a SparkSession.
+
+    Then: `spark.readStream.format("walstream").option("dsn", ...).load()`.
+    """
+    from walstream.spark.source import register as _register
+
+    _register(spark)
+
+
 __all__ = [
     "CHANGE_COLUMNS",
     "CHANGE_SCHEMA_DDL",
@@ -34,5 +45,6 @@ __all__ = [
     "format_lsn",
     "idempotency_key",
     "parse_lsn",
+    "register",
     "spark_schema",
 ]

@@ -13,7 +13,7 @@ def test_public_api_is_pinned():
     assert sorted(walstream.__all__) == sorted([
         "CHANGE_COLUMNS", "CHANGE_SCHEMA_DDL", "ChangeRow", "ConfigError", "ConnectionFailed",
         "DecodeError", "SetupError", "WalCursor", "WalstreamError", "__version__", "format_lsn",
-        "idempotency_key", "parse_lsn", "spark_schema",
+        "idempotency_key", "parse_lsn", "register", "spark_schema",
     ])  # fmt: skip
 
 

@@ -186,13 +186,23 @@ class ChangeDecoder:
         self.on_message = on_message
         self.parser = po.PgOutputParser()
         self.relations: dict[int, _Compiled] = {}
+        self._compiled: dict[RelationInfo, _Compiled] = {}
         self.txn: TxnContext | None = None
         self.streams: dict[int, _Stream] = {}
         self.type_names: dict[int, tuple[str, str]] = {}
 
     # -- state ---------------------------------------------------------------------------
     def add_relation(self, info: RelationInfo) -> None:
-        self.relations[info.oid] = _Compiled(info, self.types)
+        compiled = self._compiled.get(info)
+        if compiled is None:
+            compiled = self._compiled[info] = _Compiled(info, self.types)
+        self.relations[info.oid] = compiled
+
+    def set_relations(self, infos: Sequence[RelationInfo]) -> None:
+        """Replace the known relations (compiled encoders are cached across calls)."""
+        self.relations = {}
+        for info in infos:
+            self.add_relation(info)
 
     def relation_infos(self) -> list[RelationInfo]:
         return [c.info for c in self.relations.values()]
@@ -297,7 +307,7 @@ class ChangeDecoder:
 
     def _message(self, msg: po.Message) -> None:
         if msg.prefix == ANNOTATIONS_PREFIX and msg.transactional and self.txn is not None:
-            self.txn.annotations = _annotations_json(msg.content)
+            self.txn.annotations = annotations_json(msg.content)
         elif self.on_message is not None:
             self.on_message(msg, self.txn)
 
@@ -407,7 +417,7 @@ def _parse_streamed(raw: bytes) -> po.PgOutputMessage:
     return po.PgOutputParser(in_stream=True).parse(raw)
 
 
-def _annotations_json(content: bytes) -> str:
+def annotations_json(content: bytes) -> str:
     """Annotations must be JSON; anything else is kept as a JSON string, never dropped."""
     text = content.decode("utf-8", errors="replace")
     try:

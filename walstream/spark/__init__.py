@@ -1,0 +1,1 @@
+"""The Spark side: the streaming source, decoding on executors."""

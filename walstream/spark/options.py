@@ -1,0 +1,90 @@
+"""The options of `spark.readStream.format("walstream")`, validated with clear errors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from walstream.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    dsn: str
+    slot: str
+    publication: str
+    name: str
+    tables: tuple[str, ...]
+    max_changes_per_batch: int
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    max_buffer_bytes: int
+    partition_bytes: int
+    replay_timeout: float
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        opts = {k.lower(): v for k, v in options.items()}
+        dsn = opts.get("dsn", "").strip()
+        if not dsn:
+            raise ConfigError(
+                'option "dsn" is required',
+                '.option("dsn", "postgresql://user@host:5432/db")',
+            )
+        slot = opts.get("slot", "walstream").strip()
+        _identifier("slot", slot)
+        publication = opts.get("publication", slot).strip()
+        _identifier("publication", publication)
+        tables = tuple(t.strip() for t in opts.get("tables", "").split(",") if t.strip())
+        heartbeat = _number(opts, "heartbeatinterval", 5.0, minimum=0.0)
+        return cls(
+            dsn=dsn,
+            slot=slot,
+            publication=publication,
+            name=opts.get("name", slot).strip() or slot,
+            tables=tables,
+            max_changes_per_batch=int(_number(opts, "maxchangesperbatch", 50_000, minimum=1)),
+            heartbeat_interval=heartbeat,
+            heartbeat_timeout=_number(
+                opts, "heartbeattimeout", max(60.0, 6 * heartbeat), minimum=1.0
+            ),
+            max_buffer_bytes=int(_number(opts, "maxbufferbytes", 128 << 20, minimum=1 << 20)),
+            partition_bytes=int(_number(opts, "partitionbytes", 4 << 20, minimum=64 << 10)),
+            replay_timeout=_number(opts, "replaytimeout", 300.0, minimum=1.0),
+        )
+
+
+_NAMES = {
+    "heartbeatinterval": "heartbeatInterval",
+    "heartbeattimeout": "heartbeatTimeout",
+    "maxchangesperbatch": "maxChangesPerBatch",
+    "maxbufferbytes": "maxBufferBytes",
+    "partitionbytes": "partitionBytes",
+    "replaytimeout": "replayTimeout",
+}
+
+
+def _number(opts: Mapping[str, str], key: str, default: float, minimum: float) -> float:
+    raw = opts.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw.rstrip("s")) if key.endswith(("interval", "timeout")) else float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= minimum:
+        raise ConfigError(
+            f'option "{_NAMES[key]}" is {raw!r}; it must be a number >= {minimum:g}',
+            f'e.g. .option("{_NAMES[key]}", "{default:g}")',
+        )
+    return value
+
+
+def _identifier(option: str, value: str) -> None:
+    ok = value and all(c.isascii() and (c.isalnum() or c == "_") for c in value)
+    if not ok or value[0].isdigit() or value != value.lower():
+        raise ConfigError(
+            f'option "{option}" is {value!r}: use lowercase letters, digits and underscores, '
+            "not starting with a digit",
+            f'e.g. .option("{option}", "walstream_app")',
+        )

@@ -1,0 +1,170 @@
+"""What a Spark task carries and how an executor turns it into Arrow record batches.
+
+A partition holds raw pgoutput messages as compact blobs (one per transaction
+piece, with message end offsets) plus the context to decode them: the
+relations and the transaction's position. Decoding and type casting happen
+here, on executors, in parallel.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import InputPartition
+
+from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
+from walstream.postgres.capture import Piece
+from walstream.postgres.decoder import ChangeDecoder, RelationInfo, TxnContext
+from walstream.postgres.types import PgType, TypeRegistry
+
+ARROW_BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class PackedPiece:
+    lsn: int
+    xid: int
+    commit_ts: int
+    seq: int
+    annotations: str | None
+    relations: tuple[RelationInfo, ...]
+    blob: bytes
+    ends: bytes  # array('I') of message end offsets in blob
+
+    @classmethod
+    def pack(cls, piece: Piece) -> PackedPiece:
+        ends = array("I")
+        pos = 0
+        for m in piece.msgs:
+            pos += len(m)
+            ends.append(pos)
+        return cls(
+            piece.lsn, piece.xid, piece.commit_ts, piece.seq, piece.annotations,
+            piece.relations, b"".join(piece.msgs), ends.tobytes(),
+        )  # fmt: skip
+
+    def messages(self) -> Iterator[bytes]:
+        ends = array("I")
+        ends.frombytes(self.ends)
+        blob = self.blob
+        start = 0
+        for end in ends:
+            yield blob[start:end]
+            start = end
+
+
+class ChangePartition(InputPartition):
+    """The changes of one Spark task: a few MB of raw messages and their context."""
+
+    def __init__(
+        self,
+        source: str,
+        pieces: Sequence[PackedPiece],
+        types: Sequence[PgType],
+        primary_keys: Mapping[tuple[str, str], Sequence[str]],
+    ) -> None:
+        super().__init__(None)
+        self.source = source
+        self.pieces = list(pieces)
+        self.types = list(types)
+        self.primary_keys = dict(primary_keys)
+
+    def __repr__(self) -> str:
+        n = sum(len(p.blob) for p in self.pieces)
+        return f"ChangePartition({self.source}, {len(self.pieces)} pieces, {n} bytes)"
+
+
+def group_pieces(pieces: Sequence[Piece], target_bytes: int) -> list[list[Piece]]:
+    """Cut a batch into partitions of about `target_bytes`, splitting big pieces."""
+    groups: list[list[Piece]] = []
+    current: list[Piece] = []
+    size = 0
+    for piece in pieces:
+        for part in _split(piece, target_bytes):
+            if current and size + part.nbytes > target_bytes:
+                groups.append(current)
+                current, size = [], 0
+            current.append(part)
+            size += part.nbytes
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _split(piece: Piece, target_bytes: int) -> Iterator[Piece]:
+    """A piece larger than the target becomes several, each with its starting seq."""
+    if piece.nbytes <= target_bytes:
+        yield piece
+        return
+    from walstream.postgres.capture import _context_of, row_count
+
+    msgs: list[bytes] = []
+    size = 0
+    seq = piece.seq
+    relations, annotations = piece.relations, piece.annotations
+    start_seq = seq
+    for m in piece.msgs:
+        if msgs and size + len(m) > target_bytes:
+            yield Piece(
+                piece.lsn, piece.xid, piece.commit_ts, start_seq, annotations, relations, msgs, size
+            )
+            relations, annotations = _context_of(msgs, relations, annotations)
+            msgs, size, start_seq = [], 0, seq
+        msgs.append(m)
+        size += len(m)
+        seq += row_count(m)
+    if msgs:
+        yield Piece(
+            piece.lsn, piece.xid, piece.commit_ts, start_seq, annotations, relations, msgs, size
+        )
+
+
+def decode_partition(partition: ChangePartition) -> Iterator[ChangeRow]:
+    decoder = ChangeDecoder(partition.source, TypeRegistry(partition.types), partition.primary_keys)
+    for piece in partition.pieces:
+        decoder.set_relations(piece.relations)
+        decoder.txn = TxnContext(
+            piece.lsn, piece.xid, piece.commit_ts + PG_EPOCH_UNIX_US, piece.seq, piece.annotations
+        )
+        for raw in piece.messages():
+            yield from decoder.decode(raw)
+
+
+def arrow_batches(rows: Iterator[ChangeRow], size: int = ARROW_BATCH_ROWS) -> Iterator[Any]:
+    """Canonical rows as PyArrow record batches of the canonical schema."""
+    import pyarrow as pa
+
+    schema = arrow_schema()
+    buf: list[ChangeRow] = []
+    for row in rows:
+        buf.append(row)
+        if len(buf) >= size:
+            yield _to_batch(buf, schema, pa)
+            buf = []
+    if buf:
+        yield _to_batch(buf, schema, pa)
+
+
+def arrow_schema() -> Any:
+    import pyarrow as pa
+
+    s = pa.string()
+    return pa.schema(
+        [
+            ("source", s), ("lsn", pa.int64()), ("seq", pa.int32()), ("xid", pa.int64()),
+            ("committed_at", pa.timestamp("us", tz="UTC")), ("action", s), ("schema", s),
+            ("table", s), ("pk", pa.list_(s)), ("record", s), ("old", s), ("annotations", s),
+            ("unchanged_toast", pa.list_(s)),
+        ]
+    )  # fmt: skip
+
+
+def _to_batch(rows: list[ChangeRow], schema: Any, pa: Any) -> Any:
+    cols = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, type=field.type) for col, field in zip(cols, schema, strict=True)],
+        schema=schema,
+    )

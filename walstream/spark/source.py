@@ -1,0 +1,234 @@
+"""`spark.readStream.format("walstream")`: a Structured Streaming source reading a replication slot.
+
+Driver side (one long-lived Python process per query): validates the database,
+owns the capture thread and the heartbeat, plans batches from the capture
+buffer and confirms to Postgres on `commit`. Executor side: `read` decodes the
+raw messages of its partition into Arrow record batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from walstream.change import CHANGE_SCHEMA_DDL, parse_lsn
+from walstream.errors import SetupError
+from walstream.postgres.capture import Capture, Cursor
+from walstream.postgres.catalog import load_metadata
+from walstream.postgres.heartbeat import Heartbeat
+from walstream.postgres.replication import connect, ensure_publication, ensure_slot
+from walstream.postgres.setup import check_database
+from walstream.postgres.types import PgType
+from walstream.spark.options import SourceOptions
+from walstream.spark.partition import (
+    ChangePartition,
+    PackedPiece,
+    arrow_batches,
+    decode_partition,
+    group_pieces,
+)
+
+log = logging.getLogger(__name__)
+
+# One capture per (dsn, slot) in this process: a new query on the same slot replaces the old
+# one (Spark never calls stop() on a finished query's reader).
+_CAPTURES: dict[tuple[str, str], _Driver] = {}
+_CAPTURES_LOCK = threading.Lock()
+
+
+class WalstreamDataSource(DataSource):
+    """Changes of a PostgreSQL database, read from a logical replication slot (pgoutput)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "walstream"
+
+    def schema(self) -> str:
+        return CHANGE_SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> WalstreamStreamReader:
+        return WalstreamStreamReader(SourceOptions.parse(self.options))
+
+
+def register(spark: Any) -> None:
+    """Register the "walstream" data source with a SparkSession."""
+    spark.dataSource.register(WalstreamDataSource)
+
+
+@dataclass
+class _Driver:
+    capture: Capture
+    heartbeat: Heartbeat | None
+    types: list[PgType]
+    primary_keys: dict[tuple[str, str], list[str]]
+
+    def stop(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        self.capture.stop()
+
+
+def _as_cursor(offset: dict[str, Any]) -> Cursor:
+    return (int(offset["lsn"]), int(offset["seq"]))
+
+
+def _as_offset(cursor: Cursor) -> dict[str, int]:
+    return {"lsn": cursor[0], "seq": cursor[1]}
+
+
+class WalstreamStreamReader(DataSourceStreamReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._driver: _Driver | None = None
+        self._confirmed: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get the options only: connections and threads stay on the driver.
+        return {"options": self.options, "_driver": None, "_confirmed": None}
+
+    # -- setup ---------------------------------------------------------------------------
+    def _setup(self) -> int:
+        """Validate the database, create slot/publication when missing; the slot's confirmed LSN."""
+        if self._confirmed is not None:
+            return self._confirmed
+        o = self.options
+        _release(o.dsn, o.slot)
+        findings = check_database(o.dsn, o.slot, o.publication, o.tables)
+        errors = [f for f in findings if f.level == "error"]
+        busy = [f for f in findings if f.subject == f"slot {o.slot}" and "in use" in f.message]
+        if busy and not _slot_free_soon(o.dsn, o.slot):
+            errors += busy
+        if errors:
+            raise SetupError(
+                f"source {o.name!r} cannot start: "
+                + "; ".join(f"{f.subject}: {f.message}" for f in errors),
+                " | ".join(f.fix for f in errors if f.fix),
+            )
+        with connect(o.dsn, autocommit=True) as conn:
+            if ensure_publication(conn, o.publication, o.tables):
+                log.info("created publication %s", o.publication)
+            if ensure_slot(conn, o.slot):
+                log.info("created replication slot %s (pgoutput)", o.slot)
+            row = conn.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                (o.slot,),
+            ).fetchone()
+            assert row is not None
+            self._confirmed = parse_lsn(row[0])
+        return self._confirmed
+
+    def _running(self, floor: Cursor) -> _Driver:
+        driver = self._driver
+        if driver is not None and driver.capture.thread.is_alive():
+            return driver
+        if driver is not None:
+            driver.capture.raise_if_failed()
+        self._setup()
+        o = self.options
+        with connect(o.dsn, autocommit=True) as conn:
+            meta = load_metadata(conn)
+        capture = Capture(
+            o.dsn, o.slot, o.publication, floor,
+            primary_keys=meta.primary_keys, max_buffer_bytes=o.max_buffer_bytes,
+        ).start()  # fmt: skip
+        heartbeat = (
+            Heartbeat(o.dsn, o.slot, o.heartbeat_interval).start() if o.heartbeat_interval else None
+        )
+        driver = _Driver(capture, heartbeat, list(meta.types.catalog.values()), meta.primary_keys)
+        with _CAPTURES_LOCK:
+            _CAPTURES[(o.dsn, o.slot)] = driver
+        self._driver = driver
+        return driver
+
+    def _check_alive(self, driver: _Driver) -> None:
+        driver.capture.raise_if_failed()
+        o = self.options
+        if not o.heartbeat_interval:
+            return
+        cap = driver.capture
+        quiet = time.monotonic() - max(cap.last_heartbeat_at, cap.last_message_at)
+        if quiet > o.heartbeat_timeout and cap.buffered_bytes < cap.max_buffer_bytes:
+            raise SetupError(
+                f"no message from slot {o.slot} for {quiet:.0f}s although a heartbeat is sent "
+                f"every {o.heartbeat_interval:g}s: the replication connection is stale",
+                "check the server (pg_stat_replication) and the network; restart the query to reconnect",
+            )
+
+    # -- offsets -------------------------------------------------------------------------
+    def initialOffset(self) -> dict[str, int]:
+        return _as_offset((self._setup(), -1))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.options.max_changes_per_batch)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        cursor = _as_cursor(start)
+        driver = self._running(cursor)
+        self._check_alive(driver)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if isinstance(limit, ReadAllAvailable):
+            max_rows = None
+        return _as_offset(driver.capture.latest(cursor, max_rows))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        s, e = _as_cursor(start), _as_cursor(end)
+        if e <= s:
+            return []
+        driver = self._running(s)
+        pieces = driver.capture.slice(s, e, timeout=self.options.replay_timeout)
+        groups = group_pieces(pieces, self.options.partition_bytes)
+        return [
+            ChangePartition(
+                self.options.name,
+                [PackedPiece.pack(p) for p in group],
+                driver.types,
+                driver.primary_keys,
+            )
+            for group in groups
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, ChangePartition)
+        return arrow_batches(decode_partition(partition))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        cursor = _as_cursor(end)
+        driver = self._running(cursor)
+        driver.capture.commit(cursor)
+
+    def stop(self) -> None:
+        if self._driver is not None:
+            self._driver.stop()
+            _release(self.options.dsn, self.options.slot)
+
+
+def _release(dsn: str, slot: str) -> None:
+    """Stop this process's previous capture of the slot, if any."""
+    with _CAPTURES_LOCK:
+        old = _CAPTURES.pop((dsn, slot), None)
+    if old is not None:
+        old.stop()
+
+
+def _slot_free_soon(dsn: str, slot: str, wait: float = 10.0) -> bool:
+    """A just-stopped walsender can hold the slot for a moment: wait for it to let go."""
+    deadline = time.monotonic() + wait
+    with connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+            if row is None or not row[0]:
+                return True
+            time.sleep(0.2)
+    return False
+
+
+__all__ = ["WalstreamDataSource", "WalstreamStreamReader", "register"]
