@@ -130,3 +130,14 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def replica_level_server() -> Iterator[EmbeddedPostgres]:
+    """A second server with wal_level=replica: the wrong setting for logical replication."""
+    server = EmbeddedPostgres(settings={"wal_level": "replica"})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

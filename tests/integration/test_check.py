@@ -6,7 +6,6 @@ import pytest
 from typer.testing import CliRunner
 
 from walstream.cli import app
-from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.setup import check_database, has_errors
 
 runner = CliRunner()
@@ -114,14 +113,6 @@ def test_unreachable_server_is_a_clear_error():
     assert f.level == "error" and f.subject == "connection"
     assert "cannot connect to PostgreSQL" in f.message
     assert "check that the server runs" in f.fix
-
-
-@pytest.fixture(scope="module")
-def replica_level_server():
-    server = EmbeddedPostgres(settings={"wal_level": "replica"})
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_wal_level_replica_is_an_error_with_the_fix(replica_level_server):
