@@ -155,3 +155,31 @@ def test_idle_database_slot_advances_while_another_database_writes(spark, db, pg
     finally:
         with connect(pg.dsn(), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE {other} WITH (FORCE)")
+
+
+def test_reconnects_after_the_walsender_is_terminated(spark, db, tmp_path):
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pub = db.create_publication("t")
+    slot = unique("slot")
+    db.slots.append(slot)
+    with StreamRun(
+        spark, tmp_path / "ckpt", dsn=db.dsn, slot=slot, publication=pub, maxChangesPerBatch="100"
+    ) as run:
+        run.query.processAllAvailable()
+        db.execute("INSERT INTO t SELECT g FROM generate_series(1, 500) g")
+        run.wait_for_rows(100)
+
+        def terminate() -> bool:
+            rows = db.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s AND active",
+                (slot,),
+            )
+            return bool(rows and rows[0][0])
+
+        wait_until(terminate, 30)
+        db.execute("INSERT INTO t SELECT g FROM generate_series(501, 1000) g")
+        rows = run.wait_for_rows(1000)
+        assert not run.query.exception()
+    assert [int(r.pk[0]) for r in rows] == list(range(1, 1001))  # all once, in order

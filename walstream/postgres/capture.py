@@ -25,6 +25,9 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg2
 
 from walstream.errors import ConnectionFailed, WalstreamError
 from walstream.postgres import pgoutput as po
@@ -126,6 +129,7 @@ class Capture:
         self._stop = threading.Event()
         self._current: Txn | None = None
         self._skipping = False
+        self._streaming = False
         self.last_complete_lsn = 0
         self._parser = po.PgOutputParser()
         self.thread = threading.Thread(
@@ -165,8 +169,11 @@ class Capture:
                 self._stream()
                 return
             except ConnectionFailed as exc:
-                # Right after a stop the slot can still look active: retry a while.
-                attempt += 1
+                # Right after a stop the slot can still look active, and a server restart or a
+                # network drop ends the stream: reconnect a while. A new connection resends
+                # everything after the confirmed position; _ingest skips what we hold.
+                attempt = 1 if self._streaming else attempt + 1
+                self._streaming = False
                 if attempt > self.connect_retries or self._stop.is_set():
                     self.error = exc
                     break
@@ -195,28 +202,39 @@ class Capture:
             # A fresh connection re-sends everything after the confirmed position.
             with self.cond:
                 self._reset_partial()
-            last_status = time.monotonic()
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if self.confirm_lsn > self._sent_lsn or now - last_status >= self.status_interval:
-                    lsn = self.confirm_lsn
-                    cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=True)
-                    self._sent_lsn = lsn
-                    last_status = now
-                if self.buffered_bytes >= self.max_buffer_bytes:
-                    with self.cond:  # full: wait for Spark to commit, keep the connection alive
-                        self.cond.wait(0.2)
-                    continue
-                msg = cur.read_message()
-                if msg is None:
-                    select.select([cur], [], [], 0.2)
-                    continue
-                self.last_message_at = time.monotonic()
-                if msg.data_start > self.received_until:
-                    self.received_until = msg.data_start
-                self._ingest(msg.payload)
+            self._streaming = True
+            self._sent_lsn = 0  # tell the new walsender where we are
+            try:
+                self._loop(cur)
+            except psycopg2.Error as exc:
+                raise ConnectionFailed(
+                    f"replication from slot {self.slot} was interrupted: {str(exc).strip()}",
+                    "walstream reconnects by itself; if this repeats, check the server log",
+                ) from exc
         finally:
             conn.close()
+
+    def _loop(self, cur: Any) -> None:
+        last_status = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self.confirm_lsn > self._sent_lsn or now - last_status >= self.status_interval:
+                lsn = self.confirm_lsn
+                cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=True)
+                self._sent_lsn = lsn
+                last_status = now
+            if self.buffered_bytes >= self.max_buffer_bytes:
+                with self.cond:  # full: wait for Spark to commit, keep the connection alive
+                    self.cond.wait(0.2)
+                continue
+            msg = cur.read_message()
+            if msg is None:
+                select.select([cur], [], [], 0.2)
+                continue
+            self.last_message_at = time.monotonic()
+            if msg.data_start > self.received_until:
+                self.received_until = msg.data_start
+            self._ingest(msg.payload)
 
     def _reset_partial(self) -> None:
         """After (re)connecting Postgres resends whole transactions: drop a partial one."""
