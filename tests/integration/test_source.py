@@ -183,3 +183,144 @@ def test_reconnects_after_the_walsender_is_terminated(spark, db, tmp_path):
         rows = run.wait_for_rows(1000)
         assert not run.query.exception()
     assert [int(r.pk[0]) for r in rows] == list(range(1, 1001))  # all once, in order
+
+
+def test_schema_changes_mid_stream_drop_column_and_type_change(spark, db, tmp_path):
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, a text, b int)")
+    pub = db.create_publication("t")
+    slot = unique("slot")
+    db.slots.append(slot)
+    with StreamRun(spark, tmp_path / "ckpt", dsn=db.dsn, slot=slot, publication=pub) as run:
+        run.query.processAllAvailable()
+        db.execute("INSERT INTO t VALUES (1, 'x', 10)")
+        db.execute("ALTER TABLE t DROP COLUMN a")
+        db.execute("INSERT INTO t VALUES (2, 20)")
+        db.execute("ALTER TABLE t ALTER COLUMN b TYPE numeric(10,2)")
+        db.execute("INSERT INTO t VALUES (3, 30)")
+        rows = run.wait_for_rows(3)
+    assert [json.loads(r.record) for r in rows] == [
+        {"id": 1, "a": "x", "b": 10},
+        {"id": 2, "b": 20},
+        {"id": 3, "b": "30.00"},  # numeric now: exact string
+    ]
+
+
+def test_full_buffer_pauses_reading_but_keeps_the_connection(spark, db, tmp_path):
+    """A slow sink fills the 1 MiB buffer: Postgres is held back (it keeps the WAL), and for
+    longer than wal_sender_timeout (10 s) capture keeps answering, so the walsender stays."""
+    from walstream.postgres.replication import connect
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    db.execute("ALTER TABLE t ALTER COLUMN pad SET STORAGE PLAIN")
+    pub = db.create_publication("t")
+    slot = unique("slot")
+    db.slots.append(slot)
+    opts = dict(
+        dsn=db.dsn,
+        slot=slot,
+        publication=pub,
+        maxBufferBytes=str(1 << 20),
+        maxChangesPerBatch="500",
+    )
+    reader = spark.readStream.format("walstream")
+    for k, v in opts.items():
+        reader = reader.option(k, v)
+    batches: list[list] = []
+    sent_during_stall: list[int] = []
+
+    def lsn(conn, expr):
+        return int(
+            conn.execute(
+                f"SELECT ({expr} - '0/0'::pg_lsn)::int8 FROM pg_stat_replication LIMIT 1"
+            ).fetchone()[0]
+        )
+
+    def slow_sink(batch, batch_id):
+        rows = batch.select("pk").collect()
+        if rows and not sent_during_stall:
+            # the slow sink under test: stall longer than wal_sender_timeout, watching the walsender
+            with connect(db.dsn, autocommit=True) as conn:
+                deadline = _time.monotonic() + 12
+                while _time.monotonic() < deadline:
+                    sent_during_stall.append(lsn(conn, "sent_lsn"))
+                    _time.sleep(0.5)
+        batches.append([int(r.pk[0]) for r in rows])
+
+    import time as _time
+
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(slow_sink)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        pid = db.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        )[0][0]
+        start = int(db.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8")[0][0])
+        # ~21 MB in 200 transactions (one big transaction is decoded whole before it is sent)
+        for first in range(1, 20001, 100):
+            db.execute(
+                "INSERT INTO t SELECT g, repeat('p', 1000) FROM generate_series(%s::int, %s::int) g",
+                (first, first + 99),
+            )
+        end = int(db.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8")[0][0])
+        wait_until(
+            lambda: sum(map(len, batches)) >= 20000,
+            180,
+            message=lambda: f"{sum(map(len, batches))} rows",
+        )
+        assert query.exception() is None
+        assert (
+            db.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))[
+                0
+            ][0]
+            == pid
+        )
+    finally:
+        query.stop()
+    assert [i for b in batches for i in b] == list(range(1, 20001))
+    held_back = max(sent_during_stall) - start
+    assert held_back < (end - start) / 2, (
+        f"walsender sent {held_back} of {end - start} bytes while the sink stalled"
+    )
+
+
+def test_stale_replication_connection_fails_loudly(spark, db, tmp_path):
+    import os
+    import signal
+
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pub = db.create_publication("t")
+    slot = unique("slot")
+    db.slots.append(slot)
+    run = StreamRun(
+        spark,
+        tmp_path / "ckpt",
+        dsn=db.dsn,
+        slot=slot,
+        publication=pub,
+        heartbeatInterval="1",
+        heartbeatTimeout="5",
+    )
+    pid = None
+    try:
+        run.query.processAllAvailable()
+        pid = db.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        )[0][0]
+        os.kill(pid, signal.SIGSTOP)  # the walsender hangs: connection open, nothing arrives
+        exc = wait_until(
+            run.query.exception, 60, message="the query did not notice the stale connection"
+        )
+        assert "the replication connection is stale" in str(exc)
+        assert "heartbeat is sent every 1s" in str(exc)
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGCONT)
+        run.stop()
