@@ -426,13 +426,13 @@ def _context(
     txn: Txn, i: int, primary_keys: Mapping[tuple[str, str], Sequence[str]]
 ) -> tuple[Mapping[int, RelationInfo], str | None]:
     """Relations and annotations in force before txn.msgs[i]."""
-    rels, annotations = _context_of(
+    rels, annotations = context_after(
         txn.msgs[:i], tuple(txn.relations.values()), txn.annotations, primary_keys
     )
     return {r.oid: r for r in rels}, annotations
 
 
-def _context_of(
+def context_after(
     msgs: Sequence[bytes],
     relations: tuple[RelationInfo, ...],
     annotations: str | None,

@@ -99,7 +99,7 @@ def _split(piece: Piece, target_bytes: int) -> Iterator[Piece]:
     if piece.nbytes <= target_bytes:
         yield piece
         return
-    from walstream.postgres.capture import _context_of, row_count
+    from walstream.postgres.capture import context_after, row_count
 
     msgs: list[bytes] = []
     size = 0
@@ -111,7 +111,7 @@ def _split(piece: Piece, target_bytes: int) -> Iterator[Piece]:
             yield Piece(
                 piece.lsn, piece.xid, piece.commit_ts, start_seq, annotations, relations, msgs, size
             )
-            relations, annotations = _context_of(msgs, relations, annotations)
+            relations, annotations = context_after(msgs, relations, annotations)
             msgs, size, start_seq = [], 0, seq
         msgs.append(m)
         size += len(m)
