@@ -27,6 +27,9 @@ from walstream.change import format_lsn, parse_lsn
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
 
+FS_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
 TABLE = """
 CREATE TABLE accounts_history (
     id bigint PRIMARY KEY, aid int, bid int, tid int, delta int,
@@ -109,6 +112,11 @@ def main() -> None:
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--rate", type=int, default=5000, help="changes/s for the latency run")
+    ap.add_argument(
+        "--default-checkpoints",
+        action="store_true",
+        help="keep Spark's default checkpoint manager (writes .crc side files)",
+    )
     args = ap.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
 
@@ -133,8 +141,15 @@ def main() -> None:
 
         import walstream
 
+        builder = SparkSession.builder
+        if not args.default_checkpoints:
+            # Local checkpoint: write offset/commit logs without Hadoop's .crc side files
+            # (~40 ms less per log write here; rename on a local disk is atomic).
+            builder = builder.config(
+                "spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS
+            )
         spark = (
-            SparkSession.builder.master("local[2]")
+            builder.master("local[2]")
             .config("spark.python.worker.reuse", "true")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
@@ -199,6 +214,10 @@ def main() -> None:
         per_txn = 50
         written = 0
         with connect(dsn, autocommit=True) as conn:
+            # The server runs with synchronous_commit=off for the bulk writes; there the
+            # walsender sends a commit only after the WAL writer flushed it (wal_writer_delay,
+            # 200 ms), which is Postgres' delay, not walstream's. Commit as production does.
+            conn.execute("SET synchronous_commit = on")
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < args.latency_seconds:
                 write(conn, base + 1 + written, per_txn, per_txn)

@@ -1,0 +1,153 @@
+"""walstream.yaml validation: every error names the key path and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from walstream.config import load_config, parse_config, redacted
+from walstream.errors import ConfigError
+
+BASE: dict[str, Any] = {
+    "sources": [{"name": "app", "dsn": "postgresql://walstream:s3cret@127.0.0.1:5432/app"}],
+    "sinks": [
+        {
+            "name": "orders-to-kafka",
+            "source": "app",
+            "tables": ["public.orders"],
+            "destination": {
+                "type": "kafka",
+                "bootstrap_servers": "127.0.0.1:9092",
+                "topic": "orders",
+            },
+        }
+    ],
+}
+
+
+def with_change(path: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node: Any = data
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+_DELETE = object()
+
+
+def error_of(data: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return str(info.value)
+
+
+def test_defaults() -> None:
+    cfg = parse_config(BASE)
+    src = cfg.sources[0]
+    assert (src.slot_name, src.publication_name) == ("walstream_app", "walstream_app")
+    assert src.heartbeat_interval == 5.0
+    sink = cfg.sinks[0]
+    assert sink.format == "sequin"
+    assert sink.actions == ["insert", "update", "delete", "truncate", "read"]
+    assert sink.batch_size == 500
+    assert cfg.state_dsn == "postgresql://walstream:s3cret@127.0.0.1:5432/app"
+    assert cfg.state.schema_ == "walstream"
+    assert cfg.spark.master == "local[*]"
+    assert sink.wants_table("public", "orders") and not sink.wants_table("public", "items")
+
+
+def test_durations_and_globs() -> None:
+    cfg = parse_config(with_change("sources.0.heartbeat_interval", "500ms"))
+    assert cfg.sources[0].heartbeat_interval == 0.5
+    cfg = parse_config(with_change("sinks.0.tables", ["public.*"]))
+    assert cfg.sinks[0].wants_table("public", "items")
+    assert not cfg.sinks[0].wants_table("audit", "items")
+
+
+def test_unknown_key_names_its_path() -> None:
+    msg = error_of(with_change("sinks.0.destination.topik", "x"))
+    assert "sinks[0].destination.topik: unknown key" in msg
+
+
+def test_wrong_type_names_key_and_value() -> None:
+    msg = error_of(with_change("sinks.0.batch_size", "lots"))
+    assert "sinks[0].batch_size:" in msg and "'lots'" in msg
+
+
+def test_unknown_sink_type() -> None:
+    msg = error_of(with_change("sinks.0.destination", {"type": "carrier-pigeon"}))
+    assert "sinks[0].destination:" in msg and "'kafka'" in msg and "carrier-pigeon" in msg
+
+
+def test_missing_source_reference() -> None:
+    msg = error_of(with_change("sinks.0.source", "nope"))
+    assert "sinks[0].source: 'nope' is not a source" in msg and "['app']" in msg
+
+
+def test_missing_required_key() -> None:
+    msg = error_of(with_change("sinks.0.destination.topic", _DELETE))
+    assert "sinks[0].destination.topic: required key is missing" in msg
+
+
+def test_bad_dsn_is_named_but_never_echoed() -> None:
+    msg = error_of(with_change("sources.0.dsn", "postgresql://u:hunter2@bad host/db"))
+    assert "sources[0].dsn: not a Postgres connection string" in msg
+    assert "hunter2" not in msg
+
+
+def test_bad_duration_and_action() -> None:
+    msg = error_of(with_change("sources.0.heartbeat_interval", "soon"))
+    assert "sources[0].heartbeat_interval:" in msg and "not a duration" in msg
+    msg = error_of(with_change("sinks.0.actions", ["insert", "upsert"]))
+    assert "sinks[0].actions[1]:" in msg and "upsert" in msg
+
+
+def test_duplicate_names() -> None:
+    data = copy.deepcopy(BASE)
+    data["sinks"].append(copy.deepcopy(data["sinks"][0]))
+    assert "orders-to-kafka" in error_of(data) and "unique" in error_of(data)
+
+
+def test_transform_forms() -> None:
+    assert parse_config(with_change("sinks.0.transform", "myapp.cdc:shape")).sinks[0].transform
+    assert "module:function" in error_of(with_change("sinks.0.transform", "not a function"))
+
+
+def test_env_interpolation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APP_DSN", "postgresql://u:pw@127.0.0.1/app")
+    data = with_change("sources.0.dsn", "${APP_DSN}")
+    data["sinks"][0]["destination"]["topic"] = "${TOPIC:-fallback}"
+    cfg = parse_config(data)
+    assert cfg.sources[0].dsn.get_secret_value() == "postgresql://u:pw@127.0.0.1/app"
+    assert cfg.sinks[0].destination.topic == "fallback"  # type: ignore[union-attr]
+    assert "pw" not in repr(cfg)  # secrets never printed
+    monkeypatch.delenv("APP_DSN")
+    msg = error_of(data)
+    assert "sources[0].dsn: environment variable APP_DSN is not set" in msg
+
+
+def test_secret_settings_are_redacted() -> None:
+    shown = redacted({"sasl.password": "pw", "acks": "all", "ssl.key.password": "k"})
+    assert shown == {"sasl.password": "**********", "acks": "all", "ssl.key.password": "**********"}
+
+
+def test_load_config_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(empty)
