@@ -136,16 +136,7 @@ class FileDestination(Model):
     format: Literal["jsonl", "parquet"] = "jsonl"
 
 
-class MemoryDestination(Model):
-    """Test double: messages kept in the worker process (walstream.sinks.memory)."""
-
-    type: Literal["memory"]
-    name: str = "default"
-
-
-Destination = Annotated[
-    KafkaDestination | FileDestination | MemoryDestination, Field(discriminator="type")
-]
+Destination = Annotated[KafkaDestination | FileDestination, Field(discriminator="type")]
 
 
 class SinkConfig(Model):
@@ -248,7 +239,7 @@ def _where(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("kafka", "file", "memory") and out.endswith("destination"):
+        elif part in ("kafka", "file") and out.endswith("destination"):
             continue  # pydantic names the union member; the user wrote `destination`
         else:
             out += f".{part}" if out else str(part)

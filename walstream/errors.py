@@ -40,3 +40,40 @@ class MissingDependency(WalstreamError):
             f"{what} is not installed",
             f"pip install 'walstream[{extra}]'",
         )
+
+
+class SinkError(WalstreamError):
+    """A sink could not deliver some messages.
+
+    The sink only classifies; the delivery layer decides what happens next.
+    `retryable`: the same messages may succeed later (broker down, timeout, 5xx).
+    `delivered`: indices (into the list given to `deliver`) known to be durably
+    delivered despite the error; the others are not.
+    `retry_after`: seconds the destination asked to wait, if it said.
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        fix: str | None = None,
+        *,
+        retryable: bool,
+        delivered: frozenset[int] = frozenset(),
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(problem, fix)
+        self.retryable = retryable
+        self.delivered = delivered
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep the fields when pickled across processes
+        return (
+            _sink_error,
+            (self.problem, self.fix, self.retryable, self.delivered, self.retry_after),
+        )
+
+
+def _sink_error(
+    problem: str, fix: str | None, retryable: bool, delivered: frozenset[int], retry: float | None
+) -> SinkError:
+    return SinkError(problem, fix, retryable=retryable, delivered=delivered, retry_after=retry)

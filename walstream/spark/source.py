@@ -18,13 +18,13 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from walstream.change import CHANGE_SCHEMA_DDL, parse_lsn
+from walstream.change import CHANGE_SCHEMA_DDL
 from walstream.errors import SetupError
 from walstream.postgres.capture import Capture, Cursor
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.heartbeat import Heartbeat
-from walstream.postgres.replication import connect, ensure_publication, ensure_slot
-from walstream.postgres.setup import check_database
+from walstream.postgres.prepare import prepare_capture
+from walstream.postgres.replication import connect
 from walstream.postgres.types import PgType
 from walstream.spark.options import SourceOptions
 from walstream.spark.partition import (
@@ -100,28 +100,7 @@ class WalstreamStreamReader(DataSourceStreamReader):
             return self._confirmed
         o = self.options
         _release(o.dsn, o.slot)
-        findings = check_database(o.dsn, o.slot, o.publication, o.tables)
-        errors = [f for f in findings if f.level == "error"]
-        busy = [f for f in findings if f.subject == f"slot {o.slot}" and "in use" in f.message]
-        if busy and not _slot_free_soon(o.dsn, o.slot):
-            errors += busy
-        if errors:
-            raise SetupError(
-                f"source {o.name!r} cannot start: "
-                + "; ".join(f"{f.subject}: {f.message}" for f in errors),
-                " | ".join(f.fix for f in errors if f.fix),
-            )
-        with connect(o.dsn, autocommit=True) as conn:
-            if ensure_publication(conn, o.publication, o.tables):
-                log.info("created publication %s", o.publication)
-            if ensure_slot(conn, o.slot):
-                log.info("created replication slot %s (pgoutput)", o.slot)
-            row = conn.execute(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                (o.slot,),
-            ).fetchone()
-            assert row is not None
-            self._confirmed = parse_lsn(row[0])
+        self._confirmed = prepare_capture(o.dsn, o.slot, o.publication, o.tables, o.name)
         return self._confirmed
 
     def _running(self, floor: Cursor) -> _Driver:
@@ -215,20 +194,6 @@ def _release(dsn: str, slot: str) -> None:
         old = _CAPTURES.pop((dsn, slot), None)
     if old is not None:
         old.stop()
-
-
-def _slot_free_soon(dsn: str, slot: str, wait: float = 10.0) -> bool:
-    """A just-stopped walsender can hold the slot for a moment: wait for it to let go."""
-    deadline = time.monotonic() + wait
-    with connect(dsn, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-            ).fetchone()
-            if row is None or not row[0]:
-                return True
-            time.sleep(0.2)
-    return False
 
 
 __all__ = ["WalstreamDataSource", "WalstreamStreamReader", "register"]

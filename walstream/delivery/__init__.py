@@ -1,0 +1,1 @@
+"""The guarantees, sink-agnostic: delivery ledger, retries (later: parking, dead letters)."""

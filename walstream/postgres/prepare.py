@@ -1,0 +1,59 @@
+"""Before capture starts: check the database, then create the publication and slot if missing."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from walstream.change import parse_lsn
+from walstream.errors import SetupError
+from walstream.postgres.replication import connect, ensure_publication, ensure_slot
+from walstream.postgres.setup import check_database
+
+log = logging.getLogger(__name__)
+
+
+def prepare_capture(dsn: str, slot: str, publication: str, tables: Sequence[str], name: str) -> int:
+    """Fail with every setup error and its fix, or make slot and publication exist.
+
+    Returns the slot's confirmed LSN. From the moment this returns, every change
+    committed to the published tables is kept by the slot until confirmed.
+    """
+    findings = check_database(dsn, slot, publication, tables)
+    errors = [f for f in findings if f.level == "error"]
+    busy = [f for f in findings if f.subject == f"slot {slot}" and "in use" in f.message]
+    errors = [f for f in errors if f not in busy]
+    if busy and not slot_free_soon(dsn, slot):
+        errors += busy
+    if errors:
+        raise SetupError(
+            f"source {name!r} cannot start: "
+            + "; ".join(f"{f.subject}: {f.message}" for f in errors),
+            " | ".join(f.fix for f in errors if f.fix),
+        )
+    with connect(dsn, autocommit=True) as conn:
+        if ensure_publication(conn, publication, tables):
+            log.info("created publication %s", publication)
+        if ensure_slot(conn, slot):
+            log.info("created replication slot %s (pgoutput)", slot)
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+        assert row is not None
+        return parse_lsn(row[0])
+
+
+def slot_free_soon(dsn: str, slot: str, wait: float = 10.0) -> bool:
+    """A just-stopped walsender can hold the slot for a moment: wait for it to let go."""
+    deadline = time.monotonic() + wait
+    with connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+            if row is None or not row[0]:
+                return True
+            time.sleep(0.2)
+    return False

@@ -1,0 +1,257 @@
+"""`walstream run`: config → SparkSession → one supervised streaming query per source.
+
+A query that fails (a sink out of retries, a dropped connection) is restarted from
+its checkpoint with backoff: Spark replays the unfinished batch, the delivery
+ledger skips what was already delivered, nothing is confirmed to Postgres before
+it is delivered. A configuration error stops everything instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from walstream.config import Config, SourceConfig
+from walstream.delivery.ledger import Ledger
+from walstream.errors import ConfigError, SetupError, SinkError, WalstreamError
+from walstream.postgres.prepare import prepare_capture
+from walstream.spark.pipeline import Pipeline, SinkProgress, validate
+
+log = logging.getLogger(__name__)
+
+FS_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+_ERROR_LINE = re.compile(r"walstream\.errors\.(\w+): (.*)")
+
+
+def build_spark(config: Config) -> Any:
+    """A SparkSession for walstream: the config's master and conf over walstream's defaults."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = {
+        "spark.python.worker.reuse": "true",
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.streaming.stopTimeout": "30s",
+    }
+    if urlparse(str(config.spark.checkpoint_dir)).scheme in ("", "file"):
+        # Local disk: rename is atomic, so skip Hadoop's .crc side files (~40 ms per batch).
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = FS_CHECKPOINTS
+    conf.update(config.spark.conf)
+    builder = SparkSession.builder.master(config.spark.master).appName("walstream")
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def database_name(dsn: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    return str(conninfo_to_dict(dsn).get("dbname") or "")
+
+
+def concise(exc: BaseException) -> tuple[str, str]:
+    """(kind, one-line message) of a query failure: our error if one is inside it."""
+    text = str(exc)
+    matches = _ERROR_LINE.findall(text)
+    if matches:
+        kind, message = matches[-1]
+        fix = re.search(r"\n\s*fix: (.*)", text[text.rfind(message) :])
+        return kind, message + (f" — fix: {fix.group(1)}" if fix else "")
+    if isinstance(exc, WalstreamError):
+        return type(exc).__name__, exc.problem + (f" — fix: {exc.fix}" if exc.fix else "")
+    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return type(exc).__name__, first.strip()[:500]
+
+
+@dataclass
+class SourceQuery:
+    source: SourceConfig
+    pipeline: Pipeline
+    query: Any = None
+    failures: int = 0
+    restart_at: float = 0.0
+    last_error: str | None = None
+    started: threading.Event = field(default_factory=threading.Event)
+    query_id: str = ""
+
+
+class Runtime:
+    """Runs the pipelines of a config until `stop()`; see the module docstring."""
+
+    def __init__(self, config: Config, spark: Any | None = None) -> None:
+        self.config = config
+        self.spark = spark
+        self.owns_spark = spark is None
+        self.stopping = threading.Event()
+        self.queries: list[SourceQuery] = []
+        self.fatal: BaseException | None = None
+
+    # -- start --------------------------------------------------------------------------------
+    def start(self) -> Runtime:
+        cfg = self.config
+        # Slots first: every change committed after start() returns is kept for us.
+        for source in cfg.sources:
+            prepare_capture(
+                source.dsn.get_secret_value(), source.slot_name, source.publication_name,
+                source.tables, source.name,
+            )  # fmt: skip
+        ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
+        ledger.ensure()
+        if self.spark is None:
+            self.spark = build_spark(cfg)
+        import walstream
+
+        walstream.register(self.spark)
+        for sink in cfg.sinks:
+            validate(self.spark, sink)
+        parallelism = self.spark.sparkContext.defaultParallelism
+        for source in cfg.sources:
+            sq = SourceQuery(source, None)  # type: ignore[arg-type]
+            sq.pipeline = Pipeline(
+                source, cfg.sinks_of(source.name), ledger,
+                database_name(source.dsn.get_secret_value()), parallelism,
+                query_id=functools.partial(self._wait_query_id, sq),
+            )  # fmt: skip
+            self.queries.append(sq)
+            self._start_query(sq)
+        return self
+
+    def _wait_query_id(self, sq: SourceQuery) -> str:
+        if not sq.started.wait(120):
+            raise SetupError("the streaming query did not report its id", "restart walstream")
+        return sq.query_id
+
+    def checkpoint(self, source: SourceConfig) -> str:
+        return str(Path(self.config.spark.checkpoint_dir) / source.name)
+
+    def _start_query(self, sq: SourceQuery) -> None:
+        s = sq.source
+        sq.started.clear()
+        reader = (
+            self.spark.readStream.format("walstream")  # type: ignore[union-attr]
+            .option("dsn", s.dsn.get_secret_value())
+            .option("slot", s.slot_name)
+            .option("publication", s.publication_name)
+            .option("name", s.name)
+            .option("maxChangesPerBatch", str(s.max_changes_per_batch))
+            .option("heartbeatInterval", str(s.heartbeat_interval))
+        )
+        if s.tables:
+            reader = reader.option("tables", ",".join(s.tables))
+        interval = self.config.spark.trigger_interval
+        sq.query = (
+            reader.load()
+            .writeStream.queryName(f"walstream_{s.name.replace('-', '_')}")
+            .foreachBatch(sq.pipeline)
+            .option("checkpointLocation", self.checkpoint(s))
+            .trigger(processingTime=f"{interval:g} seconds")
+            .start()
+        )
+        sq.query_id = str(sq.query.id)
+        sq.started.set()
+        log.info("source %s: streaming (slot %s, query %s)", s.name, s.slot_name, sq.query_id)
+
+    # -- supervise ----------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Restart failed queries with backoff; a configuration error stops everything."""
+        now = time.monotonic()
+        for sq in self.queries:
+            q = sq.query
+            if q is not None and q.isActive:
+                continue
+            if q is not None:
+                exc = q.exception()
+                sq.query = None
+                if exc is None and self.stopping.is_set():
+                    continue
+                kind, message = concise(exc) if exc is not None else ("stopped", "query stopped")
+                if kind == ConfigError.__name__:
+                    self.fatal = ConfigError(f"source {sq.source.name}: {message}")
+                    self.stopping.set()
+                    return
+                sq.failures += 1
+                delay = min(2.0 ** min(sq.failures, 5), 30.0)
+                sq.last_error = f"{kind}: {message}"
+                sq.restart_at = now + delay
+                log.error(
+                    "source %s: %s; restarting in %.0fs (attempt %d). Nothing is lost: the "
+                    "batch is replayed from the checkpoint.",
+                    sq.source.name, sq.last_error, delay, sq.failures,
+                )  # fmt: skip
+            elif now >= sq.restart_at and not self.stopping.is_set():
+                try:
+                    self._start_query(sq)
+                except Exception as exc:  # the source fails at start: try again later
+                    sq.failures += 1
+                    sq.restart_at = now + min(2.0 ** min(sq.failures, 5), 30.0)
+                    sq.last_error = "{}: {}".format(*concise(exc))
+                    log.error("source %s: cannot start: %s", sq.source.name, sq.last_error)
+
+    def healthy_since_restart(self, sq: SourceQuery) -> None:
+        if sq.failures and sq.query is not None and sq.query.lastProgress:
+            sq.failures = 0
+
+    def progress(self) -> dict[str, SinkProgress]:
+        out: dict[str, SinkProgress] = {}
+        for sq in self.queries:
+            with sq.pipeline.lock:
+                out.update({k: SinkProgress(**vars(v)) for k, v in sq.pipeline.progress.items()})
+        return out
+
+    def run(self, until: float | None = None, on_tick: Any = None, tick: float = 1.0) -> None:
+        """Supervise until stopped (or `until`, a monotonic deadline); raise a fatal error."""
+        while not self.stopping.is_set():
+            if until is not None and time.monotonic() >= until:
+                break
+            self.poll()
+            for sq in self.queries:
+                self.healthy_since_restart(sq)
+            if on_tick is not None:
+                on_tick(self)
+            self.stopping.wait(tick)
+        self.stop()
+        if self.fatal is not None:
+            raise self.fatal
+
+    def stop(self) -> None:
+        """Stop the queries: a batch in flight is abandoned and replayed on the next start."""
+        self.stopping.set()
+        for sq in self.queries:
+            if sq.query is not None:
+                try:
+                    sq.query.stop()
+                except Exception as exc:  # stopping must go on for the other queries
+                    log.warning("source %s: stop: %s", sq.source.name, exc)
+                sq.query = None
+        if self.owns_spark and self.spark is not None:
+            self.spark.stop()
+            self.spark = None
+
+
+def check_destinations(config: Config) -> list[tuple[str, SinkError | None]]:
+    """`test_connection` of every sink: (sink name, the error or None)."""
+    from walstream.sinks.registry import sink_for
+
+    out: list[tuple[str, SinkError | None]] = []
+    for sink in config.sinks:
+        try:
+            sink_for(sink.destination).test_connection()
+            out.append((sink.name, None))
+        except SinkError as exc:
+            out.append((sink.name, exc))
+    return out

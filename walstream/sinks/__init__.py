@@ -1,0 +1,1 @@
+"""Destinations: one module per sink behind the contract in base.py."""

@@ -1,0 +1,226 @@
+"""Kafka sink (`type: kafka`): confluent-kafka, idempotent producer, every message acknowledged.
+
+Order: messages of a group share a key, so they go to one Kafka partition; the
+producer is idempotent (`enable.idempotence`), so retries inside librdkafka
+never reorder or duplicate them. `deliver` returns only when every message of
+the chunk has its delivery report; failures are classified into a SinkError.
+Headers: `idempotency-key` (base64 "lsn:seq"), `walstream-lsn`, `walstream-table`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from walstream.change import format_lsn, idempotency_key
+from walstream.config import KafkaDestination, redacted
+from walstream.errors import MissingDependency, SinkError
+from walstream.sinks.base import Message, Sink
+
+#: Our defaults under the user's `producer` settings (which win).
+DEFAULTS: dict[str, Any] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "linger.ms": 5,
+    "message.timeout.ms": 30_000,  # a report per message within 30 s, even with the broker down
+    "socket.connection.setup.timeout.ms": 5_000,
+}
+
+_PRODUCERS: dict[tuple[tuple[str, str], ...], Any] = {}
+_LOCK = threading.Lock()
+
+
+def _kafka() -> Any:
+    try:
+        import confluent_kafka
+    except ImportError as exc:
+        raise MissingDependency("confluent-kafka (the Kafka sink)", "kafka") from exc
+    return confluent_kafka
+
+
+def producer_for(settings: dict[str, Any]) -> Any:
+    """One producer per settings per worker process: connections and metadata are reused."""
+    key = tuple(sorted((k, str(v)) for k, v in settings.items()))
+    with _LOCK:
+        p = _PRODUCERS.get(key)
+        if p is None:
+            p = _PRODUCERS[key] = _kafka().Producer(settings)
+        return p
+
+
+def _forget(producer: Any) -> None:
+    with _LOCK:
+        for k, v in list(_PRODUCERS.items()):
+            if v is producer:
+                del _PRODUCERS[k]
+
+
+class KafkaSink(Sink):
+    config: KafkaDestination
+
+    def __init__(self, config: KafkaDestination) -> None:
+        super().__init__(config)
+        self.settings = {**DEFAULTS, **config.client_settings()}
+        self._known_topics: set[str] = set()
+
+    # -- classification -----------------------------------------------------------------------
+    def _fatal_codes(self) -> set[int]:
+        E = _kafka().KafkaError
+        codes = {
+            E.MSG_SIZE_TOO_LARGE, E.RECORD_LIST_TOO_LARGE, E.INVALID_RECORD,
+            E.TOPIC_AUTHORIZATION_FAILED, E.CLUSTER_AUTHORIZATION_FAILED,
+            E.SASL_AUTHENTICATION_FAILED, E._AUTHENTICATION, E.TOPIC_EXCEPTION, E._INVALID_ARG,
+        }  # fmt: skip
+        if not self.config.create_topics:
+            codes |= {E.UNKNOWN_TOPIC_OR_PART, E._UNKNOWN_TOPIC}
+        return codes
+
+    def _error(self, err: Any, topic: str | None, delivered: frozenset[int]) -> SinkError:
+        E = _kafka().KafkaError
+        fatal = err.code() in self._fatal_codes()
+        where = f"topic {topic!r} on {self.config.bootstrap_servers}"
+        if err.code() in (E.UNKNOWN_TOPIC_OR_PART, E._UNKNOWN_TOPIC):
+            fix = "create the topic, or set destination.create_topics: true"
+        elif err.code() in (E.MSG_SIZE_TOO_LARGE, E.RECORD_LIST_TOO_LARGE):
+            fix = "raise the topic's max.message.bytes (and producer message.max.bytes), or filter/transform the large rows"
+        elif "AUTH" in err.name():
+            fix = "grant the producer's principal WRITE on the topic / check the SASL credentials"
+        else:
+            fix = "check that the brokers in destination.bootstrap_servers are up and reachable"
+        return SinkError(
+            f"Kafka: {err.name()} ({err.str()}) for {where}",
+            fix,
+            retryable=not fatal and not err.fatal(),
+            delivered=delivered,
+        )
+
+    # -- delivery -----------------------------------------------------------------------------
+    def _ensure_topics(self, producer: Any, topics: set[str]) -> None:
+        missing = topics - self._known_topics
+        if not missing:
+            return
+        meta = producer.list_topics(timeout=10)
+        existing = set(meta.topics)
+        new = missing - existing
+        if new and self.config.create_topics:
+            admin = _kafka().admin.AdminClient(
+                {k: v for k, v in self.settings.items() if not k.startswith(_PRODUCER_ONLY)}
+            )
+            NewTopic = _kafka().admin.NewTopic
+            futures = admin.create_topics(
+                [NewTopic(t, num_partitions=self.config.topic_partitions) for t in sorted(new)]
+            )
+            for topic, fut in futures.items():
+                try:
+                    fut.result(15)
+                except Exception as exc:
+                    if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                        raise SinkError(
+                            f"Kafka: cannot create topic {topic!r}: {exc}",
+                            "create the topic yourself, or give the producer CREATE permission",
+                            retryable=True,
+                        ) from exc
+            existing |= new
+        self._known_topics |= existing & missing
+
+    def deliver(self, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
+        kafka = _kafka()
+        try:
+            producer = producer_for(self.settings)
+            self._ensure_topics(producer, {m.route or self.config.topic for m in messages})
+        except kafka.KafkaException as exc:
+            raise self._error(exc.args[0], self.config.topic, frozenset()) from exc
+        errors: dict[int, Any] = {}
+        acked: set[int] = set()
+
+        def report(i: int) -> Any:
+            def cb(err: Any, _msg: Any) -> None:
+                if err is None:
+                    acked.add(i)
+                else:
+                    errors[i] = err
+
+            return cb
+
+        for i, m in enumerate(messages):
+            headers = [
+                ("idempotency-key", idempotency_key(m.lsn, m.seq)),
+                ("walstream-lsn", format_lsn(m.lsn)),
+                ("walstream-table", m.table),
+            ]
+            while True:
+                try:
+                    producer.produce(
+                        m.route or self.config.topic, value=m.value, key=m.key,
+                        headers=headers, on_delivery=report(i),
+                    )  # fmt: skip
+                    break
+                except BufferError:
+                    producer.poll(0.1)  # local queue full: let reports drain
+                except kafka.KafkaException as exc:
+                    errors[i] = exc.args[0]
+                    break
+        # Every produced message gets exactly one report within message.timeout.ms.
+        deadline = time.monotonic() + int(self.settings["message.timeout.ms"]) / 1000 + 30
+        while len(acked) + len(errors) < len(messages):
+            producer.flush(1.0)
+            if time.monotonic() > deadline:
+                _forget(producer)
+                raise SinkError(
+                    f"Kafka: {len(messages) - len(acked)} delivery reports missing after "
+                    f"message.timeout.ms on {self.config.bootstrap_servers}",
+                    "check the brokers; the producer is recreated for the next attempt",
+                    retryable=True,
+                    delivered=frozenset(acked),
+                )
+        if errors:
+            first = min(errors)
+            err = errors[first]
+            if err.fatal():
+                _forget(producer)
+            raise self._error(err, messages[first].route or self.config.topic, frozenset(acked))
+
+    def test_connection(self) -> None:
+        kafka = _kafka()
+        try:
+            meta = producer_for(self.settings).list_topics(timeout=5)
+        except kafka.KafkaException as exc:
+            raise SinkError(
+                f"Kafka: cannot reach {self.config.bootstrap_servers}: {exc.args[0].str()}",
+                "check destination.bootstrap_servers and that the brokers are up; settings: "
+                f"{redacted(self.config.producer)}",
+                retryable=True,
+            ) from exc
+        topic = self.config.topic
+        if topic_is_name(topic) and topic not in meta.topics and not self.config.create_topics:
+            raise SinkError(
+                f"Kafka: topic {topic!r} does not exist on {self.config.bootstrap_servers}",
+                "create it, or set destination.create_topics: true",
+                retryable=False,
+            )
+
+
+_PRODUCER_ONLY = (
+    "acks",
+    "enable.idempotence",
+    "linger",
+    "message.",
+    "compression",
+    "batch.",
+    "queue.",
+    "retries",
+    "max.in.flight",
+    "delivery.",
+    "request.",
+    "partitioner",
+    "sticky",
+)
+
+
+def topic_is_name(topic: str) -> bool:
+    """A plain topic name (else the value is a Spark SQL expression)."""
+    return all(c.isalnum() or c in "._-" for c in topic)

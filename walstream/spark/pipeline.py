@@ -1,0 +1,219 @@
+"""The foreachBatch of a source's query: for each sink select, filter, transform, route, deliver.
+
+Per sink: tables/actions selection and the SQL filter, then the columns delivery
+needs — `_group` (the group key), `_key` and `_route` (Kafka key and topic when
+they are expressions), `_message` (a SQL transform) — then `repartition` by group
+key and `sortWithinPartitions(lsn, seq)`, and `mapInArrow` delivers each
+partition on an executor in that order and returns its counts. The batch is done
+when every sink's job finished; only then does Spark write its commit log.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from walstream.config import KafkaDestination, SinkConfig, SourceConfig
+from walstream.delivery.deliver import DeliveryPlan, Stats, deliver_partition
+from walstream.delivery.ledger import Ledger
+from walstream.errors import ConfigError
+from walstream.sinks.kafka import topic_is_name
+from walstream.sinks.registry import sink_for
+
+log = logging.getLogger(__name__)
+
+STATS_DDL = (
+    "partition INT, delivered BIGINT, skipped BIGINT, last_lsn BIGINT, last_seq INT, "
+    "max_committed_us BIGINT"
+)
+_CHANGE_COLUMNS = (
+    "source", "lsn", "seq", "xid", "committed_at", "action", "schema", "table", "pk",
+    "record", "old", "annotations", "unchanged_toast",
+)  # fmt: skip
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def group_expr(items: list[str] | None) -> str:
+    """SQL for the group key: default schema + table + pk; `pk`, a column, `record.x` paths."""
+    if not items:
+        return "concat_ws('\u001f', `schema`, `table`, concat_ws(',', pk))"
+    parts = []
+    for item in items:
+        if item == "pk":
+            parts.append("concat_ws(',', pk)")
+        elif item in _CHANGE_COLUMNS:
+            parts.append(f"CAST(`{item}` AS STRING)")
+        elif (
+            item.startswith(("record.", "old."))
+            and item.replace(".", "").replace("_", "").isalnum()
+        ):
+            col, _, path = item.partition(".")
+            parts.append(f"get_json_object(`{col}`, {_quote('$.' + path)})")
+        else:
+            parts.append(f"CAST(({item}) AS STRING)")
+    return "concat_ws('\u001f', " + ", ".join(parts) + ")"
+
+
+def selection_expr(sink: SinkConfig) -> str:
+    conds = ["action IN (" + ", ".join(_quote(a) for a in sink.actions) + ")"]
+    if sink.tables:
+        regexes = [fnmatch.translate(t) for t in sink.tables]
+        conds.append(
+            "("
+            + " OR ".join(f"concat(`schema`, '.', `table`) RLIKE {_quote(r)}" for r in regexes)
+            + ")"
+        )
+    if sink.filter:
+        conds.append(f"({sink.filter})")
+    return " AND ".join(conds)
+
+
+def prepare(df: Any, sink: SinkConfig) -> Any:
+    """The sink's DataFrame: selected rows plus _group, _key, _route, _message columns."""
+    from pyspark.sql import functions as F
+
+    out = df.where(F.expr(selection_expr(sink))).withColumn(
+        "_group", F.expr(group_expr(sink.group_by))
+    )
+    dest = sink.destination
+    if isinstance(dest, KafkaDestination):
+        key = "concat_ws(',', pk)" if dest.key == "pk" else dest.key
+        out = out.withColumn("_key", F.expr(f"CAST(({key}) AS STRING)"))
+        if not topic_is_name(dest.topic):
+            out = out.withColumn("_route", F.expr(f"CAST(({dest.topic}) AS STRING)"))
+    if isinstance(sink.transform, dict):
+        fields = ", ".join(f"{_quote(k)}, ({v})" for k, v in sink.transform.items())
+        out = out.withColumn("_message", F.expr(f"to_json(named_struct({fields}))"))
+    return out
+
+
+def validate(spark: Any, sink: SinkConfig) -> None:
+    """Analyze the sink's expressions against the change schema: a bad one is a ConfigError."""
+    from pyspark.errors import AnalysisException, ParseException
+
+    from walstream.change import spark_schema
+
+    empty = spark.createDataFrame([], spark_schema())
+    try:
+        prepare(empty, sink).schema  # noqa: B018 - analysis happens here
+    except (AnalysisException, ParseException) as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigError(
+            f"sink {sink.name}: an expression is invalid: {reason}",
+            "correct filter / transform / group_by / destination.topic / destination.key; "
+            "they are Spark SQL over the change columns (source, lsn, seq, xid, committed_at, "
+            "action, schema, table, pk, record, old, annotations)",
+        ) from None
+
+
+def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The mapInArrow function: deliver this task's partition, yield one row of counts."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else 0
+        stats = deliver_partition(plan, partition, _rows(batches, pa))
+        yield pa.RecordBatch.from_pylist([vars(stats)], schema=_stats_schema(pa))
+
+    return run
+
+
+def _stats_schema(pa: Any) -> Any:
+    return pa.schema(
+        [("partition", pa.int32()), ("delivered", pa.int64()), ("skipped", pa.int64()),
+         ("last_lsn", pa.int64()), ("last_seq", pa.int32()), ("max_committed_us", pa.int64())]
+    )  # fmt: skip
+
+
+def _rows(batches: Iterator[Any], pa: Any) -> Iterator[dict[str, Any]]:
+    for batch in batches:
+        cols = {}
+        for name, col in zip(batch.schema.names, batch.columns, strict=True):
+            if name == "committed_at":
+                cols["committed_at_us"] = col.cast(pa.int64()).to_pylist()
+            else:
+                cols[name] = col.to_pylist()
+        names = list(cols)
+        for values in zip(*cols.values(), strict=True):
+            yield dict(zip(names, values, strict=True))
+
+
+@dataclass
+class SinkProgress:
+    delivered: int = 0
+    skipped: int = 0
+    batches: int = 0
+    last_committed_us: int = 0
+    last_batch_at: float = 0.0
+
+
+@dataclass
+class Pipeline:
+    """The foreachBatch function of one source's query (driver side)."""
+
+    source: SourceConfig
+    sinks: list[SinkConfig]
+    ledger: Ledger
+    db: str
+    default_partitions: int
+    query_id: Callable[[], str]
+    progress: dict[str, SinkProgress] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        query_id = self.query_id()
+        cached = len(self.sinks) > 1
+        if cached:
+            df = df.persist()
+        try:
+            for sink in self.sinks:
+                self._deliver(df, sink, batch_id, query_id)
+        finally:
+            if cached:
+                df.unpersist()
+
+    def _deliver(self, df: Any, sink: SinkConfig, batch_id: int, query_id: str) -> None:
+        partitions = sink.partitions or self.default_partitions
+        driver_sink = sink_for(sink.destination)
+        if not driver_sink.replaces_batches:
+            self.ledger.start_batch(sink.name, query_id, batch_id)
+        driver_sink.prepare_batch(sink.name, batch_id, partitions)
+        plan = DeliveryPlan(
+            sink=sink.name,
+            destination=sink.destination,
+            format=sink.format,
+            db=self.db,
+            batch_size=sink.batch_size,
+            retry_timeout=getattr(sink.destination, "retry_timeout", 60.0),
+            ledger=self.ledger,
+            query_id=query_id,
+            batch_id=batch_id,
+            partitions=partitions,
+            transform_function=sink.transform if isinstance(sink.transform, str) else None,
+        )
+        out = (
+            prepare(df, sink)
+            .repartition(partitions, "_group")
+            .sortWithinPartitions("lsn", "seq")
+            .mapInArrow(deliver_arrow(plan), STATS_DDL)
+            .collect()
+        )
+        stats = [Stats(**r.asDict()) for r in out]
+        with self.lock:
+            p = self.progress.setdefault(sink.name, SinkProgress())
+            p.delivered += sum(s.delivered for s in stats)
+            p.skipped += sum(s.skipped for s in stats)
+            p.batches += 1
+            p.last_committed_us = max([p.last_committed_us, *(s.max_committed_us for s in stats)])
+            p.last_batch_at = time.time()
