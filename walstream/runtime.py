@@ -100,6 +100,8 @@ class Runtime:
         self.stopping = threading.Event()
         self.queries: list[SourceQuery] = []
         self.fatal: BaseException | None = None
+        self.rates: dict[str, float] = {}  # delivered per second, per sink
+        self._rate_base: tuple[float, dict[str, int]] = (time.monotonic(), {})
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -213,6 +215,15 @@ class Runtime:
                 out.update({k: SinkProgress(**vars(v)) for k, v in sq.pipeline.progress.items()})
         return out
 
+    def _update_rates(self) -> None:
+        now = time.monotonic()
+        t0, base = self._rate_base
+        if now - t0 < 2.0:
+            return
+        counts = {k: v.delivered for k, v in self.progress().items()}
+        self.rates = {k: (n - base.get(k, 0)) / (now - t0) for k, n in counts.items()}
+        self._rate_base = (now, counts)
+
     def run(self, until: float | None = None, on_tick: Any = None, tick: float = 1.0) -> None:
         """Supervise until stopped (or `until`, a monotonic deadline); raise a fatal error."""
         while not self.stopping.is_set():
@@ -221,6 +232,7 @@ class Runtime:
             self.poll()
             for sq in self.queries:
                 self.healthy_since_restart(sq)
+            self._update_rates()
             if on_tick is not None:
                 on_tick(self)
             self.stopping.wait(tick)
