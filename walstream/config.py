@@ -123,7 +123,6 @@ class KafkaDestination(Model):
     producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
     create_topics: bool = False
     topic_partitions: int = Field(1, ge=1)
-    tombstones: bool = False  # debezium format: an empty-valued message after each delete
     retry_timeout: Duration = 60.0  # retry inside a batch this long before the batch fails
 
     def client_settings(self) -> dict[str, Any]:
