@@ -52,12 +52,21 @@ def print_findings(findings: list[Finding]) -> None:
 @app.command()
 def check(
     dsn: Annotated[
-        str,
+        str | None,
         typer.Option(
             envvar="WALSTREAM_DSN",
             help="Postgres connection string of the source database, e.g. postgresql://user@host:5432/app",
         ),
-    ],
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Check a whole walstream.yaml instead: the file, every source database, "
+            "every sink's expressions and destination.",
+        ),
+    ] = None,
     slot: Annotated[str | None, typer.Option(help="Replication slot walstream will use.")] = None,
     publication: Annotated[
         str | None, typer.Option(help="Publication walstream will read.")
@@ -78,10 +87,60 @@ def check(
     free slots and WAL senders, the slot's plugin, whether the publication
     covers the tables, and each table's primary key and replica identity.
     Every problem comes with the statement that fixes it. Exits 1 on errors.
+
+    With --config: validates walstream.yaml, checks every source database as
+    above, analyses every sink's SQL expressions with Spark and connects to every
+    destination.
     """
-    findings = check_database(dsn, slot, publication, tables or [])
+    if config is not None:
+        findings = check_config(config)
+    elif dsn is None:
+        raise typer.BadParameter("give --dsn (or WALSTREAM_DSN), or --config walstream.yaml")
+    else:
+        findings = check_database(dsn, slot, publication, tables or [])
     print_findings(findings)
     raise typer.Exit(1 if has_errors(findings) else 0)
+
+
+def check_config(path: Path) -> list[Finding]:
+    """Findings for a whole config: the file, each source, each sink (expressions, destination)."""
+    from walstream.config import load_config
+    from walstream.errors import ConfigError
+    from walstream.runtime import build_spark, check_destinations
+    from walstream.spark.pipeline import validate
+
+    cfg = load_config(path)  # a ConfigError here ends the check with exit code 2
+    findings = [
+        Finding("ok", "config", f"{path}: {len(cfg.sources)} source(s), {len(cfg.sinks)} sink(s)")
+    ]
+    for src in cfg.sources:
+        for f in check_database(
+            src.dsn.get_secret_value(), src.slot_name, src.publication_name, src.tables
+        ):
+            findings.append(Finding(f.level, f"source {src.name}: {f.subject}", f.message, f.fix))
+    for name, problem in check_destinations(cfg):
+        if problem is None:
+            findings.append(Finding("ok", f"sink {name}", "destination reachable"))
+        else:
+            findings.append(Finding("error", f"sink {name}", problem.problem, problem.fix))
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()  # inside a process that has one: use it, keep it
+    owned = spark is None
+    if spark is None:
+        local = cfg.spark.model_copy(update={"master": "local[1]"})
+        spark = build_spark(cfg.model_copy(update={"spark": local}))
+    try:
+        for sink in cfg.sinks:
+            try:
+                validate(spark, sink)
+                findings.append(Finding("ok", f"sink {sink.name}", "expressions valid"))
+            except ConfigError as exc:
+                findings.append(Finding("error", f"sink {sink.name}", exc.problem, exc.fix))
+    finally:
+        if owned:
+            spark.stop()
+    return findings
 
 
 @app.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 from collections import defaultdict
 from typing import Any
@@ -187,3 +188,57 @@ def test_invalid_expression_is_a_config_error_naming_it(spark):
     base["sinks"][0]["group_by"] = ["record.customer_id", "no_such_column"]
     with pytest.raises(ConfigError, match="no_such_column"):
         validate(spark, parse_config(base).sinks[0])
+
+
+def test_check_config_reports_every_problem_with_its_fix(db, tmp_path):
+    """`walstream check -c`: the database, an unreachable broker, a bad expression — all named."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from walstream.postgres.embedded import free_port
+
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    cfg = {
+        "sources": [{"name": "app", "dsn": db.dsn, "tables": ["public.orders"]}],
+        "sinks": [
+            {
+                "name": "bad-filter",
+                "source": "app",
+                "filter": "actoin = 'insert'",
+                "destination": {"type": "file", "path": str(tmp_path / "out")},
+            },
+            {
+                "name": "no-broker",
+                "source": "app",
+                "destination": {
+                    "type": "kafka",
+                    "bootstrap_servers": f"127.0.0.1:{free_port()}",
+                    "topic": "orders",
+                },
+            },
+        ],
+    }
+    path = tmp_path / "walstream.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run(
+        [sys.executable, "-m", "walstream.cli", "check", "-c", str(path)],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "sink bad-filter" in text and "actoin" in text  # the expression and Spark's reason
+    assert "sink no-broker" in text and "cannot reach" in text
+    assert "source app: publication" in text  # not created yet: a warning that run creates it
+    assert "not ready: 2 error(s)" in text
+
+    path.write_text(
+        yaml.safe_dump({**cfg, "sinks": [{**cfg["sinks"][0], "filter": "nope("}], "bogus": 1})
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "walstream.cli", "check", "-c", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "bogus: unknown key" in out.stderr
