@@ -26,10 +26,8 @@ from pathlib import Path
 from walstream.change import format_lsn, parse_lsn
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
+from walstream.runtime import FS_CHECKPOINTS
 
-FS_CHECKPOINTS = (
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-)
 TABLE = """
 CREATE TABLE accounts_history (
     id bigint PRIMARY KEY, aid int, bid int, tid int, delta int,

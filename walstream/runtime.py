@@ -78,6 +78,11 @@ def concise(exc: BaseException) -> tuple[str, str]:
     return type(exc).__name__, first.strip()[:500]
 
 
+def _restart_delay(failures: int) -> float:
+    """Seconds before restarting a query after its n-th failure in a row: 2, 4, ... 30."""
+    return min(2.0 ** min(failures, 5), 30.0)
+
+
 @dataclass
 class SourceQuery:
     source: SourceConfig
@@ -187,7 +192,7 @@ class Runtime:
                     self.stopping.set()
                     return
                 sq.failures += 1
-                delay = min(2.0 ** min(sq.failures, 5), 30.0)
+                delay = _restart_delay(sq.failures)
                 sq.last_error = f"{kind}: {message}"
                 sq.restart_at = now + delay
                 log.error(
@@ -200,7 +205,7 @@ class Runtime:
                     self._start_query(sq)
                 except Exception as exc:  # the source fails at start: try again later
                     sq.failures += 1
-                    sq.restart_at = now + min(2.0 ** min(sq.failures, 5), 30.0)
+                    sq.restart_at = now + _restart_delay(sq.failures)
                     sq.last_error = "{}: {}".format(*concise(exc))
                     log.error("source %s: cannot start: %s", sq.source.name, sq.last_error)
 

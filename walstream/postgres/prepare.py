@@ -23,7 +23,6 @@ def prepare_capture(dsn: str, slot: str, publication: str, tables: Sequence[str]
     findings = check_database(dsn, slot, publication, tables)
     errors = [f for f in findings if f.level == "error"]
     busy = [f for f in findings if f.subject == f"slot {slot}" and "in use" in f.message]
-    errors = [f for f in errors if f not in busy]
     if busy and not slot_free_soon(dsn, slot):
         errors += busy
     if errors:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 
@@ -44,7 +44,6 @@ class Message:
     value: bytes | None  # None: a tombstone (Kafka)
     key: bytes | None = None
     route: str | None = None  # topic, stream, subject ... when the sink routes per message
-    headers: dict[str, str] = field(default_factory=dict)
     table: str = ""  # schema.table
     action: str = ""
     group: str = ""

@@ -46,7 +46,6 @@ class FileSink(Sink):
         self.tmp = self.target.with_name(f".{self.target.name}.{os.getpid()}.tmp")
         self._file: IO[bytes] | None = None
         self._rows: list[dict[str, Any]] = []
-        self._count = 0
 
     def deliver(self, messages: Sequence[Message]) -> None:
         try:
@@ -65,7 +64,6 @@ class FileSink(Sink):
                     self.path.mkdir(parents=True, exist_ok=True)
                     self._file = self.tmp.open("wb")
                 self._file.write(b"".join(m.value + b"\n" for m in messages if m.value is not None))
-            self._count += len(messages)
         except OSError as exc:
             raise SinkError(
                 f"cannot write {self.tmp}: {exc}",
