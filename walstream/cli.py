@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from walstream.errors import WalstreamError
@@ -28,8 +29,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 _STYLE = {"ok": "green", "warning": "yellow", "error": "bold red"}
 
@@ -41,7 +42,12 @@ def print_findings(findings: list[Finding]) -> None:
     table.add_column("result")
     table.add_column("fix")
     for f in findings:
-        table.add_row(f"[{_STYLE[f.level]}]{f.level}[/]", f.subject, f.message, f.fix or "")
+        table.add_row(
+            f"[{_STYLE[f.level]}]{f.level}[/]",
+            escape(f.subject),
+            escape(f.message),
+            escape(f.fix or ""),
+        )
     console.print(table)
     errors = sum(f.level == "error" for f in findings)
     warnings = sum(f.level == "warning" for f in findings)
@@ -167,7 +173,7 @@ def demo(
         if len(record) > 70:
             record = record[:67] + "..."
         pk = ",".join("null" if v is None else v for v in c.pk)
-        table.add_row(str(c.cursor), c.action, f"{c.schema}.{c.table}", pk, record)
+        table.add_row(str(c.cursor), c.action, f"{c.schema}.{c.table}", escape(pk), escape(record))
     console.print(table)
     console.print(f"full change rows (with old values and annotations): {result.output}")
     if has_errors(result.findings):
@@ -187,7 +193,7 @@ def _progress_table(runtime: object) -> Table:
                       f"{p.skipped:,}", f"{p.batches:,}", lag)  # fmt: skip
     for sq in runtime.queries:
         if sq.last_error and sq.query is None:
-            table.caption = f"[red]source {sq.source.name}: {sq.last_error}[/]"
+            table.caption = f"[red]source {sq.source.name}: {escape(sq.last_error)}[/]"
     return table
 
 
@@ -224,14 +230,18 @@ def run(
     cfg = load_config(config)
     for name, problem in check_destinations(cfg):
         if problem is not None:
-            err_console.print(f"[yellow]warning:[/] sink {name}: {problem.problem}")
+            err_console.print(f"[yellow]warning:[/] sink {name}: {escape(problem.problem)}")
             if problem.fix:
-                err_console.print(f"  fix: {problem.fix}")
+                err_console.print(f"  fix: {escape(problem.fix)}")
             if not problem.retryable:
                 raise typer.Exit(2)
     runtime = Runtime(cfg)
+
+    def on_signal(*_: object) -> None:  # first: finish the batch in flight; second: abandon it
+        (runtime.abandon if runtime.stopping.is_set() else runtime.stopping).set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: runtime.stopping.set())
+        signal.signal(sig, on_signal)
     console.print(f"[dim]•[/] starting Spark ({cfg.spark.master}) and {len(cfg.sources)} source(s)")
     runtime.start()
     until = time.monotonic() + seconds if seconds is not None else None
@@ -241,7 +251,7 @@ def run(
     else:
         runtime.run(until, on_tick=_log_progress)
     totals = {k: v.delivered for k, v in runtime.progress().items()}
-    console.print(f"stopped; delivered this run: {totals}")
+    console.print(escape(f"stopped; delivered this run: {totals}"))
 
 
 def _log_progress(runtime: object) -> None:
@@ -264,15 +274,17 @@ def _root(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:  # py4j repeats every batch failure the runtime already reported
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
 
 
 def main() -> None:
     try:
         app()
     except WalstreamError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.problem}")
+        err_console.print(f"[bold red]error:[/] {escape(exc.problem)}")
         if exc.fix:
-            err_console.print(f"[yellow]fix:[/] {exc.fix}")
+            err_console.print(f"[yellow]fix:[/] {escape(exc.fix)}")
         sys.exit(2)
 
 

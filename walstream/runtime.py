@@ -34,27 +34,42 @@ FS_CHECKPOINTS = (
 _ERROR_LINE = re.compile(r"walstream\.errors\.(\w+): (.*)")
 
 
-def build_spark(config: Config) -> Any:
-    """A SparkSession for walstream: the config's master and conf over walstream's defaults."""
+LOG_PROFILE = Path(__file__).with_name("spark") / "log4j2.properties"
+
+
+def build_spark(config: Config, quiet: bool = True) -> Any:
+    """A SparkSession for walstream: the config's master and conf over walstream's defaults.
+
+    `quiet` uses walstream's log profile (spark/log4j2.properties): failures are
+    reported once by the runtime instead of as stack traces from every layer.
+    """
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if config.spark.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no hostname lookup warning
     conf = {
         "spark.python.worker.reuse": "true",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",  # stage bars would garble the progress table
+        "spark.sql.adaptive.enabled": "false",  # not used by streaming queries anyway
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "4",
         "spark.sql.streaming.stopTimeout": "30s",
     }
+    if quiet:
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()}"
     if urlparse(str(config.spark.checkpoint_dir)).scheme in ("", "file"):
         # Local disk: rename is atomic, so skip Hadoop's .crc side files (~40 ms per batch).
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FS_CHECKPOINTS
-    conf.update(config.spark.conf)
+    for k, v in config.spark.conf.items():
+        conf[k] = f"{conf[k]} {v}" if k == "spark.driver.extraJavaOptions" and k in conf else v
     builder = SparkSession.builder.master(config.spark.master).appName("walstream")
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    if not quiet:
+        spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
@@ -103,6 +118,7 @@ class Runtime:
         self.spark = spark
         self.owns_spark = spark is None
         self.stopping = threading.Event()
+        self.abandon = threading.Event()  # stop now, even with a batch in flight
         self.queries: list[SourceQuery] = []
         self.fatal: BaseException | None = None
         self.rates: dict[str, float] = {}  # delivered per second, per sink
@@ -120,7 +136,7 @@ class Runtime:
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
         ledger.ensure()
         if self.spark is None:
-            self.spark = build_spark(cfg)
+            self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
         import walstream
 
         walstream.register(self.spark)
@@ -176,6 +192,8 @@ class Runtime:
     # -- supervise ----------------------------------------------------------------------------
     def poll(self) -> None:
         """Restart failed queries with backoff; a configuration error stops everything."""
+        if self.stopping.is_set():
+            return
         now = time.monotonic()
         for sq in self.queries:
             q = sq.query
@@ -200,6 +218,7 @@ class Runtime:
                     "batch is replayed from the checkpoint.",
                     sq.source.name, sq.last_error, delay, sq.failures,
                 )  # fmt: skip
+                log.debug("source %s: the full failure:\n%s", sq.source.name, exc)
             elif now >= sq.restart_at and not self.stopping.is_set():
                 try:
                     self._start_query(sq)
@@ -245,9 +264,25 @@ class Runtime:
         if self.fatal is not None:
             raise self.fatal
 
-    def stop(self) -> None:
-        """Stop the queries: a batch in flight is abandoned and replayed on the next start."""
+    def stop(self, grace: float = 30.0) -> None:
+        """Stop the queries: a batch in flight gets `grace` seconds to finish (or until
+        `abandon` is set); then it is abandoned, to be replayed on the next start."""
         self.stopping.set()
+        for sq in self.queries:
+            sq.pipeline.draining.set()
+        deadline = time.monotonic() + grace
+        for sq in self.queries:
+            if sq.query is None or sq.pipeline.idle.is_set():
+                continue
+            log.info("source %s: finishing the batch in flight (Ctrl-C again to abandon it)",
+                     sq.source.name)  # fmt: skip
+            while not sq.pipeline.idle.wait(0.2):
+                if self.abandon.is_set() or time.monotonic() > deadline:
+                    log.warning(
+                        "source %s: abandoning the batch in flight; the next start replays it",
+                        sq.source.name,
+                    )
+                    break
         for sq in self.queries:
             if sq.query is not None:
                 try:

@@ -117,7 +117,7 @@ def send(sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
             if left <= 0:
                 raise SinkError(
                     f"sink {plan.sink}: still failing after {plan.retry_timeout:g}s and "
-                    f"{attempt} attempts: {exc.problem}",
+                    f"{attempt} attempt{'s' if attempt > 1 else ''}: {exc.problem}",
                     exc.fix,
                     retryable=True,
                 ) from exc

@@ -9,6 +9,7 @@ Headers: `idempotency-key` (base64 "lsn:seq"), `walstream-lsn`, `walstream-table
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +33,29 @@ _PRODUCERS: dict[tuple[tuple[str, str], ...], Any] = {}
 _LOCK = threading.Lock()
 
 
+class _OncePerMinute(logging.Filter):
+    """librdkafka repeats a failing connection's log line every few milliseconds per
+    client; the same line passes at most once a minute (the batch's SinkError says the rest)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text, now = record.getMessage(), time.monotonic()
+        if now - self.last.get(text, -1e9) < 60:
+            return False
+        if len(self.last) > 1000:
+            self.last.clear()
+        self.last[text] = now
+        return True
+
+
+#: librdkafka's own log, through Python logging instead of raw stderr.
+LIBRDKAFKA_LOG = logging.getLogger("walstream.kafka.librdkafka")
+LIBRDKAFKA_LOG.addFilter(_OncePerMinute())
+
+
 def _kafka() -> Any:
     try:
         import confluent_kafka
@@ -46,7 +70,7 @@ def producer_for(settings: dict[str, Any]) -> Any:
     with _LOCK:
         p = _PRODUCERS.get(key)
         if p is None:
-            p = _PRODUCERS[key] = _kafka().Producer(settings)
+            p = _PRODUCERS[key] = _kafka().Producer({**settings, "logger": LIBRDKAFKA_LOG})
         return p
 
 
@@ -106,7 +130,10 @@ class KafkaSink(Sink):
         new = missing - existing
         if new and self.config.create_topics:
             admin = _kafka().admin.AdminClient(
-                {k: v for k, v in self.settings.items() if not k.startswith(_PRODUCER_ONLY)}
+                {
+                    **{k: v for k, v in self.settings.items() if not k.startswith(_PRODUCER_ONLY)},
+                    "logger": LIBRDKAFKA_LOG,
+                }
             )
             NewTopic = _kafka().admin.NewTopic
             futures = admin.create_topics(

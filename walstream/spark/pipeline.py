@@ -149,6 +149,10 @@ def _rows(batches: Iterator[Any], pa: Any) -> Iterator[dict[str, Any]]:
             yield dict(zip(names, values, strict=True))
 
 
+class Stopping(Exception):
+    """A batch refused because walstream is stopping: it is replayed on the next start."""
+
+
 @dataclass
 class SinkProgress:
     delivered: int = 0
@@ -170,18 +174,31 @@ class Pipeline:
     query_id: Callable[[], str]
     progress: dict[str, SinkProgress] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Set by a graceful stop: batches not yet started are refused (they run on the next start).
+    draining: threading.Event = field(default_factory=threading.Event)
+    #: Set while no batch is being delivered.
+    idle: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        query_id = self.query_id()
-        cached = len(self.sinks) > 1
-        if cached:
-            df = df.persist()
+        if self.draining.is_set():
+            raise Stopping(f"walstream is stopping; batch {batch_id} runs on the next start")
+        self.idle.clear()
         try:
-            for sink in self.sinks:
-                self._deliver(df, sink, batch_id, query_id)
-        finally:
+            query_id = self.query_id()
+            cached = len(self.sinks) > 1
             if cached:
-                df.unpersist()
+                df = df.persist()
+            try:
+                for sink in self.sinks:
+                    self._deliver(df, sink, batch_id, query_id)
+            finally:
+                if cached:
+                    df.unpersist()
+        finally:
+            self.idle.set()
 
     def _deliver(self, df: Any, sink: SinkConfig, batch_id: int, query_id: str) -> None:
         partitions = sink.partitions or self.default_partitions

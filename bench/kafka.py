@@ -1,0 +1,183 @@
+"""`walstream run` into Kafka (tansu): throughput against what Postgres can send, and latency.
+
+    .venv/bin/python -m bench.kafka [--changes 1000000] [--latency-seconds 30] [--rate 5000]
+
+1. Writes CHANGES inserts (8 columns, 100 rows per transaction) while two slots
+   exist: one for walstream, one for the reference.
+2. Reference: `pg_recvlogical` reads the second slot to /dev/null (C, pgoutput).
+3. walstream: the Runtime of `walstream run` with one Kafka sink (sequin format,
+   topic routed by table, acks=all, idempotent producer) into a tansu broker on
+   this machine; changes/s from the first delivered batch until all are acknowledged.
+4. Latency: a writer at a steady RATE changes/s (50-row transactions) into a
+   second table, routed to its own topic; for every message, Kafka's timestamp
+   (set when walstream produced it) minus the change's commit timestamp; p50 / p99.
+5. Peak RSS of the driver JVM and of the Python processes.
+
+Postgres, Spark, the broker and this script share the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from bench.stream import TABLE, peak_rss_mb, recvlogical, write
+from walstream.change import parse_lsn
+from walstream.config import parse_config
+from walstream.postgres.embedded import EmbeddedPostgres
+from walstream.postgres.replication import connect
+from walstream.runtime import Runtime
+from walstream.testing import TansuBroker
+
+PROBE = "CREATE TABLE probe (id bigint PRIMARY KEY, at timestamptz, note text);"
+
+
+def delivered(runtime: Runtime) -> int:
+    p = runtime.progress().get("kafka")
+    return 0 if p is None else p.delivered + p.skipped
+
+
+def wait_for(runtime: Runtime, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while delivered(runtime) < n:
+        runtime.poll()
+        if runtime.fatal is not None:
+            raise SystemExit(f"walstream stopped: {runtime.fatal}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {delivered(runtime):,} of {n:,} delivered after {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+def kafka_latencies(bootstrap: str, topic: str, n: int, timeout: float = 60) -> list[float]:
+    """Seconds from commit to Kafka timestamp for the first n messages of `topic`."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    out: list[float] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            for m in consumer.consume(1000, 0.5):
+                if m.error():
+                    continue
+                committed = json.loads(m.value())["metadata"]["commit_timestamp"]
+                commit_s = datetime.fromisoformat(committed.replace("Z", "+00:00")).timestamp()
+                out.append(m.timestamp()[1] / 1000 - commit_s)
+    finally:
+        consumer.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--changes", type=int, default=1_000_000)
+    ap.add_argument("--latency-seconds", type=float, default=30.0)
+    ap.add_argument("--rate", type=int, default=5000, help="changes/s for the latency run")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    work = Path(tempfile.mkdtemp(prefix="walstream-bench-kafka-"))
+    with (
+        EmbeddedPostgres(settings={"fsync": "off", "synchronous_commit": "off"}) as pg,
+        TansuBroker() as broker,
+    ):
+        dsn = pg.dsn()
+        with connect(dsn, autocommit=True) as conn:
+            conn.execute(TABLE)
+            conn.execute(PROBE)
+            conn.execute("CREATE PUBLICATION bench FOR TABLE accounts_history, probe")
+            for slot in ("bench", "bench_ref"):
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            t0 = time.perf_counter()
+            write(conn, 1, args.changes, 100)
+            until = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+            print(
+                f"workload: {args.changes:,} inserts in 100-row transactions, "
+                f"{time.perf_counter() - t0:.1f}s"
+            )
+        ref_rate = args.changes / recvlogical(pg, "bench_ref", until)
+
+        cfg = parse_config(
+            {
+                "spark": {
+                    "master": "local[2]",
+                    "checkpoint_dir": str(work / "checkpoints"),
+                    "conf": {"spark.driver.memory": "2g"},
+                },
+                "sources": [
+                    {"name": "bench", "dsn": dsn, "slot": "bench", "publication": "bench",
+                     "max_changes_per_batch": 200_000}
+                ],
+                "sinks": [
+                    {
+                        "name": "kafka", "source": "bench", "batch_size": 5000,
+                        "destination": {
+                            "type": "kafka", "bootstrap_servers": broker.bootstrap_servers,
+                            "topic": "concat('bench.', `table`)", "create_topics": True,
+                            "producer": {"linger.ms": 5, "batch.size": 1_000_000},
+                        },
+                    }
+                ],
+            }
+        )  # fmt: skip
+        start = time.perf_counter()
+        runtime = Runtime(cfg).start()
+        try:
+            wait_for(runtime, 1, 300)
+            first_at = time.perf_counter()
+            first_n = delivered(runtime)
+            wait_for(runtime, args.changes, 3600)
+            end = time.perf_counter()
+            steady = (args.changes - first_n) / (end - first_at)
+            wall = args.changes / (end - start)
+
+            # Latency at a steady rate, on its own table and topic.
+            written = 0
+            with connect(dsn, autocommit=True) as conn:
+                conn.execute("SET synchronous_commit = on")  # as production commits
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < args.latency_seconds:
+                    conn.execute(
+                        "INSERT INTO probe SELECT g, now(), 'x' FROM generate_series(%s::bigint, %s::bigint) g",
+                        (written, written + 49),
+                    )
+                    written += 50
+                    ahead = written / args.rate - (time.perf_counter() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            wait_for(runtime, args.changes + written, 120)
+            rss = peak_rss_mb()
+        finally:
+            runtime.stop()
+        lat = sorted(kafka_latencies(broker.bootstrap_servers, "bench.probe", written))
+
+    p50 = statistics.median(lat) * 1000 if lat else float("nan")
+    p99 = lat[int(len(lat) * 0.99) - 1] * 1000 if lat else float("nan")
+    print()
+    print(f"{'figure':<56}{'value':>14}")
+    print(f"{'pg_recvlogical to /dev/null (reference)':<56}{ref_rate:>12,.0f}/s")
+    print(f"{'walstream run → Kafka, from the first delivered batch':<56}{steady:>12,.0f}/s")
+    print(f"{'walstream run → Kafka, including start':<56}{wall:>12,.0f}/s")
+    print(f"{'ratio → Kafka / reference (target >= 0.35)':<56}{steady / ref_rate:>13.2f}x")
+    print(
+        f"{f'latency commit → Kafka at {args.rate:,}/s, p50 (target <= 300 ms)':<56}{p50:>11,.0f} ms"
+    )
+    print(f"{'latency p99 (target <= 1000 ms)':<56}{p99:>11,.0f} ms")
+    print(f"{'messages measured for latency':<56}{len(lat):>14,}")
+    for k, v in rss.items():
+        print(f"{'peak RSS ' + k:<56}{v:>11,.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
