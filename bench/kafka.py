@@ -84,8 +84,12 @@ def main() -> None:
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--rate", type=int, default=5000, help="changes/s for the latency run")
+    ap.add_argument("--max-batch", type=int, default=200_000, help="max_changes_per_batch")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log every batch's timing")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    if args.verbose:
+        logging.getLogger("walstream.spark.pipeline").setLevel(logging.DEBUG)
 
     work = Path(tempfile.mkdtemp(prefix="walstream-bench-kafka-"))
     with (
@@ -117,7 +121,7 @@ def main() -> None:
                 },
                 "sources": [
                     {"name": "bench", "dsn": dsn, "slot": "bench", "publication": "bench",
-                     "max_changes_per_batch": 200_000}
+                     "max_changes_per_batch": args.max_batch}
                 ],
                 "sinks": [
                     {

@@ -102,6 +102,7 @@ class SourceConfig(Model):
     tables: list[str] = Field(default_factory=list)
     heartbeat_interval: Duration = 5.0
     max_changes_per_batch: int = Field(50_000, ge=1)
+    partition_bytes: int = Field(4 << 20, ge=64 << 10)  # raw WAL bytes per Spark task
 
     _name = field_validator("name")(_check_name)
     _dsn = field_validator("dsn")(_check_dsn)

@@ -7,6 +7,7 @@ the `changes` of a sequin update, which compares old and new values.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -21,11 +22,13 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Formatter = Callable[[ChangeRow], str]
 
 
+@functools.lru_cache(maxsize=4096)  # the changes of a transaction share their commit time
 def iso_timestamp(us: int) -> str:
     """Microseconds since the Unix epoch as ISO 8601 UTC with microseconds: `...T01:02:03.000004Z`."""
     return (_EPOCH + timedelta(microseconds=us)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@functools.lru_cache(maxsize=4096)  # schema, table and source names repeat on every message
 def _str(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 

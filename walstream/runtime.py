@@ -172,6 +172,7 @@ class Runtime:
             .option("publication", s.publication_name)
             .option("name", s.name)
             .option("maxChangesPerBatch", str(s.max_changes_per_batch))
+            .option("partitionBytes", str(s.partition_bytes))
             .option("heartbeatInterval", str(s.heartbeat_interval))
         )
         if s.tables:

@@ -64,8 +64,7 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
     db.execute("CREATE TABLE items (id int PRIMARY KEY, order_id int)")
     pub = db.create_publication("orders", "items")
     oracle_slot = db.create_slot()
-    slot = unique("slot")
-    db.slots.append(slot)
+    slot = db.create_slot()  # before the workload: the first batch holds all of it
     prefix = unique("by_action")
 
     def file_sink(name: str, **kw: Any) -> dict[str, Any]:
@@ -77,7 +76,11 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
     cfg = parse_config(
         {
             "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-            "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+            "sources": [
+                # small partitions: the backlog spans several, so batches are spread by group
+                {"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub,
+                 "partition_bytes": 65536}
+            ],
             "sinks": [
                 file_sink(
                     "paid", tables=["public.orders"], format="record",
@@ -105,9 +108,9 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
             ],
         }
     )  # fmt: skip
+    workload(db)
     runtime = Runtime(cfg, spark=spark).start()
     try:
-        workload(db)
         changes = oracle(db, oracle_slot, pub, "app")
         orders = [c for c in changes if c.table == "orders"]
         items = [c for c in changes if c.table == "items"]

@@ -30,8 +30,6 @@ from walstream.sinks.registry import sink_for
 
 log = logging.getLogger(__name__)
 
-_CHANGE_FIELDS = ChangeRow._fields
-
 
 @dataclass(frozen=True)
 class DeliveryPlan:
@@ -74,28 +72,30 @@ def load_function(spec: str) -> Callable[[Any], Any]:
     return fn
 
 
-def messages(plan: DeliveryPlan, rows: Iterable[dict[str, Any]]) -> Iterator[Message]:
+#: A change and the pipeline's columns: group key, Kafka key, route, transformed message.
+Row = tuple[ChangeRow, str | None, str | None, str | None, str | None]
+
+
+def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
     """Change rows (with the pipeline's _group/_key/_route/_message columns) as Messages."""
     fmt = formatter(plan.format, sink=plan.sink, db=plan.db)
     fn = load_function(plan.transform_function) if plan.transform_function else None
-    for r in rows:
-        change = ChangeRow(*(r[f] for f in _CHANGE_FIELDS))
-        if "_message" in r:
-            value: str | None = r["_message"]
+    for change, group, key, route, message in rows:
+        if message is not None:
+            value: str | None = message
         else:
             value = fmt(change)
             if fn is not None:
                 value = json.dumps(fn(json.loads(value)), ensure_ascii=False, default=str)
-        key = r.get("_key")
         yield Message(
             change.lsn,
             change.seq,
             value.encode() if value is not None else None,
             key.encode() if key is not None else None,
-            r.get("_route"),
+            route,
             table=f"{change.schema}.{change.table}",
             action=change.action,
-            group=r.get("_group") or "",
+            group=group or "",
         )
 
 
@@ -130,7 +130,7 @@ def send(sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
 
 
 def deliver_partition(
-    plan: DeliveryPlan, partition: int, rows: Iterable[dict[str, Any]], sink: Sink | None = None
+    plan: DeliveryPlan, partition: int, rows: Iterable[Row], sink: Sink | None = None
 ) -> Stats:
     sink = sink or sink_for(plan.destination)
     stats = Stats(partition)
@@ -173,8 +173,8 @@ def deliver_partition(
     return stats
 
 
-def _track(rows: Iterable[dict[str, Any]], stats: Stats) -> Iterator[dict[str, Any]]:
+def _track(rows: Iterable[Row], stats: Stats) -> Iterator[Row]:
     for r in rows:
-        if r["committed_at_us"] > stats.max_committed_us:
-            stats.max_committed_us = r["committed_at_us"]
+        if r[0].committed_at_us > stats.max_committed_us:
+            stats.max_committed_us = r[0].committed_at_us
         yield r
