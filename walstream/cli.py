@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -152,31 +151,80 @@ def check_config(path: Path) -> list[Finding]:
 @app.command()
 def demo(
     home: Annotated[
-        Path, typer.Option(help="Where the demo keeps its embedded server and output.")
+        Path, typer.Option(help="Where the demo keeps its embedded server, config and output.")
     ] = Path(".walstream"),
+    seconds: Annotated[
+        float, typer.Option(help="How long to write changes; 0 runs until Ctrl-C.")
+    ] = 60.0,
+    rate: Annotated[
+        float, typer.Option(help="Changes per second the sample writer makes.")
+    ] = 200.0,
 ) -> None:
-    """Run the embedded demo: a private Postgres, a sample table, its changes decoded.
+    """Run walstream on its embedded default: a private Postgres, a live workload, files.
 
-    Starts a PostgreSQL server of its own (initdb under HOME/postgres, a free
-    loopback port), checks it, makes a few changes to public.orders and writes the
-    decoded change rows to HOME/demo/changes.jsonl. Nothing outside HOME is touched.
+    Starts a PostgreSQL server of its own (initdb under HOME/postgres on first use, a
+    free loopback port), creates the database walstream_demo with public.orders, writes
+    HOME/demo/walstream.yaml and runs `walstream run` on it with Spark local[*] while a
+    sample writer changes orders at RATE per second. The changes arrive as sequin
+    messages in HOME/demo/out. At the end it checks that every change arrived once.
+    Ctrl-C stops writing early; a second Ctrl-C stops at once. Nothing outside HOME is
+    touched; a second run continues where the first stopped.
     """
-    from walstream.demo import row_to_json, run_demo
+    import signal
+    import threading
 
-    result = run_demo(home, progress=lambda s: console.print(f"[dim]•[/] {s}"))
-    print_findings(result.findings)
-    table = Table(title=f"{len(result.changes)} changes decoded", title_justify="left")
-    for col in ("lsn:seq", "action", "table", "pk", "record"):
-        table.add_column(col, no_wrap=col != "record", overflow="ellipsis")
-    for c in result.changes:
-        record = json.dumps(row_to_json(c)["record"], separators=(",", ":"))
-        if len(record) > 70:
-            record = record[:67] + "..."
-        pk = ",".join("null" if v is None else v for v in c.pk)
-        table.add_row(str(c.cursor), c.action, f"{c.schema}.{c.table}", escape(pk), escape(record))
-    console.print(table)
-    console.print(f"full change rows (with old values and annotations): {result.output}")
-    if has_errors(result.findings):
+    from rich.live import Live
+
+    from walstream.demo import run_demo
+
+    stop = threading.Event()
+    state: dict[str, object] = {}
+
+    def on_signal(*_: object) -> None:
+        rt = state.get("runtime")
+        if stop.is_set() and rt is not None:
+            rt.abandon.set()  # type: ignore[attr-defined]
+            rt.stopping.set()  # type: ignore[attr-defined]
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    live: Live | None = None
+
+    def on_tick(runtime: object) -> None:
+        state["runtime"] = runtime
+        if live is not None:
+            live.update(_progress_table(runtime))
+        elif getattr(runtime, "queries", None):
+            _log_progress(runtime)
+
+    say = lambda s: console.print(f"[dim]•[/] {escape(s)}")  # noqa: E731
+    if console.is_terminal:
+        live = Live(console=console, refresh_per_second=2, transient=False)
+    try:
+        if live is not None:
+            say("Ctrl-C stops writing early; a second Ctrl-C stops at once")
+            live.start()
+        result = run_demo(home, seconds, rate, progress=say, on_tick=on_tick, stop=stop)
+    finally:
+        if live is not None:
+            live.stop()
+    # >=: changes left undelivered by an earlier, abandoned run arrive in this one
+    ok = result.delivered >= result.written
+    console.print(
+        f"{'[green]ok[/]' if ok else '[bold red]incomplete[/]'}: {result.written:,} changes "
+        f"written, {result.delivered:,} delivered this run; {result.total_files_messages:,} "
+        f"messages in {escape(str(result.output))}"
+    )
+    if result.sample:
+        console.print("the last message:")
+        console.print_json(result.sample)
+    console.print(
+        f"next: `walstream run -c {escape(str(result.config_path))}` streams the same database; "
+        "copy that file, set the source dsn to your database and add a Kafka sink "
+        "(README: Configuration)."
+    )
+    if not ok:
         raise typer.Exit(1)
 
 
@@ -254,16 +302,24 @@ def run(
     console.print(escape(f"stopped; delivered this run: {totals}"))
 
 
-def _log_progress(runtime: object) -> None:
+_last_logged = [0.0]
+
+
+def _log_progress(runtime: object, every: float = 10.0) -> None:
+    """One log line per sink every `every` seconds (when the output is not a terminal)."""
     from walstream.runtime import Runtime
 
     assert isinstance(runtime, Runtime)
-    if int(time.monotonic()) % 10 == 0:
-        for name, p in sorted(runtime.progress().items()):
-            logging.getLogger("walstream.run").info(
-                "sink %s: delivered %d (%.0f/s), replay-skipped %d, batches %d",
-                name, p.delivered, runtime.rates.get(name, 0.0), p.skipped, p.batches,
-            )  # fmt: skip
+    now = time.monotonic()
+    progress = runtime.progress()
+    if not progress or now - _last_logged[0] < every:
+        return
+    _last_logged[0] = now
+    for name, p in sorted(progress.items()):
+        logging.getLogger("walstream.run").info(
+            "sink %s: delivered %d (%.0f/s), replay-skipped %d, batches %d",
+            name, p.delivered, runtime.rates.get(name, 0.0), p.skipped, p.batches,
+        )  # fmt: skip
 
 
 @app.callback()

@@ -78,9 +78,20 @@ class StateConfig(Model):
     _dsn = field_validator("dsn")(lambda v: v if v is None else _check_dsn(v))
 
 
+def _absolute(value: Any) -> Any:
+    """A local path relative to where walstream runs, not to where the JVM or executors run."""
+    text = str(value)
+    if "://" in text or text.startswith("file:"):
+        return text  # a URI (s3a://, hdfs://, file:/...): used as given
+    return str(Path(text).expanduser().absolute())
+
+
 class SparkConfig(Model):
     master: str = "local[*]"
-    checkpoint_dir: Path = Path(".walstream/checkpoints")
+    # a local directory or a URI every node can reach (hdfs://, s3a://)
+    checkpoint_dir: Annotated[str, BeforeValidator(_absolute)] = Field(
+        ".walstream/checkpoints", validate_default=True
+    )
     conf: dict[str, str] = Field(default_factory=dict)
     trigger_interval: Duration = 0.0
 
@@ -132,7 +143,7 @@ class KafkaDestination(Model):
 
 class FileDestination(Model):
     type: Literal["file"]
-    path: Path
+    path: Annotated[Path, BeforeValidator(_absolute)]
     format: Literal["jsonl", "parquet"] = "jsonl"
 
 
@@ -171,7 +182,7 @@ class SinkConfig(Model):
 
 class Config(Model):
     state: StateConfig = StateConfig.model_validate({})
-    spark: SparkConfig = SparkConfig()
+    spark: SparkConfig = Field(default_factory=lambda: SparkConfig.model_validate({}))
     sources: list[SourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(min_length=1)
 

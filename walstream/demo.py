@@ -1,122 +1,211 @@
-"""The embedded demo: a private Postgres, a sample table, its changes decoded to a JSON-lines file."""
+"""The embedded demo: `walstream run` on a private Postgres with a steady sample workload.
+
+It starts (or reuses) a PostgreSQL server under HOME/postgres, creates the database
+`walstream_demo` with `public.orders`, writes HOME/demo/walstream.yaml (one source,
+one file sink), and runs the same runtime as `walstream run` while a background
+writer inserts, updates and deletes orders at a steady rate. When the time is up the
+writer stops, the runtime delivers what is left, and the demo checks that every
+change it made arrived exactly once.
+"""
 
 from __future__ import annotations
 
 import json
+import random
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from walstream.change import ChangeRow, format_lsn
-from walstream.postgres.decoder import ChangeDecoder
+import yaml
+
+from walstream.config import Config, parse_config
 from walstream.postgres.embedded import EmbeddedPostgres, server_home
-from walstream.postgres.replication import (
-    connect,
-    ensure_publication,
-    ensure_slot,
-    read_messages,
-)
-from walstream.postgres.setup import Finding, check_database
-from walstream.postgres.types import TypeRegistry, load_types
+from walstream.postgres.replication import connect
+from walstream.sinks.file import read_messages
 
 DEMO_DB = "walstream_demo"
-SLOT = "walstream_demo"
-PUBLICATION = "walstream_demo"
-
-WORKLOAD = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS public.orders (
     id bigint PRIMARY KEY, customer text NOT NULL, amount numeric(12,2), status text,
     tags text[], details jsonb, placed_at timestamptz DEFAULT now());
 ALTER TABLE public.orders REPLICA IDENTITY FULL;
 """
+STATUSES = ("new", "paid", "packed", "shipped")
+
+
+@dataclass
+class Workload:
+    """Orders placed, moved through their statuses and sometimes cancelled, at `rate`/s."""
+
+    dsn: str
+    rate: float
+    written: int = 0
+    error: BaseException | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> Workload:
+        self.thread = threading.Thread(target=self._run, name="demo-workload", daemon=True)
+        self.thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        rnd = random.Random()
+        try:
+            with connect(self.dsn, autocommit=True) as conn:
+                row = conn.execute("SELECT coalesce(max(id), 0) FROM orders").fetchone()
+                next_id = int(row[0]) + 1 if row else 1
+                open_orders = [
+                    int(r[0])
+                    for r in conn.execute("SELECT id FROM orders WHERE status <> 'shipped'")
+                ]
+                t0 = time.monotonic()
+                while not self.stop.is_set():
+                    with conn.transaction():
+                        if rnd.random() < 0.1:
+                            conn.execute(
+                                "SELECT pg_logical_emit_message(true, 'walstream:annotations', %s)",
+                                (json.dumps({"username": "demo", "reason": "bulk order"}),),
+                            )
+                        for _ in range(rnd.choice((1, 1, 2, 5))):
+                            self._change(conn, rnd, open_orders, next_id)
+                            if open_orders and open_orders[-1] == next_id:
+                                next_id += 1
+                            self.written += 1
+                    ahead = self.written / self.rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        self.stop.wait(ahead)
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    @staticmethod
+    def _change(conn: Any, rnd: random.Random, open_orders: list[int], next_id: int) -> None:
+        roll = rnd.random()
+        if not open_orders or roll < 0.4:
+            conn.execute(
+                "INSERT INTO orders (id, customer, amount, status, tags, details) "
+                "VALUES (%s, %s, %s, 'new', %s, %s)",
+                (next_id, f"customer-{rnd.randrange(50)}", f"{rnd.randrange(1, 500)}.{rnd.randrange(100):02d}",
+                 ["demo", rnd.choice(("web", "app", "store"))],
+                 json.dumps({"items": rnd.randrange(1, 6), "gift": rnd.random() < 0.2})),
+            )  # fmt: skip
+            open_orders.append(next_id)
+        elif roll < 0.9:
+            order = rnd.choice(open_orders)
+            status = conn.execute(
+                "UPDATE orders SET status = CASE status WHEN 'new' THEN 'paid' "
+                "WHEN 'paid' THEN 'packed' ELSE 'shipped' END WHERE id = %s RETURNING status",
+                (order,),
+            ).fetchone()
+            if status and status[0] == "shipped":
+                open_orders.remove(order)
+        else:
+            order = open_orders.pop(rnd.randrange(len(open_orders)))
+            conn.execute("DELETE FROM orders WHERE id = %s", (order,))
 
 
 @dataclass
 class DemoResult:
-    findings: list[Finding]
-    changes: list[ChangeRow]
+    config_path: Path
     output: Path
-    dsn: str
+    written: int  # changes made in this run
+    delivered: int  # messages delivered in this run
+    total_files_messages: int  # messages in the output directory (all runs)
+    sample: str | None
 
 
-def run_demo(home: Path, progress: Callable[[str], None] = print) -> DemoResult:
-    """Start (or reuse) the embedded server under `home`, make changes, decode them to a file."""
+def prepare_demo(home: Path, pg: EmbeddedPostgres) -> tuple[Config, Path]:
+    """The demo database and HOME/demo/walstream.yaml (written once, then reused)."""
+    with connect(pg.dsn(), autocommit=True) as admin:
+        if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DB,)).fetchone():
+            admin.execute(f"CREATE DATABASE {DEMO_DB}")
+    dsn = pg.dsn(DEMO_DB)
+    with connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    demo = (home / "demo").absolute()  # the written config works from any directory
+    demo.mkdir(parents=True, exist_ok=True)
+    raw = {
+        "spark": {"master": "local[*]", "checkpoint_dir": str(demo / "checkpoints")},
+        "sources": [{"name": "demo", "dsn": dsn, "tables": ["public.orders"],
+                     "heartbeat_interval": "2s"}],
+        "sinks": [{"name": "orders-to-files", "source": "demo", "format": "sequin",
+                   "destination": {"type": "file", "path": str(demo / "out")}}],
+    }  # fmt: skip
+    path = demo / "walstream.yaml"
+    path.write_text(
+        "# Written by `walstream demo`: the embedded server's database into JSON-lines files.\n"
+        "# Run it yourself with: walstream run -c " + str(path) + "\n" + yaml.safe_dump(raw)
+    )
+    return parse_config(raw, str(path)), path
+
+
+def run_demo(
+    home: Path,
+    seconds: float = 60.0,
+    rate: float = 200.0,
+    progress: Callable[[str], None] = print,
+    on_tick: Callable[[Any], None] | None = None,
+    spark: Any = None,
+    stop: threading.Event | None = None,
+) -> DemoResult:
+    """Run the demo for `seconds` (0: until `stop` is set); see the module docstring.
+
+    Setting `stop` ends the writing early; the runtime's `abandon` skips the final drain.
+    """
+    from walstream.runtime import Runtime
+
     home.mkdir(parents=True, exist_ok=True)
     pg = EmbeddedPostgres(base_dir=server_home(home / "postgres"))
     progress(f"starting embedded PostgreSQL ({pg.version()}) in {pg.base}")
     with pg:
-        admin = connect(pg.dsn(), autocommit=True)
-        with admin:
-            if not admin.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DB,)
-            ).fetchone():
-                admin.execute(f"CREATE DATABASE {DEMO_DB}")
-        dsn = pg.dsn(DEMO_DB)
-        with connect(dsn, autocommit=True) as conn:
-            conn.execute(WORKLOAD)
-            ensure_publication(conn, PUBLICATION, ["public.orders"])
-            ensure_slot(conn, SLOT)
-            findings = check_database(dsn, SLOT, PUBLICATION, ["public.orders"])
-            progress("making changes: 3 inserts, 1 update, 1 delete, 1 truncate")
-            base = int(conn.execute("SELECT coalesce(max(id), 0) FROM orders").fetchone()[0])  # type: ignore[index]
-            with conn.transaction():
-                conn.execute(
-                    "SELECT pg_logical_emit_message(true, 'walstream:annotations', %s)",
-                    (json.dumps({"username": "demo", "reason": "walstream demo"}),),
-                )
-                for i in range(1, 4):
-                    conn.execute(
-                        "INSERT INTO orders (id, customer, amount, status, tags, details) "
-                        "VALUES (%s, %s, %s, 'new', %s, %s)",
-                        (base + i, f"customer-{i}", f"{i * 10}.50", ["demo", f"n{i}"],
-                         json.dumps({"items": i, "gift": i % 2 == 0})),
-                    )  # fmt: skip
-            conn.execute("UPDATE orders SET status = 'paid' WHERE id = %s", (base + 1,))
-            conn.execute("DELETE FROM orders WHERE id = %s", (base + 2,))
-            conn.execute("TRUNCATE orders")
-            mark = conn.execute("SELECT pg_logical_emit_message(true, 'walstream:mark', '')::text")
-            until = _lsn(mark.fetchone()[0])  # type: ignore[index]
-            oids = [r[0] for r in conn.execute(
-                "SELECT atttypid::int8 FROM pg_attribute WHERE attrelid = 'public.orders'::regclass AND attnum > 0"
-            )]  # fmt: skip
-            types = TypeRegistry(load_types(conn, oids))
-        decoder = ChangeDecoder("demo", types, primary_keys={("public", "orders"): ["id"]})
-        changes: list[ChangeRow] = []
-        for msg in read_messages(dsn, SLOT, PUBLICATION, until_lsn=until):
-            changes.extend(decoder.decode(msg.payload))
-        with connect(dsn, autocommit=True) as conn:
-            # The demo re-reads from the start next time only what it has not confirmed.
-            conn.execute(
-                "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (SLOT, format_lsn(until))
-            )
-    output = home / "demo" / "changes.jsonl"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w") as f:
-        for c in changes:
-            f.write(json.dumps(row_to_json(c)) + "\n")
-    return DemoResult(findings, changes, output, dsn)
+        cfg, path = prepare_demo(home, pg)
+        out = Path(cfg.sinks[0].destination.path)  # type: ignore[union-attr]
+        progress(f"config: {path}")
+        progress(f"starting Spark ({cfg.spark.master}) and the stream into {out}")
+        runtime = Runtime(cfg, spark=spark)
+        if on_tick is not None:
+            on_tick(runtime)
+        runtime.start()
+        workload = Workload(cfg.sources[0].dsn.get_secret_value(), rate).start()
+        progress(
+            f"writing about {rate:g} changes/s to public.orders"
+            + (f" for {seconds:g}s" if seconds else " until Ctrl-C")
+        )
+        sink = cfg.sinks[0].name
 
+        def delivered() -> int:
+            p = runtime.progress().get(sink)
+            return 0 if p is None else p.delivered + p.skipped
 
-def row_to_json(c: ChangeRow) -> dict[str, object]:
-    return {
-        "source": c.source,
-        "lsn": format_lsn(c.lsn),
-        "seq": c.seq,
-        "idempotency_key": c.cursor.idempotency_key,
-        "xid": c.xid,
-        "committed_at": c.committed_at.isoformat(),
-        "action": c.action,
-        "schema": c.schema,
-        "table": c.table,
-        "pk": c.pk,
-        "record": json.loads(c.record) if c.record else None,
-        "old": json.loads(c.old) if c.old else None,
-        "annotations": json.loads(c.annotations) if c.annotations else None,
-        "unchanged_toast": c.unchanged_toast,
-    }
-
-
-def _lsn(text: str) -> int:
-    from walstream.change import parse_lsn
-
-    return parse_lsn(text)
+        try:
+            runtime.supervise(time.monotonic() + seconds if seconds else None, on_tick, 0.5, stop)
+            workload.finish()
+            progress(f"stopped writing after {workload.written:,} changes; delivering the rest")
+            drain = time.monotonic() + 120
+            while (
+                delivered() < workload.written
+                and time.monotonic() < drain
+                and runtime.fatal is None
+                and not runtime.abandon.is_set()
+            ):
+                runtime.supervise(time.monotonic() + 0.5, on_tick, 0.5)
+            if runtime.fatal is not None:
+                raise runtime.fatal
+        finally:
+            workload.stop.set()
+            runtime.stop()
+        messages = read_messages(out)
+        return DemoResult(
+            path, out, workload.written, delivered(), len(messages),
+            messages[-1].decode() if messages else None,
+        )  # fmt: skip

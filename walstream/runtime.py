@@ -160,7 +160,7 @@ class Runtime:
         return sq.query_id
 
     def checkpoint(self, source: SourceConfig) -> str:
-        return str(Path(self.config.spark.checkpoint_dir) / source.name)
+        return f"{self.config.spark.checkpoint_dir.rstrip('/')}/{source.name}"
 
     def _start_query(self, sq: SourceQuery) -> None:
         s = sq.source
@@ -249,18 +249,30 @@ class Runtime:
         self.rates = {k: (n - base.get(k, 0)) / (now - t0) for k, n in counts.items()}
         self._rate_base = (now, counts)
 
-    def run(self, until: float | None = None, on_tick: Any = None, tick: float = 1.0) -> None:
-        """Supervise until stopped (or `until`, a monotonic deadline); raise a fatal error."""
-        while not self.stopping.is_set():
+    def supervise(
+        self,
+        until: float | None = None,
+        on_tick: Any = None,
+        tick: float = 1.0,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Restart failed queries and update rates until `stopping`, `stop` or `until`."""
+        while not self.stopping.is_set() and not (stop is not None and stop.is_set()):
             if until is not None and time.monotonic() >= until:
                 break
             self.poll()
+            if self.fatal is not None:
+                return
             for sq in self.queries:
                 self.healthy_since_restart(sq)
             self._update_rates()
             if on_tick is not None:
                 on_tick(self)
-            self.stopping.wait(tick)
+            (stop or self.stopping).wait(tick)
+
+    def run(self, until: float | None = None, on_tick: Any = None, tick: float = 1.0) -> None:
+        """Supervise until stopped (or `until`, a monotonic deadline); raise a fatal error."""
+        self.supervise(until, on_tick, tick)
         self.stop()
         if self.fatal is not None:
             raise self.fatal

@@ -1,4 +1,4 @@
-"""The README's first command: the embedded demo makes and decodes its changes, run after run."""
+"""The README's first command: `walstream demo` streams a live workload to files, run after run."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from walstream.demo import run_demo
 from walstream.postgres.embedded import server_home
+from walstream.sinks.file import read_messages
 
 
 @pytest.fixture
@@ -22,33 +24,32 @@ def home():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_demo_runs_twice_on_its_own_server(home, monkeypatch):
+@pytest.mark.spark
+def test_demo_streams_its_workload_to_files_exactly_once_run_after_run(home, monkeypatch, spark):
     monkeypatch.chdir(home)
-    tmp_path = Path(".walstream")  # relative, as bin/demo passes it
-    messages: list[str] = []
-    last_lsn = -1
-    for _ in range(2):
-        result = run_demo(tmp_path, progress=messages.append)
-        assert not [f for f in result.findings if f.level == "error"]
-        assert [c.action for c in result.changes] == ["insert"] * 3 + [
-            "update",
-            "delete",
-            "truncate",
-        ]
-        lines = [json.loads(line) for line in result.output.read_text().splitlines()]
-        assert len(lines) == 6
-        first_id = lines[0]["record"]["id"]
-        assert [line["pk"] for line in lines[:5]] == [
-            [str(first_id)], [str(first_id + 1)], [str(first_id + 2)], [str(first_id)], [str(first_id + 1)],
-        ]  # fmt: skip
-        assert lines[0]["annotations"] == {"username": "demo", "reason": "walstream demo"}
-        assert lines[3]["old"]["status"] == "new" and lines[3]["record"]["status"] == "paid"
-        assert lines[4]["record"]["customer"] == f"customer-{2}"
-        # each run sees only its own changes: the slot advanced past the previous run
-        assert min(c.lsn for c in result.changes) > last_lsn
-        last_lsn = max(c.lsn for c in result.changes)
-    assert any("starting embedded PostgreSQL" in m for m in messages)
-    assert (tmp_path / "postgres" / "data" / "PG_VERSION").exists()
+    base = Path(".walstream")  # relative, as bin/demo passes it
+    said: list[str] = []
+    written = 0
+    for _ in range(2):  # the second run continues from the first one's checkpoint and slot
+        result = run_demo(base, seconds=6, rate=300, progress=said.append, spark=spark)
+        assert result.written > 300
+        assert result.delivered == result.written  # all of this run's changes, nothing more
+        written += result.written
+        assert result.total_files_messages == written  # nothing lost or repeated across runs
+    messages = [json.loads(m) for m in read_messages(result.output)]
+    keys = [m["metadata"]["idempotency_key"] for m in messages]
+    assert len(set(keys)) == len(keys)
+    assert {m["action"] for m in messages} == {"insert", "update", "delete"}
+    per_order: dict[int, list[tuple[int, int]]] = {}
+    for m in messages:  # files in batch order: each order's changes in WAL order
+        cursor = (m["metadata"]["commit_lsn"], m["metadata"]["commit_idx"])
+        per_order.setdefault(m["record"]["id"], []).append(cursor)
+    assert all(c == sorted(c) for c in per_order.values())
+    assert any(m["metadata"]["transaction_annotations"] for m in messages)
+    config = yaml.safe_load(result.config_path.read_text())
+    assert config["sinks"][0]["destination"] == {"type": "file", "path": str(result.output)}
+    assert any("starting embedded PostgreSQL" in s for s in said)
+    assert (base / "postgres" / "data" / "PG_VERSION").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the fallback exists for root only")
