@@ -161,6 +161,7 @@ class SinkConfig(Model):
     format: Literal["sequin", "debezium", "record"] = "sequin"
     batch_size: int = Field(500, ge=1, le=100_000)
     partitions: int | None = Field(None, ge=1, le=1024)  # delivery parallelism
+    tombstones: bool = False  # Kafka: a null-value message with the same key after each delete
     destination: Destination
 
     _name = field_validator("name")(_check_name)
@@ -173,6 +174,15 @@ class SinkConfig(Model):
         if isinstance(v, dict) and not v:
             raise ValueError("give at least one field: {field: Spark SQL expression}")
         return v
+
+    @model_validator(mode="after")
+    def _tombstones_need_kafka(self) -> SinkConfig:
+        if self.tombstones and not isinstance(self.destination, KafkaDestination):
+            raise ValueError(
+                "tombstones: only a Kafka destination has tombstones (a null-value message "
+                "that lets log compaction drop the key); remove the setting"
+            )
+        return self
 
     def wants_table(self, schema: str, table: str) -> bool:
         return not self.tables or any(

@@ -66,6 +66,7 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
     oracle_slot = db.create_slot()
     slot = db.create_slot()  # before the workload: the first batch holds all of it
     prefix = unique("by_action")
+    compacted = unique("compacted")
 
     def file_sink(name: str, **kw: Any) -> dict[str, Any]:
         return {
@@ -98,6 +99,16 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
                 file_sink("by-customer", tables=["public.orders"], group_by=["record.customer"],
                           partitions=4),
                 {
+                    # batch_size 1: every change is its own ledger chunk, yet a delete and
+                    # its tombstone stay together
+                    "name": "compacted", "source": "app", "tables": ["public.orders"],
+                    "format": "debezium", "tombstones": True, "batch_size": 1,
+                    "destination": {
+                        "type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
+                        "create_topics": True, "topic": compacted,
+                    },
+                },
+                {
                     "name": "routed", "source": "app", "tables": ["public.orders"],
                     "destination": {
                         "type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
@@ -121,6 +132,7 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
             "py": items,
             "by-customer": orders,
             "routed": orders,
+            "compacted": orders + [c for c in orders if c.action == "delete"],  # + tombstones
         }
         assert all(want.values()) and any(c.action == "delete" for c in orders)
 
@@ -187,3 +199,17 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
             for m in msgs
         ) == [(c.lsn, c.seq) for c in by_cursor(expected)]
         assert all(m.key().decode() == json.loads(m.value())["record"]["customer"] for m in msgs)
+    # Debezium tombstones: after each delete, a null value with the same key and cursor.
+    deletes = [c for c in orders if c.action == "delete"]
+    msgs = consume(kafka.bootstrap_servers, compacted, len(orders) + len(deletes))
+    per_key: dict[bytes, list[tuple[str, bytes]]] = defaultdict(list)
+    for m in msgs:
+        kind = "tombstone" if m.value() is None else json.loads(m.value())["op"]
+        per_key[m.key()].append((kind, dict(m.headers())["idempotency-key"]))
+    for key, seq in per_key.items():
+        for i, (kind, idem) in enumerate(seq):
+            if kind == "d":
+                assert seq[i + 1] == ("tombstone", idem), (key, seq)
+            if kind == "tombstone":
+                assert i > 0 and seq[i - 1] == ("d", idem), (key, seq)
+    assert sum(kind == "tombstone" for s in per_key.values() for kind, _ in s) == len(deletes)

@@ -165,3 +165,17 @@ def test_local_paths_are_made_absolute_where_walstream_runs_and_uris_kept(tmp_pa
     assert cfg.sinks[0].destination.path == tmp_path / "out"
     cfg = parse_config({**base, "spark": {"checkpoint_dir": "s3a://bucket/walstream"}})
     assert cfg.spark.checkpoint_dir == "s3a://bucket/walstream"
+
+
+def test_tombstones_are_for_kafka_only():
+    base = {
+        "sources": [{"name": "app", "dsn": "postgresql://u@127.0.0.1/app"}],
+        "sinks": [
+            {"name": "f", "source": "app", "tombstones": True,
+             "destination": {"type": "file", "path": "/tmp/x"}}
+        ],
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match=r"sinks\[0\].*tombstones: only a Kafka destination"):
+        parse_config(base)
+    base["sinks"][0]["destination"] = {"type": "kafka", "bootstrap_servers": "b:9092", "topic": "t"}
+    assert parse_config(base).sinks[0].tombstones

@@ -46,6 +46,7 @@ class DeliveryPlan:
     batch_id: int
     partitions: int
     transform_function: str | None = None  # "module:function"
+    tombstones: bool = False  # a null-value message after each delete (same key and cursor)
 
 
 @dataclass
@@ -87,16 +88,18 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             value = fmt(change)
             if fn is not None:
                 value = json.dumps(fn(json.loads(value)), ensure_ascii=False, default=str)
+        message_key = key.encode() if key is not None else None
+        table = f"{change.schema}.{change.table}"
         yield Message(
-            change.lsn,
-            change.seq,
-            value.encode() if value is not None else None,
-            key.encode() if key is not None else None,
-            route,
-            table=f"{change.schema}.{change.table}",
-            action=change.action,
-            group=group or "",
-        )
+            change.lsn, change.seq, value.encode() if value is not None else None,
+            message_key, route, table=table, action=change.action, group=group or "",
+        )  # fmt: skip
+        if plan.tombstones and change.action == "delete":
+            # Shares the delete's cursor: delivery never splits the pair across chunks.
+            yield Message(
+                change.lsn, change.seq, None, message_key, route,
+                table=table, action="tombstone", group=group or "",
+            )  # fmt: skip
 
 
 def send(sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
@@ -162,9 +165,11 @@ def deliver_partition(
             if through is not None and m.cursor <= through:
                 stats.skipped += 1
                 continue
-            chunk.append(m)
-            if len(chunk) >= plan.batch_size:
+            # A full chunk is sent before the next change, never between a delete and its
+            # tombstone: the ledger records cursors, and both share one.
+            if len(chunk) >= plan.batch_size and chunk[-1].cursor != m.cursor:
                 flush()
+            chunk.append(m)
         if chunk:
             flush()
         sink.finish()

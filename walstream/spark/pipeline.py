@@ -233,6 +233,7 @@ class Pipeline:
             batch_id=batch_id,
             partitions=partitions,
             transform_function=sink.transform if isinstance(sink.transform, str) else None,
+            tombstones=sink.tombstones,
         )
         t0 = time.monotonic()
         prepared = prepare(df, sink)
