@@ -298,8 +298,13 @@ def run(
             runtime.run(until, on_tick=lambda rt: live.update(_progress_table(rt)))
     else:
         runtime.run(until, on_tick=_log_progress)
-    totals = {k: v.delivered for k, v in runtime.progress().items()}
-    console.print(escape(f"stopped; delivered this run: {totals}"))
+    progress = runtime.progress()
+    totals = {k: v.delivered for k, v in progress.items()}
+    skipped = {k: v.skipped for k, v in progress.items() if v.skipped}
+    console.print(
+        escape(f"stopped; delivered this run: {totals}")
+        + (escape(f"; skipped as delivered before a restart: {skipped}") if skipped else "")
+    )
 
 
 _last_logged = [0.0]

@@ -20,6 +20,7 @@ import yaml
 
 from tests.conftest import unique
 from tests.integration.test_crash import Workload, confirmed, slot_inactive
+from walstream.change import idempotency_key
 from walstream.formats import formatter
 from walstream.postgres import pgoutput as po
 from walstream.postgres.catalog import load_metadata
@@ -174,3 +175,86 @@ def test_kill_9_of_walstream_run_loses_and_duplicates_nothing(db, tmp_path):
     # The kills hit the window that needs replay at least once (Spark replays the batch).
     print(f"kills between delivery and commit: {between_delivery_and_commit} of {runs // 2}")
     assert between_delivery_and_commit >= 1, "no kill landed between delivery and commit"
+
+
+@pytest.mark.kafka
+def test_kill_9_with_kafka_duplicates_stay_inside_the_ledger_window(db, kafka, tmp_path):
+    """Kafka cannot take a batch back: after kill -9 the ledger limits the repeats to what
+    was acknowledged but not yet recorded, at most one chunk (batch_size) per partition."""
+    from tests.integration.test_run_broker_down import consume_all
+
+    db.execute("CREATE TABLE kv (k int PRIMARY KEY, v text)")
+    pub = db.create_publication("kv")
+    oracle_slot = db.create_slot()
+    slot = db.create_slot()
+    topic = unique("crash")
+    batch_size, partitions, kills, total = 50, 2, 3, 6_000
+    config = tmp_path / "walstream.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "spark": {"master": "local[2]", "checkpoint_dir": str(tmp_path / "ckpt")},
+                "sources": [
+                    {"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub,
+                     "max_changes_per_batch": 1000, "partition_bytes": 65536}
+                ],
+                "sinks": [
+                    {
+                        "name": "k", "source": "app", "batch_size": batch_size,
+                        "partitions": partitions,
+                        "destination": {
+                            "type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
+                            "topic": topic, "create_topics": True,
+                        },
+                    }
+                ],
+            }
+        )
+    )  # fmt: skip
+    workload = Workload(db.dsn, total)
+    ckpt = tmp_path / "ckpt" / "app"
+
+    def ledger() -> Any:
+        if not db.execute("SELECT to_regclass('walstream.delivery_ledger')")[0][0]:
+            return None
+        row = db.execute("SELECT max(batch_id), sum(delivered) FROM walstream.delivery_ledger")
+        return row[0] if row[0][1] is not None else None
+
+    rng = random.Random(3)
+    in_flight = 0  # kills that hit a batch between its offsets entry and its commit
+    run: Run | None = None
+    try:
+        for _ in range(kills):
+            run = Run(config, tmp_path)
+            writer = workload.write_in_background(total // kills, 6.0)
+            before = ledger()
+            # Kill once this run has delivered (and recorded) chunks, at a random moment:
+            # usually in the middle of a batch's delivery.
+            wait_until(
+                lambda b=before: ledger() not in (None, b), 120, message=lambda r=run: r.output()
+            )
+            time.sleep(rng.uniform(0, 1.5))
+            run.kill()
+            writer.join(120)
+            started = {int(f.name) for f in (ckpt / "offsets").iterdir() if f.name.isdigit()}
+            done = {int(f.name) for f in (ckpt / "commits").iterdir() if f.name.isdigit()}
+            in_flight += bool(started - done)
+        workload.write(total - workload.done, 1.0)
+        expected, _ = oracle(db, oracle_slot, pub)
+        run = Run(config, tmp_path)
+        got = consume_all(kafka.bootstrap_servers, topic, len(expected), timeout=240)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(60) == 0, run.output()
+        final = run.output()
+    finally:
+        if run is not None:
+            run.kill()
+    assert in_flight >= 1, "no kill landed inside a batch"
+    cursors = [dict(m.headers())["idempotency-key"] for m in got]
+    want = {idempotency_key(c.lsn, c.seq).encode() for c in expected}
+    assert set(cursors) == want  # nothing lost
+    duplicates = len(cursors) - len(set(cursors))
+    window = kills * partitions * batch_size
+    print(f"duplicates after {kills} kills ({in_flight} inside a batch): {duplicates} "
+          f"(window: {window}); final run: {final.splitlines()[-1]}")  # fmt: skip
+    assert duplicates <= window
