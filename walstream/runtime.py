@@ -24,6 +24,7 @@ from walstream.config import Config, SourceConfig
 from walstream.delivery.ledger import Ledger
 from walstream.errors import ConfigError, SetupError, SinkError, WalstreamError
 from walstream.postgres.prepare import prepare_capture
+from walstream.spark.checkpoint import remove_partial_writes
 from walstream.spark.pipeline import Pipeline, SinkProgress, validate
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ class Runtime:
     def _start_query(self, sq: SourceQuery) -> None:
         s = sq.source
         sq.started.clear()
+        remove_partial_writes(self.checkpoint(s))  # no query of ours uses it now
         reader = (
             self.spark.readStream.format("walstream")  # type: ignore[union-attr]
             .option("dsn", s.dsn.get_secret_value())

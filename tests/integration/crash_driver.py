@@ -20,6 +20,7 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 from pyspark.sql import SparkSession
 
 import walstream
+from walstream.spark.checkpoint import remove_partial_writes
 
 
 def main() -> None:
@@ -37,6 +38,7 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     walstream.register(spark)
+    remove_partial_writes(checkpoint)  # a previous kill may have interrupted batch 0's offsets
     df = (
         spark.readStream.format("walstream")
         .option("dsn", dsn).option("slot", slot).option("publication", pub)
