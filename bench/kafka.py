@@ -85,6 +85,10 @@ def main() -> None:
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--rate", type=int, default=5000, help="changes/s for the latency run")
     ap.add_argument("--max-batch", type=int, default=200_000, help="max_changes_per_batch")
+    ap.add_argument(
+        "--partition-bytes", type=int, default=None,
+        help="source partition_bytes (default: walstream's); 1000000000 puts a batch in one task",
+    )  # fmt: skip
     ap.add_argument("-v", "--verbose", action="store_true", help="log every batch's timing")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -121,7 +125,8 @@ def main() -> None:
                 },
                 "sources": [
                     {"name": "bench", "dsn": dsn, "slot": "bench", "publication": "bench",
-                     "max_changes_per_batch": args.max_batch}
+                     "max_changes_per_batch": args.max_batch,
+                     **({"partition_bytes": args.partition_bytes} if args.partition_bytes else {})}
                 ],
                 "sinks": [
                     {

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import re
+from binascii import b2a_base64
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -75,7 +75,7 @@ class WalCursor:
 
 def idempotency_key(lsn: int, seq: int) -> str:
     """`base64("lsn:seq")` with the LSN as a decimal integer: stable across replays."""
-    return base64.b64encode(f"{lsn}:{seq}".encode()).decode("ascii")
+    return b2a_base64(f"{lsn}:{seq}".encode(), newline=False).decode("ascii")
 
 
 def pg_timestamp_to_datetime(us_since_2000: int) -> datetime:

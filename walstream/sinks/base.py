@@ -32,12 +32,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One formatted change on its way to a destination."""
+class Message(NamedTuple):
+    """One formatted change on its way to a destination (a tuple: built once per change)."""
 
     lsn: int
     seq: int

@@ -9,6 +9,7 @@ Headers: `idempotency-key` (base64 "lsn:seq"), `walstream-lsn`, `walstream-table
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -30,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _PRODUCERS: dict[tuple[tuple[str, str], ...], Any] = {}
+#: Topics known to exist, per producer (id): a metadata request only for a new topic.
+_TOPICS: dict[int, set[str]] = {}
 _LOCK = threading.Lock()
 
 
@@ -76,6 +79,7 @@ def producer_for(settings: dict[str, Any]) -> Any:
 
 def _forget(producer: Any) -> None:
     with _LOCK:
+        _TOPICS.pop(id(producer), None)
         for k, v in list(_PRODUCERS.items()):
             if v is producer:
                 del _PRODUCERS[k]
@@ -87,7 +91,6 @@ class KafkaSink(Sink):
     def __init__(self, config: KafkaDestination) -> None:
         super().__init__(config)
         self.settings = {**DEFAULTS, **config.client_settings()}
-        self._known_topics: set[str] = set()
 
     # -- classification -----------------------------------------------------------------------
     def _fatal_codes(self) -> set[int]:
@@ -122,7 +125,9 @@ class KafkaSink(Sink):
 
     # -- delivery -----------------------------------------------------------------------------
     def _ensure_topics(self, producer: Any, topics: set[str]) -> None:
-        missing = topics - self._known_topics
+        with _LOCK:
+            known = _TOPICS.setdefault(id(producer), set())
+        missing = topics - known
         if not missing:
             return
         meta = producer.list_topics(timeout=10)
@@ -150,7 +155,7 @@ class KafkaSink(Sink):
                             retryable=True,
                         ) from exc
             existing |= new
-        self._known_topics |= existing & missing
+        known |= existing & missing
 
     def deliver(self, messages: Sequence[Message]) -> None:
         if not messages:
@@ -161,29 +166,33 @@ class KafkaSink(Sink):
             self._ensure_topics(producer, {m.route or self.config.topic for m in messages})
         except kafka.KafkaException as exc:
             raise self._error(exc.args[0], self.config.topic, frozenset()) from exc
-        errors: dict[int, Any] = {}
-        acked: set[int] = set()
+        # One callback for the whole chunk (a closure per message costs more than the
+        # produce call's Python side); a failed report is traced back to its index
+        # through the idempotency-key header, only on that (rare) path.
+        failed: list[tuple[Any, Any]] = []
+        acked = 0
 
-        def report(i: int) -> Any:
-            def cb(err: Any, _msg: Any) -> None:
-                if err is None:
-                    acked.add(i)
-                else:
-                    errors[i] = err
+        def report(err: Any, msg: Any) -> None:
+            nonlocal acked
+            if err is None:
+                acked += 1
+            else:
+                failed.append((err, msg))
 
-            return cb
-
+        errors: dict[int, Any] = {}  # produce() refused these outright
+        produce = producer.produce
+        default_topic = self.config.topic
         for i, m in enumerate(messages):
             headers = [
                 ("idempotency-key", idempotency_key(m.lsn, m.seq)),
-                ("walstream-lsn", format_lsn(m.lsn)),
+                ("walstream-lsn", _lsn_text(m.lsn)),
                 ("walstream-table", m.table),
             ]
             while True:
                 try:
-                    producer.produce(
-                        m.route or self.config.topic, value=m.value, key=m.key,
-                        headers=headers, on_delivery=report(i),
+                    produce(
+                        m.route or default_topic, value=m.value, key=m.key,
+                        headers=headers, on_delivery=report,
                     )  # fmt: skip
                     break
                 except BufferError:
@@ -192,24 +201,29 @@ class KafkaSink(Sink):
                     errors[i] = exc.args[0]
                     break
         # Every produced message gets exactly one report within message.timeout.ms.
+        expected = len(messages) - len(errors)
         deadline = time.monotonic() + int(self.settings["message.timeout.ms"]) / 1000 + 30
-        while len(acked) + len(errors) < len(messages):
+        while acked + len(failed) < expected:
             producer.flush(1.0)
             if time.monotonic() > deadline:
                 _forget(producer)
                 raise SinkError(
-                    f"Kafka: {len(messages) - len(acked)} delivery reports missing after "
+                    f"Kafka: {expected - acked - len(failed)} delivery reports missing after "
                     f"message.timeout.ms on {self.config.bootstrap_servers}",
                     "check the brokers; the producer is recreated for the next attempt",
                     retryable=True,
-                    delivered=frozenset(acked),
-                )
+                )  # nothing known delivered: a retry may resend acknowledged messages
+        if failed:
+            errors.update(_failed_indices(messages, failed))
         if errors:
             first = min(errors)
             err = errors[first]
-            if err.fatal():
-                _forget(producer)
-            raise self._error(err, messages[first].route or self.config.topic, frozenset(acked))
+            if err.fatal() or err.code() in _reset_codes():
+                _forget(producer)  # the retry gets a new producer (and producer id)
+            with _LOCK:  # a deleted topic is looked up (and created) again on the retry
+                _TOPICS.pop(id(producer), None)
+            delivered = frozenset(range(len(messages))) - errors.keys()
+            raise self._error(err, messages[first].route or self.config.topic, delivered)
 
     def test_connection(self) -> None:
         kafka = _kafka()
@@ -229,6 +243,45 @@ class KafkaSink(Sink):
                 "create it, or set destination.create_topics: true",
                 retryable=False,
             )
+
+
+def _reset_codes() -> set[int]:
+    """Errors after which this producer's idempotence state is not to be trusted.
+
+    After messages time out, librdkafka bumps the producer epoch; a broker may then
+    answer every produce with PRODUCER_FENCED (seen with tansu) and the cached
+    producer would fail forever. A fresh producer starts a fresh sequence.
+    """
+    E = _kafka().KafkaError
+    return {
+        E._MSG_TIMED_OUT, E.PRODUCER_FENCED, E._FENCED, E.INVALID_PRODUCER_EPOCH,
+        E.OUT_OF_ORDER_SEQUENCE_NUMBER, E.UNKNOWN_PRODUCER_ID, E._TIMED_OUT_QUEUE,
+    }  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)  # the changes of a transaction share their LSN
+def _lsn_text(lsn: int) -> str:
+    return format_lsn(lsn)
+
+
+def _failed_indices(messages: Sequence[Message], failed: list[tuple[Any, Any]]) -> dict[int, Any]:
+    """Indices of the messages whose delivery report carried an error.
+
+    A message is found by its idempotency key and whether it is a tombstone (a
+    delete and its tombstone share the key). A report that cannot be matched
+    (no headers: it should not happen) marks every message of the chunk failed,
+    so a retry resends rather than loses.
+    """
+    index: dict[tuple[str, bool], list[int]] = {}
+    for i, m in enumerate(messages):
+        index.setdefault((idempotency_key(m.lsn, m.seq), m.value is None), []).append(i)
+    out: dict[int, Any] = {}
+    for err, msg in failed:
+        ik = next((v for k, v in msg.headers() or () if k == "idempotency-key"), None)
+        found = index.get((ik.decode() if ik else "", msg.value() is None))
+        for i in found if found else range(len(messages)):
+            out.setdefault(i, err)
+    return out
 
 
 _PRODUCER_ONLY = (

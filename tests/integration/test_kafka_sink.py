@@ -1,0 +1,111 @@
+"""The Kafka sink against a real broker (tansu): what `deliver` reports when some
+or all messages of a chunk fail, so the delivery layer retries exactly those."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from tests.conftest import unique
+from tests.integration.test_run_broker_down import consume_all
+from walstream.change import idempotency_key
+from walstream.config import parse_config
+from walstream.errors import SinkError
+from walstream.sinks.base import BatchInfo, Message
+from walstream.sinks.kafka import KafkaSink
+from walstream.testing import TansuBroker
+
+pytestmark = pytest.mark.kafka
+
+
+def kafka_sink(bootstrap: str, topic: str, **producer: Any) -> KafkaSink:
+    cfg = parse_config(
+        {
+            "sources": [{"name": "app", "dsn": "postgresql://u@127.0.0.1:1/db"}],
+            "sinks": [
+                {
+                    "name": "k", "source": "app",
+                    "destination": {
+                        "type": "kafka", "bootstrap_servers": bootstrap, "topic": topic,
+                        "create_topics": True, "producer": producer,
+                    },
+                }
+            ],
+        }
+    )  # fmt: skip
+    sink = KafkaSink(cfg.sinks[0].destination)
+    sink.begin(BatchInfo("k", 0, 0, 1))
+    return sink
+
+
+def message(n: int, value: bytes | None = None) -> Message:
+    return Message(
+        100 + n, 0, value if value is not None else f'{{"n":{n}}}'.encode(), f"k{n}".encode(),
+        table="public.t", action="insert",
+    )  # fmt: skip
+
+
+def test_a_refused_message_is_named_and_the_rest_of_the_chunk_is_acknowledged(
+    kafka: TansuBroker,
+) -> None:
+    topic = unique("sink")
+    sink = kafka_sink(kafka.bootstrap_servers, topic, **{"message.max.bytes": 10_000})
+    chunk = [message(0), message(1), message(2, b"x" * 20_000), message(3), message(4)]
+
+    with pytest.raises(SinkError) as info:
+        sink.deliver(chunk)
+
+    err = info.value
+    assert not err.retryable  # the same message would be refused again: a dead letter later
+    assert "MSG_SIZE_TOO_LARGE" in err.problem
+    assert "max.message.bytes" in (err.fix or "")
+    assert err.delivered == frozenset({0, 1, 3, 4})
+    got = consume_all(kafka.bootstrap_servers, topic, at_least=4)
+    assert [m.key() for m in got] == [b"k0", b"k1", b"k3", b"k4"]
+    assert [dict(m.headers())["idempotency-key"].decode() for m in got] == [
+        idempotency_key(100 + n, 0) for n in (0, 1, 3, 4)
+    ]
+
+
+def test_a_hung_broker_fails_every_report_retryably_and_a_retry_delivers_all() -> None:
+    topic = unique("sink")
+    with TansuBroker() as broker:
+        sink = kafka_sink(broker.bootstrap_servers, topic, **{"message.timeout.ms": 1500})
+        sink.deliver([message(0)])  # the topic exists and is known before the broker hangs
+        chunk = [message(1), message(2), Message(102, 0, None, b"k2", action="tombstone")]
+        assert broker.proc is not None
+        broker.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(SinkError) as info:
+                sink.deliver(chunk)
+        finally:
+            broker.proc.send_signal(signal.SIGCONT)
+        err = info.value
+        assert err.retryable
+        assert "timed out" in err.problem.lower()
+        assert err.delivered == frozenset()  # no report said delivered: all are retried
+
+        # The broker is back. The delivery layer retries retryable errors: librdkafka may
+        # first report the producer fenced (it bumped its epoch after the timeouts), and
+        # the sink then recreates the producer.
+        errors = []
+        for _ in range(5):
+            try:
+                sink.deliver(chunk)
+                break
+            except SinkError as exc:
+                errors.append(exc)
+                assert exc.retryable, exc
+        else:
+            raise AssertionError(f"still failing after 5 retries: {errors}")
+
+        got = consume_all(broker.bootstrap_servers, topic, at_least=4)
+        # The timed-out requests may still have landed once the broker resumed: a retry
+        # can duplicate (the ledger's window), never lose. Order holds per key.
+        keys = [m.key() for m in got]
+        assert keys[0] == b"k0"
+        assert set(keys) == {b"k0", b"k1", b"k2"}
+        k2 = [m.value() for m in got if m.key() == b"k2"]
+        assert k2[-2:] == [b'{"n":2}', None]  # the tombstone after its delete, last
