@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from walstream.errors import WalstreamError
+from walstream.ops import register as register_ops
 from walstream.postgres.setup import Finding, check_database, has_errors
 
 app = typer.Typer(
@@ -233,12 +234,17 @@ def _progress_table(runtime: object) -> Table:
 
     assert isinstance(runtime, Runtime)
     table = Table(title="walstream run — Ctrl-C stops", title_justify="left")
-    for col in ("sink", "delivered", "rate/s", "replay-skipped", "batches", "commit → delivered"):
+    for col in ("sink", "delivered", "rate/s", "replay-skipped", "parked", "retried", "dead",
+                "batches", "commit → delivered"):  # fmt: skip
         table.add_column(col, justify="left" if col == "sink" else "right")
     for name, p in sorted(runtime.progress().items()):
         lag = f"{p.last_batch_at - p.last_committed_us / 1e6:.2f}s" if p.last_committed_us else "-"
         table.add_row(name, f"{p.delivered:,}", f"{runtime.rates.get(name, 0.0):,.0f}",
-                      f"{p.skipped:,}", f"{p.batches:,}", lag)  # fmt: skip
+                      f"{p.skipped:,}", f"{p.parked:,}", f"{p.retried:,}", f"{p.dead:,}",
+                      f"{p.batches:,}", lag)  # fmt: skip
+    held = [why for sq in runtime.queries for why in sq.pipeline.holding.values()]
+    if held:
+        table.caption = f"[yellow]{escape('; '.join(held))}[/]"
     for sq in runtime.queries:
         if sq.last_error and sq.query is None:
             table.caption = f"[red]source {sq.source.name}: {escape(sq.last_error)}[/]"
@@ -322,9 +328,14 @@ def _log_progress(runtime: object, every: float = 10.0) -> None:
     _last_logged[0] = now
     for name, p in sorted(progress.items()):
         logging.getLogger("walstream.run").info(
-            "sink %s: delivered %d (%.0f/s), replay-skipped %d, batches %d",
-            name, p.delivered, runtime.rates.get(name, 0.0), p.skipped, p.batches,
+            "sink %s: delivered %d (%.0f/s), replay-skipped %d, parked %d, retried %d, dead %d, "
+            "batches %d",
+            name, p.delivered, runtime.rates.get(name, 0.0), p.skipped, p.parked, p.retried,
+            p.dead, p.batches,
         )  # fmt: skip
+
+
+register_ops(app)
 
 
 @app.callback()

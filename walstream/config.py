@@ -147,7 +147,35 @@ class FileDestination(Model):
     format: Literal["jsonl", "parquet"] = "jsonl"
 
 
-Destination = Annotated[KafkaDestination | FileDestination, Field(discriminator="type")]
+Inner = Annotated[KafkaDestination | FileDestination, Field(discriminator="type")]
+
+
+class FaultyDestination(Model):
+    """A fault-injecting wrapper around another destination (chaos tests, rehearsals).
+
+    While it is active (always, or while the file `while_exists` exists), messages
+    whose key is in `fail_keys` (every message when the list is empty) fail with a
+    retryable or non-retryable SinkError; the others go to `inner`.
+    """
+
+    type: Literal["faulty"]
+    inner: Inner
+    fail_keys: list[str] = Field(default_factory=list)
+    retryable: bool = True
+    while_exists: Annotated[Path, BeforeValidator(_absolute)] | None = None
+    retry_timeout: Duration = 0.5  # inline retries before a failed message is parked
+
+
+Destination = Annotated[
+    KafkaDestination | FileDestination | FaultyDestination, Field(discriminator="type")
+]
+
+
+class BackoffConfig(Model):
+    """Delay between attempts of a parked message: initial * 2^(n-1), at most max, ±20%."""
+
+    initial: Duration = 1.0
+    max: Duration = 600.0
 
 
 class SinkConfig(Model):
@@ -162,6 +190,11 @@ class SinkConfig(Model):
     batch_size: int = Field(500, ge=1, le=100_000)
     partitions: int | None = Field(None, ge=1, le=1024)  # delivery parallelism
     tombstones: bool = False  # Kafka: a null-value message with the same key after each delete
+    # When a message fails after the inline retries (destination.retry_timeout): parking.
+    max_attempts: int = Field(10, ge=1, le=10_000)  # then a dead letter
+    backoff: BackoffConfig = Field(default_factory=lambda: BackoffConfig.model_validate({}))
+    max_parked: int = Field(100_000, ge=1)  # parked messages of this sink, at most
+    on_full: Literal["pause", "discard"] = "pause"  # when max_parked is reached
     destination: Destination
 
     _name = field_validator("name")(_check_name)
@@ -177,7 +210,9 @@ class SinkConfig(Model):
 
     @model_validator(mode="after")
     def _tombstones_need_kafka(self) -> SinkConfig:
-        if self.tombstones and not isinstance(self.destination, KafkaDestination):
+        dest = self.destination
+        inner = dest.inner if isinstance(dest, FaultyDestination) else dest
+        if self.tombstones and not isinstance(inner, KafkaDestination):
             raise ValueError(
                 "tombstones: only a Kafka destination has tombstones (a null-value message "
                 "that lets log compaction drop the key); remove the setting"
@@ -232,6 +267,15 @@ def redacted(settings: dict[str, Any]) -> dict[str, Any]:
         k: "**********" if any(w in k.lower() for w in _SECRET_WORDS) else v
         for k, v in settings.items()
     }
+
+
+def sink_snapshot(sink: SinkConfig) -> dict[str, Any]:
+    """The sink's settings as JSON, secrets hidden: stored with each dead letter."""
+    data = sink.model_dump(mode="json", by_alias=True)
+    dest = data.get("destination", {})
+    if isinstance(dest.get("producer"), dict):
+        dest["producer"] = redacted(dest["producer"])
+    return data
 
 
 def interpolate(data: Any, path: str = "") -> Any:

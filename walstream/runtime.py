@@ -22,6 +22,8 @@ from urllib.parse import urlparse
 
 from walstream.config import Config, SourceConfig
 from walstream.delivery.ledger import Ledger
+from walstream.delivery.parking import ParkingLot
+from walstream.delivery.retrier import Retrier
 from walstream.errors import ConfigError, SetupError, SinkError, WalstreamError
 from walstream.postgres.prepare import prepare_capture
 from walstream.spark.checkpoint import remove_partial_writes
@@ -124,6 +126,8 @@ class Runtime:
         self.fatal: BaseException | None = None
         self.rates: dict[str, float] = {}  # delivered per second, per sink
         self._rate_base: tuple[float, dict[str, int]] = (time.monotonic(), {})
+        self.parking: ParkingLot | None = None
+        self.retrier: Retrier | None = None
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -136,6 +140,8 @@ class Runtime:
             )  # fmt: skip
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
         ledger.ensure()
+        self.parking = parking = ParkingLot(cfg.state_dsn, cfg.state.schema_)
+        parking.ensure()
         if self.spark is None:
             self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
         import walstream
@@ -147,13 +153,20 @@ class Runtime:
         for source in cfg.sources:
             sq = SourceQuery(source, None)  # type: ignore[arg-type]
             sq.pipeline = Pipeline(
-                source, cfg.sinks_of(source.name), ledger,
+                source, cfg.sinks_of(source.name), ledger, parking,
                 database_name(source.dsn.get_secret_value()), parallelism,
                 query_id=functools.partial(self._wait_query_id, sq),
             )  # fmt: skip
             self.queries.append(sq)
             self._start_query(sq)
+        self.retrier = Retrier(cfg.sinks, parking, on_delivered=self._retried).start()
         return self
+
+    def _retried(self, sink: str, n: int) -> None:
+        for sq in self.queries:
+            if any(s.name == sink for s in sq.pipeline.sinks):
+                with sq.pipeline.lock:
+                    sq.pipeline.progress.setdefault(sink, SinkProgress()).retried += n
 
     def _wait_query_id(self, sq: SourceQuery) -> str:
         if not sq.started.wait(120):
@@ -283,6 +296,8 @@ class Runtime:
         """Stop the queries: a batch in flight gets `grace` seconds to finish (or until
         `abandon` is set); then it is abandoned, to be replayed on the next start."""
         self.stopping.set()
+        if self.retrier is not None:
+            self.retrier.stop()
         for sq in self.queries:
             sq.pipeline.draining.set()
         deadline = time.monotonic() + grace

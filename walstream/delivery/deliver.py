@@ -18,11 +18,12 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from walstream.change import ChangeRow
 from walstream.delivery.ledger import Ledger
+from walstream.delivery.parking import DEAD, PARKED, Backoff, ParkingLot
 from walstream.errors import ConfigError, SinkError
 from walstream.formats import formatter
 from walstream.sinks.base import BatchInfo, Message, Sink
@@ -47,6 +48,12 @@ class DeliveryPlan:
     partitions: int
     transform_function: str | None = None  # "module:function"
     tombstones: bool = False  # a null-value message after each delete (same key and cursor)
+    parking: ParkingLot | None = None  # None: failures fail the batch (sinks that replace batches)
+    max_attempts: int = 10
+    backoff: Backoff = field(default_factory=Backoff)
+    max_parked: int = 100_000
+    on_full: str = "pause"  # "discard": past max_parked, what would be parked is dropped
+    sink_config: dict[str, Any] | None = None  # snapshot for dead letters, secrets removed
 
 
 @dataclass
@@ -57,6 +64,9 @@ class Stats:
     last_lsn: int = -1
     last_seq: int = -1
     max_committed_us: int = 0
+    parked: int = 0  # parked by this task (failed, or behind a parked message of the group)
+    dead: int = 0  # dead letters at once (not retryable)
+    discarded: int = 0  # on_full: discard, past max_parked
 
 
 def load_function(spec: str) -> Callable[[Any], Any]:
@@ -104,30 +114,44 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
 
 def send(sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
     """Deliver a chunk, retrying what was not delivered while the error is retryable."""
-    pending = list(chunk)
+    _, exc = attempt(sink, chunk, plan)
+    if exc is not None:
+        raise exc
+
+
+def attempt(
+    sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan
+) -> tuple[list[int], SinkError | None]:
+    """Deliver a chunk with inline retries (retryable errors, up to `retry_timeout`).
+
+    Returns the indices still undelivered, in order, and the last error (None when
+    everything was delivered). Only undelivered messages are resent, in order.
+    """
+    pending = list(range(len(chunk)))
     deadline = time.monotonic() + plan.retry_timeout
-    attempt = 0
+    tries = 0
     while True:
         try:
-            sink.deliver(pending)
-            return
+            sink.deliver([chunk[i] for i in pending])
+            return [], None
         except SinkError as exc:
-            if not exc.retryable:
-                raise
-            pending = [m for i, m in enumerate(pending) if i not in exc.delivered]
-            attempt += 1
+            pending = [p for k, p in enumerate(pending) if k not in exc.delivered]
+            tries += 1
             left = deadline - time.monotonic()
+            if not exc.retryable:
+                return pending, exc
             if left <= 0:
-                raise SinkError(
+                return pending, SinkError(
                     f"sink {plan.sink}: still failing after {plan.retry_timeout:g}s and "
-                    f"{attempt} attempt{'s' if attempt > 1 else ''}: {exc.problem}",
+                    f"{tries} attempt{'s' if tries > 1 else ''}: {exc.problem}",
                     exc.fix,
                     retryable=True,
-                ) from exc
-            wait = exc.retry_after or min(0.25 * 2**attempt, 5.0) * random.uniform(0.8, 1.2)
+                    retry_after=exc.retry_after,
+                )
+            wait = exc.retry_after or min(0.25 * 2**tries, 5.0) * random.uniform(0.8, 1.2)
             log.warning(
                 "sink %s: %s; %d message(s) pending, retry %d in %.1fs",
-                plan.sink, exc.problem, len(pending), attempt, min(wait, left),
+                plan.sink, exc.problem, len(pending), tries, min(wait, left),
             )  # fmt: skip
             time.sleep(min(wait, left))
 
@@ -145,20 +169,46 @@ def deliver_partition(
         if use_ledger
         else None
     )
+    parking = plan.parking if use_ledger else None
+    blocked, parked_before = parking.blocked(plan.sink) if parking else (set(), 0)
     sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
     try:
         chunk: list[Message] = []
 
         def flush() -> None:
-            send(sink, chunk, plan)
+            to_park = _deliver_chunk(sink, chunk, plan, blocked, stats)
             last = chunk[-1]
-            stats.delivered += len(chunk)
+            stats.delivered += len(chunk) - len(to_park)
             stats.last_lsn, stats.last_seq = last.lsn, last.seq
+            if to_park:
+                assert parking is not None
+                room = plan.max_parked - parked_before - stats.parked
+                if plan.on_full == "discard" and len(to_park) > room:
+                    dropped = len(to_park) - max(room, 0)
+                    to_park = to_park[: max(room, 0)]
+                    stats.discarded += dropped
+                    log.warning(
+                        "sink %s: %d message(s) discarded: max_parked (%d) reached, on_full: discard",
+                        plan.sink, dropped, plan.max_parked,
+                    )  # fmt: skip
+                stats.parked += sum(1 for e in to_park if e[1] == PARKED)
+                stats.dead += sum(1 for e in to_park if e[1] == DEAD)
             if use_ledger:
-                plan.ledger.record(
-                    plan.sink, plan.query_id, plan.batch_id, partition, plan.partitions,
-                    last.cursor, stats.delivered + stats.skipped,
-                )  # fmt: skip
+                handled = stats.delivered + stats.skipped + stats.parked + stats.dead
+                handled += stats.discarded
+                if to_park:  # parked rows are durable before the ledger skips them on replay
+                    assert parking is not None
+                    with parking.transaction():
+                        parking.park(plan.sink, to_park, plan.sink_config)
+                        plan.ledger.record(
+                            plan.sink, plan.query_id, plan.batch_id, partition, plan.partitions,
+                            last.cursor, handled,
+                        )  # fmt: skip
+                else:
+                    plan.ledger.record(
+                        plan.sink, plan.query_id, plan.batch_id, partition, plan.partitions,
+                        last.cursor, handled,
+                    )  # fmt: skip
             chunk.clear()
 
         for m in messages(plan, _track(rows, stats)):
@@ -176,6 +226,48 @@ def deliver_partition(
     finally:
         sink.close()
     return stats
+
+
+#: (message, status, error, attempts, seconds until the next attempt) for ParkingLot.park.
+ParkEntry = tuple[Message, str, str | None, int, float | None]
+
+
+def _deliver_chunk(
+    sink: Sink, chunk: list[Message], plan: DeliveryPlan, blocked: set[str], stats: Stats
+) -> list[ParkEntry]:
+    """Deliver what is not blocked; return what to park, in cursor order.
+
+    Without parking, any failure fails the batch. With it: a sink that accepted none
+    of the chunk with a retryable error is down — the batch fails and is retried from
+    the slot (nothing is parked for an outage). Otherwise each failed message is
+    parked (retryable: its group is blocked from then on) or becomes a dead letter at
+    once (not retryable).
+    """
+    if plan.parking is None or sink.replaces_batches:
+        send(sink, chunk, plan)
+        return []
+    go = [m for m in chunk if m.group not in blocked]
+    failed, exc = attempt(sink, go, plan) if go else ([], None)
+    if exc is not None and exc.retryable and len(failed) == len(go):
+        raise exc  # the sink accepted nothing: it is down, not this message
+    failed_ids = {id(go[i]) for i in failed}
+    out: list[ParkEntry] = []
+    for m in chunk:
+        if m.group in blocked:
+            out.append((m, PARKED, None, 0, None))  # behind the group's parked head
+        elif id(m) in failed_ids:
+            assert exc is not None
+            if exc.retryable:
+                blocked.add(m.group)
+                out.append((m, PARKED, exc.problem, 1, plan.backoff.delay(1, exc.retry_after)))
+            else:
+                out.append((m, DEAD, exc.problem, 1, None))
+    if out:
+        log.warning(
+            "sink %s: %d message(s) parked or dead-lettered in batch %d: %s",
+            plan.sink, len(out), plan.batch_id, exc.problem if exc else "their group is blocked",
+        )  # fmt: skip
+    return out
 
 
 def _track(rows: Iterable[Row], stats: Stats) -> Iterator[Row]:

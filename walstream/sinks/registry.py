@@ -18,4 +18,8 @@ def sink_for(destination: Any) -> Sink:
         from walstream.sinks.file import FileSink
 
         return FileSink(destination)
+    if kind == "faulty":
+        from walstream.sinks.faulty import FaultySink
+
+        return FaultySink(destination)
     raise ValueError(f"no sink for destination type {kind!r}")

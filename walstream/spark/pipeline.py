@@ -19,9 +19,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from walstream.change import CHANGE_COLUMNS, ChangeRow
-from walstream.config import KafkaDestination, SinkConfig, SourceConfig
+from walstream.config import (
+    FaultyDestination,
+    KafkaDestination,
+    SinkConfig,
+    SourceConfig,
+    sink_snapshot,
+)
 from walstream.delivery.deliver import DeliveryPlan, Row, Stats, deliver_partition
 from walstream.delivery.ledger import Ledger
+from walstream.delivery.parking import Backoff, ParkingLot
 from walstream.errors import ConfigError
 from walstream.sinks.kafka import topic_is_name
 from walstream.sinks.registry import sink_for
@@ -30,7 +37,7 @@ log = logging.getLogger(__name__)
 
 STATS_DDL = (
     "partition INT, delivered BIGINT, skipped BIGINT, last_lsn BIGINT, last_seq INT, "
-    "max_committed_us BIGINT"
+    "max_committed_us BIGINT, parked BIGINT, dead BIGINT, discarded BIGINT"
 )
 
 
@@ -77,6 +84,8 @@ def prepare(df: Any, sink: SinkConfig) -> Any:
     """The sink's DataFrame: selected rows plus _group, _key, _route, _message columns."""
     cols = [f"({group_expr(sink.group_by)}) AS _group"]
     dest = sink.destination
+    if isinstance(dest, FaultyDestination):  # keyed and routed as the destination it wraps
+        dest = dest.inner
     if isinstance(dest, KafkaDestination):
         key = "concat_ws(',', pk)" if dest.key == "pk" else dest.key
         cols.append(f"CAST(({key}) AS STRING) AS _key")
@@ -141,7 +150,8 @@ def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]
 def _stats_schema(pa: Any) -> Any:
     return pa.schema(
         [("partition", pa.int32()), ("delivered", pa.int64()), ("skipped", pa.int64()),
-         ("last_lsn", pa.int64()), ("last_seq", pa.int32()), ("max_committed_us", pa.int64())]
+         ("last_lsn", pa.int64()), ("last_seq", pa.int32()), ("max_committed_us", pa.int64()),
+         ("parked", pa.int64()), ("dead", pa.int64()), ("discarded", pa.int64())]
     )  # fmt: skip
 
 
@@ -175,6 +185,10 @@ class Stopping(Exception):
 class SinkProgress:
     delivered: int = 0
     skipped: int = 0
+    parked: int = 0  # parked by batches (the retrier's deliveries are counted in `retried`)
+    dead: int = 0
+    discarded: int = 0
+    retried: int = 0  # parked messages the retrier delivered
     batches: int = 0
     last_committed_us: int = 0
     last_batch_at: float = 0.0
@@ -187,6 +201,7 @@ class Pipeline:
     source: SourceConfig
     sinks: list[SinkConfig]
     ledger: Ledger
+    parking: ParkingLot
     db: str
     default_partitions: int
     query_id: Callable[[], str]
@@ -196,6 +211,8 @@ class Pipeline:
     draining: threading.Event = field(default_factory=threading.Event)
     #: Set while no batch is being delivered.
     idle: threading.Event = field(default_factory=threading.Event)
+    #: Why batches wait now, per sink (paused, or too many parked messages).
+    holding: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -205,6 +222,7 @@ class Pipeline:
             raise Stopping(f"walstream is stopping; batch {batch_id} runs on the next start")
         self.idle.clear()
         try:
+            self._hold(batch_id)
             query_id = self.query_id()
             cached = len(self.sinks) > 1
             if cached:
@@ -217,6 +235,46 @@ class Pipeline:
                     df.unpersist()
         finally:
             self.idle.set()
+
+    def _hold(self, batch_id: int) -> None:
+        """Wait while a sink of this source is paused or full (max_parked, on_full: pause).
+
+        The batch waits before anything is delivered, so nothing of it reaches any sink
+        of this source and the slot stays where it is: the source's sinks share a slot.
+        """
+        said: dict[str, str] = {}
+        while True:
+            reasons = self.hold_reasons()
+            with self.lock:
+                self.holding = reasons
+            if not reasons:
+                if said:
+                    log.warning("source %s: batch %d goes on", self.source.name, batch_id)
+                return
+            if reasons != said:
+                log.warning(
+                    "source %s: batch %d waits: %s",
+                    self.source.name, batch_id, "; ".join(reasons.values()),
+                )  # fmt: skip
+                said = reasons
+            if self.draining.wait(1.0):
+                raise Stopping(f"walstream is stopping; batch {batch_id} runs on the next start")
+
+    def hold_reasons(self) -> dict[str, str]:
+        paused = self.parking.paused()
+        counts = self.parking.counts() if any(s.on_full == "pause" for s in self.sinks) else {}
+        out = {}
+        for sink in self.sinks:
+            parked = counts.get(sink.name, {}).get("parked", 0)
+            if sink.name in paused:
+                why = f" ({paused[sink.name]})" if paused[sink.name] else ""
+                out[sink.name] = f"sink {sink.name} is paused{why}; `walstream resume {sink.name}`"
+            elif sink.on_full == "pause" and parked >= sink.max_parked:
+                out[sink.name] = (
+                    f"sink {sink.name} has {parked:,} parked messages (max_parked "
+                    f"{sink.max_parked:,}); new batches wait until the retrier delivers some"
+                )
+        return out
 
     def _deliver(self, df: Any, sink: SinkConfig, batch_id: int, query_id: str) -> None:
         t0 = time.monotonic()
@@ -234,6 +292,12 @@ class Pipeline:
             partitions=1,
             transform_function=sink.transform if isinstance(sink.transform, str) else None,
             tombstones=sink.tombstones,
+            parking=None if driver_sink.replaces_batches else self.parking,
+            max_attempts=sink.max_attempts,
+            backoff=Backoff(sink.backoff.initial, sink.backoff.max),
+            max_parked=sink.max_parked,
+            on_full=sink.on_full,
+            sink_config=sink_snapshot(sink),
         )
         prepared = prepare(df, sink)
         # A batch in one source partition holds its changes in WAL order already: one
@@ -263,6 +327,9 @@ class Pipeline:
             p = self.progress.setdefault(sink.name, SinkProgress())
             p.delivered += sum(s.delivered for s in stats)
             p.skipped += sum(s.skipped for s in stats)
+            p.parked += sum(s.parked for s in stats)
+            p.dead += sum(s.dead for s in stats)
+            p.discarded += sum(s.discarded for s in stats)
             p.batches += 1
             p.last_committed_us = max([p.last_committed_us, *(s.max_committed_us for s in stats)])
             p.last_batch_at = time.time()

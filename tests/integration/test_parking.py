@@ -1,0 +1,130 @@
+"""Parking, the retrier and dead letters in `walstream run`, with the fault-injecting sink.
+
+Keys 1 and 2 fail (retryably) while a switch file exists: their changes are parked
+in order behind the first failure while every other key flows; removing the file
+lets the retrier deliver them. Key 3 fails for good: each of its changes becomes a
+dead letter at once and the stream goes on. The operator commands see all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import unique
+from tests.integration.test_run import consume
+from walstream.config import load_config
+from walstream.delivery.parking import DEAD, PARKED, ParkingLot
+from walstream.runtime import Runtime
+from walstream.testing import wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+KEYS, ROUNDS = 20, 30
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "walstream.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_failing_groups_park_in_order_others_flow_and_dead_letters_are_operable(
+    spark, db, kafka, tmp_path
+):
+    db.execute("CREATE TABLE acct (id int PRIMARY KEY, n int)")
+    pub = db.create_publication("acct")
+    slot = db.create_slot()
+    retry_topic, dead_topic = unique("parking"), unique("poison")
+    switch = tmp_path / "failing"
+    switch.touch()
+
+    def kafka_inner(topic: str) -> dict[str, Any]:
+        return {"type": "kafka", "bootstrap_servers": kafka.bootstrap_servers, "topic": topic,
+                "create_topics": True}  # fmt: skip
+
+    path = tmp_path / "walstream.yaml"
+    path.write_text(yaml.safe_dump({
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [
+            {"name": "retry", "source": "app", "max_attempts": 1000,
+             "backoff": {"initial": "0.2s", "max": "1s"},
+             "destination": {"type": "faulty", "fail_keys": ["1", "2"], "retryable": True,
+                             "while_exists": str(switch), "inner": kafka_inner(retry_topic)}},
+            {"name": "poison", "source": "app",
+             "destination": {"type": "faulty", "fail_keys": ["3"], "retryable": False,
+                             "inner": kafka_inner(dead_topic)}},
+        ],
+    }))  # fmt: skip
+    cfg = load_config(path)
+    for r in range(ROUNDS):  # every transaction touches every key
+        with db.conn.transaction():
+            for k in range(KEYS):
+                if r == 0:
+                    db.execute("INSERT INTO acct VALUES (%s, 0)", (k,))
+                else:
+                    db.execute("UPDATE acct SET n = %s WHERE id = %s", (r, k))
+
+    runtime = Runtime(cfg, spark=spark).start()
+    lot = ParkingLot(cfg.state_dsn)
+    try:
+        # Keys 1 and 2 are parked (in order, one head each with the error); the rest flows.
+        def settled() -> bool:
+            p = runtime.progress()
+            return (
+                "retry" in p and p["retry"].delivered == (KEYS - 2) * ROUNDS
+                and p["retry"].parked == 2 * ROUNDS
+                and "poison" in p and p["poison"].dead == ROUNDS
+            )  # fmt: skip
+
+        wait_until(settled, 120, message=lambda: f"progress: {runtime.progress()}")
+        parked = lot.list(PARKED, "retry", limit=1000)
+        assert len(parked) == 2 * ROUNDS
+        for key in ("1", "2"):
+            mine = [p for p in parked if p.message.key == key.encode()]
+            assert [json.loads(p.message.value)["record"]["n"] for p in mine] == list(range(ROUNDS))
+            assert mine[0].errors and "injected failure" in mine[0].errors[0]["error"]
+            assert all(not p.errors and p.next_attempt_at is None for p in mine[1:])
+        out = cli("parked", "list", "-c", str(path), "--sink", "retry")
+        assert out.returncode == 0, out.stderr
+        assert f"{2 * ROUNDS} parked messages" in out.stdout
+
+        # Dead letters: every change of key 3, at once, each with its reason.
+        dead = lot.list(DEAD, "poison", limit=1000)
+        assert [json.loads(p.message.value)["record"]["n"] for p in dead] == list(range(ROUNDS))
+        out = cli("dead-letters", "list", "-c", str(path), "--sink", "poison")
+        assert f"{ROUNDS} dead letters" in out.stdout, out.stdout + out.stderr
+        shown = json.loads(cli("dead-letters", "show", str(dead[0].id), "-c", str(path)).stdout)
+        assert shown["status"] == "dead" and shown["key"] == "3"
+        assert "injected failure" in shown["errors"][0]["error"]
+        assert shown["sink_config"]["destination"]["type"] == "faulty"
+
+        # Heal: the retrier delivers keys 1 and 2 in order, without new changes.
+        switch.unlink()
+        wait_until(lambda: runtime.progress()["retry"].retried == 2 * ROUNDS, 60,
+                   message=lambda: f"progress: {runtime.progress()}")  # fmt: skip
+        assert lot.list(PARKED, "retry") == []
+        got = consume(kafka.bootstrap_servers, retry_topic, KEYS * ROUNDS)
+        by_key: dict[bytes, list[int]] = defaultdict(list)
+        for m in got:
+            by_key[m.key()].append(json.loads(m.value())["record"]["n"])
+        assert len(got) == KEYS * ROUNDS  # every change once
+        assert all(ns == list(range(ROUNDS)) for ns in by_key.values()), by_key
+        assert len(by_key) == KEYS
+
+        # Dead letters retried (the poison key still fails: they die again) and discarded.
+        out = cli("dead-letters", "retry", "-c", str(path), "--sink", "poison")
+        assert f"{ROUNDS} dead letter(s) parked" in out.stdout, out.stdout + out.stderr
+        wait_until(lambda: len(lot.list(DEAD, "poison", limit=1000)) == ROUNDS, 60)
+        out = cli("dead-letters", "discard", "-c", str(path), "--sink", "poison", "--yes")
+        assert f"{ROUNDS} dead letter(s) discarded" in out.stdout
+        assert lot.list(DEAD, "poison") == []
+    finally:
+        runtime.stop()

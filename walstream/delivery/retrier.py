@@ -1,0 +1,127 @@
+"""The retrier: re-delivers parked messages on their schedule, from walstream run's driver.
+
+Every `interval` seconds, for each sink that parks, it takes the blocked groups
+whose head is due (see `ParkingLot.due_groups`) and delivers each group's parked
+messages in cursor order through a driver-side instance of the sink. Delivered
+messages are deleted; the first failure records an attempt on that message and
+schedules the next one (exponential backoff with jitter, at least the sink's
+Retry-After hint), or, after `max_attempts` or a non-retryable error, turns it
+and everything parked behind it into dead letters. Parked messages are retried
+whether or not new changes arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from walstream.config import SinkConfig, sink_snapshot
+from walstream.delivery.parking import Backoff, ParkingLot
+from walstream.errors import SinkError
+from walstream.sinks.base import BatchInfo, Sink
+from walstream.sinks.registry import sink_for
+
+log = logging.getLogger(__name__)
+
+
+class Retrier:
+    def __init__(
+        self,
+        sinks: list[SinkConfig],
+        parking: ParkingLot,
+        on_delivered: Callable[[str, int], Any] | None = None,
+        interval: float = 1.0,
+    ) -> None:
+        self.sinks = [s for s in sinks if not sink_for(s.destination).replaces_batches]
+        self.parking = parking
+        self.on_delivered = on_delivered
+        self.interval = interval
+        self._sinks: dict[str, Sink] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    def start(self) -> Retrier:
+        if self.sinks:
+            self._thread = threading.Thread(
+                target=self._loop, name="walstream-retrier", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for s in self._sinks.values():
+            s.close()
+        self._sinks.clear()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_once()
+                self.last_error = None
+            except Exception as exc:  # the state database is down, say: try again next tick
+                if str(exc) != self.last_error:
+                    log.error("retrier: %s; parked messages are retried on the next tick", exc)
+                self.last_error = str(exc)
+
+    def run_once(self) -> int:
+        """One pass over every sink's due groups; returns how many messages were delivered."""
+        delivered = 0
+        for sink in self.sinks:
+            for group in self.parking.due_groups(sink.name):
+                if self._stop.is_set():
+                    return delivered
+                delivered += self._retry_group(sink, group)
+        return delivered
+
+    def _sink(self, config: SinkConfig) -> Sink:
+        s = self._sinks.get(config.name)
+        if s is None:
+            s = self._sinks[config.name] = sink_for(config.destination)
+            s.begin(BatchInfo(config.name, -1, 0, 1))
+        return s
+
+    def _retry_group(self, config: SinkConfig, group: str) -> int:
+        parked = self.parking.group(config.name, group)
+        sink = self._sink(config)
+        done = 0
+        for i in range(0, len(parked), config.batch_size):
+            chunk = parked[i : i + config.batch_size]
+            try:
+                sink.deliver([p.message for p in chunk])
+            except SinkError as exc:
+                ok = [chunk[k].id for k in sorted(exc.delivered)]
+                self.parking.delivered(ok)
+                done += len(ok)
+                head = next(p for k, p in enumerate(chunk) if k not in exc.delivered)
+                attempts = head.attempts + 1
+                dead = not exc.retryable or attempts >= config.max_attempts
+                backoff = Backoff(config.backoff.initial, config.backoff.max)
+                delay = backoff.delay(attempts, exc.retry_after)
+                self.parking.failed(
+                    head, exc.problem, dead=dead, delay=delay, sink_config=sink_snapshot(config)
+                )
+                if dead:
+                    log.error(
+                        "sink %s: group %r is dead-lettered after %d attempt(s): %s; "
+                        "see `walstream dead-letters list --sink %s`",
+                        config.name, group, attempts, exc.problem, config.name,
+                    )  # fmt: skip
+                else:
+                    log.warning(
+                        "sink %s: parked message %s of group %r failed again (attempt %d of %d): "
+                        "%s; next attempt in %.0fs",
+                        config.name, head.id, group, attempts, config.max_attempts, exc.problem,
+                        delay,
+                    )  # fmt: skip
+                break
+            self.parking.delivered([p.id for p in chunk])
+            done += len(chunk)
+        if done and self.on_delivered is not None:
+            self.on_delivered(config.name, done)
+        return done
