@@ -25,16 +25,21 @@ from psycopg import sql
 
 from walstream.errors import ConnectionFailed
 
-_CONNS: dict[str, psycopg.Connection[Any]] = {}
+_CONNS: dict[tuple[str, int], psycopg.Connection[Any]] = {}
 _LOCK = threading.Lock()
 
 Cursor = tuple[int, int]
 
 
 def _connection(dsn: str) -> psycopg.Connection[Any]:
-    """One autocommit connection per state database per process (executors reuse workers)."""
+    """One autocommit connection per state database per thread (executors reuse workers).
+
+    Per thread: the driver's retrier runs transactions while the batch thread writes
+    the ledger, and statements of one must never land inside the other's transaction.
+    """
+    key = (dsn, threading.get_ident())
     with _LOCK:
-        conn = _CONNS.get(dsn)
+        conn = _CONNS.get(key)
         if conn is not None and not conn.closed and not conn.broken:
             return conn
         try:
@@ -44,7 +49,7 @@ def _connection(dsn: str) -> psycopg.Connection[Any]:
                 f"cannot reach the state database: {str(exc).strip()}",
                 "check state.dsn (default: the first source's dsn) and that the server is up",
             ) from exc
-        _CONNS[dsn] = conn
+        _CONNS[key] = conn
         return conn
 
 
