@@ -187,8 +187,67 @@ def resume(
     console.print(f"sink {escape(sink)} resumed")
 
 
+def reset(
+    sink: Annotated[str, typer.Argument(help="The sink to reset.")],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to", help="'now' (the source's current WAL position) or an LSN like 0/16B3748."
+        ),
+    ],
+    config: ConfigOption = Path("walstream.yaml"),
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+) -> None:
+    """Make a sink skip every change committed before a WAL position.
+
+    Its parked messages and dead letters before that position are discarded, so a
+    sink stuck behind a broken destination can start over from now. The slot is
+    shared by the source's sinks and never rewinds: changes before the slot's
+    position cannot be read again (take a backfill for that).
+    """
+    from walstream.change import format_lsn, parse_lsn
+    from walstream.config import load_config
+    from walstream.postgres.replication import connect
+
+    lot = _lot(config, sink)
+    cfg = load_config(config)
+    sc = next(s for s in cfg.sinks if s.name == sink)
+    source = next(s for s in cfg.sources if s.name == sc.source)
+    with connect(source.dsn.get_secret_value(), autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        now = str(row[0])
+        slot = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (source.slot_name,),
+        ).fetchone()
+    target = parse_lsn(now if to == "now" else to)
+    counts = lot.counts().get(sink, {})
+    console.print(
+        f"sink {escape(sink)} will skip every change committed before {format_lsn(target)}"
+        f" (the source is at {now}"
+        + (f", its slot confirmed through {slot[0]}" if slot and slot[0] else "")
+        + f"); {counts.get(PARKED, 0):,} parked message(s) and {counts.get(DEAD, 0):,} dead "
+        "letter(s) of it before that are discarded"
+    )
+    if slot and slot[0] and target < parse_lsn(slot[0]):
+        console.print(
+            "[yellow]note:[/] that is before the slot's position: changes already read are "
+            "not read again; only parked messages and dead letters before it are discarded"
+        )
+    if not yes and not typer.confirm("Reset?"):
+        raise typer.Exit(1)
+    parked_n, dead_n = lot.reset(sink, target)
+    console.print(
+        f"sink {escape(sink)} reset to {format_lsn(target)}: discarded {parked_n:,} parked "
+        f"message(s) and {dead_n:,} dead letter(s); a running walstream applies it from its "
+        "next batch"
+    )
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(dead_letters, name="dead-letters")
     app.add_typer(parked, name="parked")
     app.command()(pause)
     app.command()(resume)
+    app.command()(reset)

@@ -92,17 +92,24 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
     fmt = formatter(plan.format, sink=plan.sink, db=plan.db)
     fn = load_function(plan.transform_function) if plan.transform_function else None
     for change, group, key, route, message in rows:
+        error = None
         if message is not None:
             value: str | None = message
         else:
             value = fmt(change)
             if fn is not None:
-                value = json.dumps(fn(json.loads(value)), ensure_ascii=False, default=str)
+                try:
+                    value = json.dumps(fn(json.loads(value)), ensure_ascii=False, default=str)
+                except Exception as exc:  # a poison row for this transform: a dead letter
+                    error = (
+                        f"transform {plan.transform_function} raised {type(exc).__name__}: {exc}"
+                    )
         message_key = key.encode() if key is not None else None
         table = f"{change.schema}.{change.table}"
         yield Message(
             change.lsn, change.seq, value.encode() if value is not None else None,
             message_key, route, table=table, action=change.action, group=group or "",
+            error=error,
         )  # fmt: skip
         if plan.tombstones and change.action == "delete":
             # Shares the delete's cursor: delivery never splits the pair across chunks.
@@ -243,17 +250,28 @@ def _deliver_chunk(
     parked (retryable: its group is blocked from then on) or becomes a dead letter at
     once (not retryable).
     """
+    poison = {id(m) for m in chunk if m.error is not None}
     if plan.parking is None or sink.replaces_batches:
+        if poison:
+            bad = next(m for m in chunk if m.error is not None)
+            raise SinkError(
+                f"sink {plan.sink}: {bad.error} (change {bad.lsn}:{bad.seq} of {bad.table})",
+                "fix the transform; this sink cannot keep dead letters, so the batch fails "
+                "until then",
+                retryable=False,
+            )
         send(sink, chunk, plan)
         return []
-    go = [m for m in chunk if m.group not in blocked]
+    go = [m for m in chunk if m.group not in blocked and id(m) not in poison]
     failed, exc = attempt(sink, go, plan) if go else ([], None)
     if exc is not None and exc.retryable and len(failed) == len(go):
         raise exc  # the sink accepted nothing: it is down, not this message
     failed_ids = {id(go[i]) for i in failed}
     out: list[ParkEntry] = []
     for m in chunk:
-        if m.group in blocked:
+        if id(m) in poison:
+            out.append((m, DEAD, m.error, 0, None))
+        elif m.group in blocked:
             out.append((m, PARKED, None, 0, None))  # behind the group's parked head
         elif id(m) in failed_ids:
             assert exc is not None
@@ -265,7 +283,8 @@ def _deliver_chunk(
     if out:
         log.warning(
             "sink %s: %d message(s) parked or dead-lettered in batch %d: %s",
-            plan.sink, len(out), plan.batch_id, exc.problem if exc else "their group is blocked",
+            plan.sink, len(out), plan.batch_id,
+            exc.problem if exc else "a transform failed, or their group is blocked",
         )  # fmt: skip
     return out
 

@@ -68,6 +68,9 @@ class Parked:
     errors: list[dict[str, Any]]
     message: Message
     created_at: datetime
+    #: The value is the Python transform's input (the transform raised on it): a retry
+    #: applies the sink's transform again before sending.
+    untransformed: bool = False
 
     @property
     def cursor(self) -> tuple[int, int]:
@@ -76,18 +79,21 @@ class Parked:
 
 _COLUMNS = (
     "id, sink, group_key, lsn, seq, tombstone, status, attempts, next_attempt_at, errors, "
-    "key, value, route, table_name, action, created_at"
+    "key, value, route, table_name, action, created_at, untransformed"
 )
 
 
 def _row(r: Sequence[Any]) -> Parked:
     (id_, sink, group, lsn, seq, tomb, status, attempts, next_at, errors, key, value, route,
-     table, action, created) = r  # fmt: skip
+     table, action, created, untransformed) = r  # fmt: skip
     msg = Message(
         lsn, seq, None if tomb or value is None else bytes(value),
         bytes(key) if key is not None else None, route, table=table, action=action, group=group,
     )  # fmt: skip
-    return Parked(id_, sink, group, lsn, seq, tomb, status, attempts, next_at, errors, msg, created)
+    return Parked(
+        id_, sink, group, lsn, seq, tomb, status, attempts, next_at, errors, msg, created,
+        untransformed,
+    )  # fmt: skip
 
 
 class ParkingLot:
@@ -126,7 +132,7 @@ class ParkingLot:
                      errors jsonb NOT NULL DEFAULT '[]',
                      key bytea, value bytea, route text,
                      table_name text NOT NULL, action text NOT NULL,
-                     sink_config jsonb,
+                     sink_config jsonb, untransformed boolean NOT NULL DEFAULT false,
                      created_at timestamptz NOT NULL DEFAULT now(),
                      updated_at timestamptz NOT NULL DEFAULT now(),
                      UNIQUE (sink, lsn, seq, tombstone))"""
@@ -141,8 +147,12 @@ class ParkingLot:
             sql.SQL(
                 """CREATE TABLE IF NOT EXISTS {} (
                      sink text PRIMARY KEY, paused boolean NOT NULL DEFAULT false,
-                     reason text, updated_at timestamptz NOT NULL DEFAULT now())"""
+                     reason text, skip_before bigint,
+                     updated_at timestamptz NOT NULL DEFAULT now())"""
             ).format(self.state)
+        )
+        self._exec(  # tables made before `walstream reset` existed
+            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS skip_before bigint").format(self.state)
         )
 
     # -- executors: parking ---------------------------------------------------------------
@@ -181,6 +191,7 @@ class ParkingLot:
                 now + timedelta(seconds=delay) if delay is not None else None,
                 json.dumps(errors), m.key, m.value, m.route, m.table, m.action,
                 json.dumps(sink_config) if status == DEAD and sink_config else None,
+                m.error is not None,
             ))  # fmt: skip
         if not rows:
             return
@@ -188,8 +199,9 @@ class ParkingLot:
             cur.executemany(
                 sql.SQL(
                     """INSERT INTO {} (sink, group_key, lsn, seq, tombstone, status, attempts,
-                         next_attempt_at, errors, key, value, route, table_name, action, sink_config)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                         next_attempt_at, errors, key, value, route, table_name, action, sink_config,
+                         untransformed)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                        ON CONFLICT (sink, lsn, seq, tombstone) DO NOTHING"""
                 ).format(self.table),
                 rows,
@@ -346,3 +358,35 @@ class ParkingLot:
         """{sink: reason} of the paused sinks."""
         rows = self._exec(sql.SQL("SELECT sink, reason FROM {} WHERE paused").format(self.state))
         return {r[0]: r[1] for r in rows}
+
+    def states(self) -> tuple[dict[str, str | None], dict[str, int]]:
+        """({sink: reason} of paused sinks, {sink: LSN before which its changes are skipped})."""
+        rows = self._exec(
+            sql.SQL(
+                "SELECT sink, paused, reason, skip_before FROM {} WHERE paused OR skip_before IS NOT NULL"
+            ).format(self.state)
+        )
+        return (
+            {r[0]: r[2] for r in rows if r[1]},
+            {r[0]: int(r[3]) for r in rows if r[3] is not None},
+        )
+
+    def reset(self, sink: str, lsn: int) -> tuple[int, int]:
+        """The sink skips every change committed before `lsn`; its parked messages and dead
+        letters before it are discarded. Returns (parked, dead) discarded."""
+        with self.transaction():
+            self._exec(
+                sql.SQL(
+                    """INSERT INTO {} (sink, skip_before) VALUES (%s, %s)
+                       ON CONFLICT (sink) DO UPDATE SET skip_before = EXCLUDED.skip_before,
+                         updated_at = now()"""
+                ).format(self.state),
+                (sink, lsn),
+            )
+            rows = self._exec(
+                sql.SQL("DELETE FROM {} WHERE sink = %s AND lsn < %s RETURNING status").format(
+                    self.table
+                ),
+                (sink, lsn),
+            )
+        return sum(r[0] == PARKED for r in rows), sum(r[0] == DEAD for r in rows)

@@ -12,15 +12,17 @@ whether or not new changes arrive.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from walstream.config import SinkConfig, sink_snapshot
-from walstream.delivery.parking import Backoff, ParkingLot
+from walstream.delivery.deliver import load_function
+from walstream.delivery.parking import Backoff, Parked, ParkingLot
 from walstream.errors import SinkError
-from walstream.sinks.base import BatchInfo, Sink
+from walstream.sinks.base import BatchInfo, Message, Sink
 from walstream.sinks.registry import sink_for
 
 log = logging.getLogger(__name__)
@@ -86,14 +88,44 @@ class Retrier:
             s.begin(BatchInfo(config.name, -1, 0, 1))
         return s
 
+    def _message(self, config: SinkConfig, p: Parked) -> Message:
+        """The message to send; a transform that raised before is applied again (now fixed,
+        perhaps); if it raises again, the message stays a dead letter."""
+        if not p.untransformed or p.message.value is None or not isinstance(config.transform, str):
+            return p.message
+        try:
+            fn = load_function(config.transform)
+            value = json.dumps(fn(json.loads(p.message.value)), ensure_ascii=False, default=str)
+        except Exception as exc:
+            raise SinkError(
+                f"transform {config.transform} raised {type(exc).__name__}: {exc}",
+                "fix the transform, then `walstream dead-letters retry`",
+                retryable=False,
+            ) from exc
+        return p.message._replace(value=value.encode())
+
     def _retry_group(self, config: SinkConfig, group: str) -> int:
         parked = self.parking.group(config.name, group)
         sink = self._sink(config)
         done = 0
         for i in range(0, len(parked), config.batch_size):
             chunk = parked[i : i + config.batch_size]
+            msgs: list[Message] = []
+            poison: SinkError | None = None
+            for p in chunk:  # a transform that raises again stops the chunk at that message
+                try:
+                    msgs.append(self._message(config, p))
+                except SinkError as exc:
+                    poison = exc
+                    break
             try:
-                sink.deliver([p.message for p in chunk])
+                if msgs:
+                    sink.deliver(msgs)
+                if poison is not None:  # what came before it is delivered; it fails here
+                    raise SinkError(
+                        poison.problem, poison.fix, retryable=False,
+                        delivered=frozenset(range(len(msgs))),
+                    )  # fmt: skip
             except SinkError as exc:
                 ok = [chunk[k].id for k in sorted(exc.delivered)]
                 self.parking.delivered(ok)

@@ -46,6 +46,9 @@ class Message(NamedTuple):
     table: str = ""  # schema.table
     action: str = ""
     group: str = ""
+    #: Set when the message could not be built (a Python transform raised): it is never
+    #: sent; the delivery layer makes it a dead letter with this reason.
+    error: str | None = None
 
     @property
     def cursor(self) -> tuple[int, int]:

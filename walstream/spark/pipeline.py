@@ -80,8 +80,11 @@ def selection_expr(sink: SinkConfig) -> str:
     return " AND ".join(conds)
 
 
-def prepare(df: Any, sink: SinkConfig) -> Any:
-    """The sink's DataFrame: selected rows plus _group, _key, _route, _message columns."""
+def prepare(df: Any, sink: SinkConfig, skip_before: int | None = None) -> Any:
+    """The sink's DataFrame: selected rows plus _group, _key, _route, _message columns.
+
+    `skip_before`: changes committed before this LSN are left out (`walstream reset`).
+    """
     cols = [f"({group_expr(sink.group_by)}) AS _group"]
     dest = sink.destination
     if isinstance(dest, FaultyDestination):  # keyed and routed as the destination it wraps
@@ -98,7 +101,10 @@ def prepare(df: Any, sink: SinkConfig) -> Any:
     # trips) costs a third less than Column objects. Only the columns delivery reads
     # travel on (through the shuffle, into Python).
     keep = [f"`{c}`" for c in delivery_columns(sink)]
-    return df.where(selection_expr(sink)).selectExpr(*keep, *cols)
+    where = selection_expr(sink)
+    if skip_before is not None:
+        where = f"lsn >= {int(skip_before)} AND {where}"
+    return df.where(where).selectExpr(*keep, *cols)
 
 
 def delivery_columns(sink: SinkConfig) -> list[str]:
@@ -213,6 +219,8 @@ class Pipeline:
     idle: threading.Event = field(default_factory=threading.Event)
     #: Why batches wait now, per sink (paused, or too many parked messages).
     holding: dict[str, str] = field(default_factory=dict)
+    #: Per sink: changes committed before this LSN are skipped (`walstream reset`).
+    skips: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -261,7 +269,8 @@ class Pipeline:
                 raise Stopping(f"walstream is stopping; batch {batch_id} runs on the next start")
 
     def hold_reasons(self) -> dict[str, str]:
-        paused = self.parking.paused()
+        paused, skips = self.parking.states()
+        self.skips = skips
         counts = self.parking.counts() if any(s.on_full == "pause" for s in self.sinks) else {}
         out = {}
         for sink in self.sinks:
@@ -299,7 +308,7 @@ class Pipeline:
             on_full=sink.on_full,
             sink_config=sink_snapshot(sink),
         )
-        prepared = prepare(df, sink)
+        prepared = prepare(df, sink, skip_before=self.skips.get(sink.name))
         # A batch in one source partition holds its changes in WAL order already: one
         # task delivers them without a shuffle (the latency path). That job's plan says
         # how many partitions the batch has; planning it pickles the batch's raw WAL, so
