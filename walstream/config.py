@@ -6,7 +6,7 @@ import fnmatch
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -147,7 +147,10 @@ class FileDestination(Model):
     format: Literal["jsonl", "parquet"] = "jsonl"
 
 
-Inner = Annotated[KafkaDestination | FileDestination, Field(discriminator="type")]
+Inner = Annotated[
+    Union[KafkaDestination, FileDestination, "FaultyDestination"],
+    Field(discriminator="type"),
+]
 
 
 class FaultyDestination(Model):
@@ -155,7 +158,8 @@ class FaultyDestination(Model):
 
     While it is active (always, or while the file `while_exists` exists), messages
     whose key is in `fail_keys` (every message when the list is empty) fail with a
-    retryable or non-retryable SinkError; the others go to `inner`.
+    retryable or non-retryable SinkError; the others go to `inner`, which may be
+    another faulty destination (two rules at once).
     """
 
     type: Literal["faulty"]
@@ -165,6 +169,8 @@ class FaultyDestination(Model):
     while_exists: Annotated[Path, BeforeValidator(_absolute)] | None = None
     retry_timeout: Duration = 0.5  # inline retries before a failed message is parked
 
+
+FaultyDestination.model_rebuild()  # `inner` may be faulty too: two failure rules at once
 
 Destination = Annotated[
     KafkaDestination | FileDestination | FaultyDestination, Field(discriminator="type")
@@ -211,8 +217,9 @@ class SinkConfig(Model):
     @model_validator(mode="after")
     def _tombstones_need_kafka(self) -> SinkConfig:
         dest = self.destination
-        inner = dest.inner if isinstance(dest, FaultyDestination) else dest
-        if self.tombstones and not isinstance(inner, KafkaDestination):
+        while isinstance(dest, FaultyDestination):
+            dest = dest.inner
+        if self.tombstones and not isinstance(dest, KafkaDestination):
             raise ValueError(
                 "tombstones: only a Kafka destination has tombstones (a null-value message "
                 "that lets log compaction drop the key); remove the setting"

@@ -87,7 +87,7 @@ def prepare(df: Any, sink: SinkConfig, skip_before: int | None = None) -> Any:
     """
     cols = [f"({group_expr(sink.group_by)}) AS _group"]
     dest = sink.destination
-    if isinstance(dest, FaultyDestination):  # keyed and routed as the destination it wraps
+    while isinstance(dest, FaultyDestination):  # keyed and routed as the destination it wraps
         dest = dest.inner
     if isinstance(dest, KafkaDestination):
         key = "concat_ws(',', pk)" if dest.key == "pk" else dest.key
