@@ -68,13 +68,14 @@ class Ledger:
     def _exec(self, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
         for attempt in (1, 2):  # a connection dropped by a server restart is reopened once
             conn = _connection(self.dsn)
+            in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
             try:
                 cur = conn.execute(query, params)
                 return cur.fetchall() if cur.description else []
             except psycopg.OperationalError:
-                conn.close()
-                if attempt == 2:
+                if attempt == 2 or in_transaction:  # never replay half a transaction
                     raise
+                conn.close()
         raise AssertionError("unreachable")
 
     def ensure(self) -> None:

@@ -115,8 +115,17 @@ class ParkingLot:
         return _connection(self.dsn)
 
     def _exec(self, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
-        cur = self._conn().execute(query, params)
-        return cur.fetchall() if cur.description else []
+        for attempt in (1, 2):  # a connection a server restart dropped is reopened once
+            conn = self._conn()
+            in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            try:
+                cur = conn.execute(query, params)
+                return cur.fetchall() if cur.description else []
+            except psycopg.OperationalError:
+                if attempt == 2 or in_transaction:  # never replay half a transaction
+                    raise
+                conn.close()
+        raise AssertionError("unreachable")
 
     def ensure(self) -> None:
         self._exec(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
