@@ -268,13 +268,21 @@ class ParkingLot:
                 (entry, delay, head.id),
             )
             if dead:
+                # The messages behind the head die with it; each says why (no error of its own).
+                behind = json.dumps(
+                    [{"at": datetime.now(UTC).isoformat(),
+                      "error": f"dead with its group: message {head.id} before it failed: {error}"}]
+                )  # fmt: skip
                 self._exec(
                     sql.SQL(
                         "UPDATE {} SET status = 'dead', next_attempt_at = NULL, updated_at = now(), "
-                        "sink_config = %s WHERE sink = %s AND group_key = %s AND status = 'parked'"
+                        "sink_config = %s, errors = CASE WHEN id = %s THEN errors "
+                        "ELSE errors || %s::jsonb END "
+                        "WHERE sink = %s AND group_key = %s AND status = 'parked'"
                     ).format(self.table),
-                    (json.dumps(sink_config) if sink_config else None, head.sink, head.group),
-                )
+                    (json.dumps(sink_config) if sink_config else None, head.id, behind,
+                     head.sink, head.group),
+                )  # fmt: skip
 
     def counts(self) -> dict[str, dict[str, int]]:
         """{sink: {"parked": n, "dead": n}}."""
