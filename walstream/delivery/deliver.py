@@ -267,15 +267,20 @@ def _deliver_chunk(
     if exc is not None and exc.retryable and len(failed) == len(go):
         raise exc  # the sink accepted nothing: it is down, not this message
     failed_ids = {id(go[i]) for i in failed}
+    # Blocked before this chunk: those were not sent. A group blocked by a failure inside
+    # the chunk may have later messages the sink did accept: they are delivered, not parked.
+    was_blocked = set(blocked)
     out: list[ParkEntry] = []
     for m in chunk:
         if id(m) in poison:
             out.append((m, DEAD, m.error, 0, None))
-        elif m.group in blocked:
+        elif m.group in was_blocked:
             out.append((m, PARKED, None, 0, None))  # behind the group's parked head
         elif id(m) in failed_ids:
             assert exc is not None
-            if exc.retryable:
+            if exc.retryable and m.group in blocked:  # its head failed earlier in the chunk
+                out.append((m, PARKED, None, 0, None))
+            elif exc.retryable:
                 blocked.add(m.group)
                 out.append((m, PARKED, exc.problem, 1, plan.backoff.delay(1, exc.retry_after)))
             else:
