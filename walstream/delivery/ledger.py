@@ -53,6 +53,25 @@ def _connection(dsn: str) -> psycopg.Connection[Any]:
         return conn
 
 
+def execute(dsn: str, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run a statement on this thread's state connection; its rows (none for DDL/DML).
+
+    A connection a server restart dropped is reopened once, never inside a transaction
+    (half a transaction is never replayed).
+    """
+    for attempt in (1, 2):
+        conn = _connection(dsn)
+        in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        try:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+        except psycopg.OperationalError:
+            if attempt == 2 or in_transaction:
+                raise
+            conn.close()
+    raise AssertionError("unreachable")
+
+
 class Ledger:
     def __init__(self, dsn: str, schema: str = "walstream") -> None:
         self.dsn = dsn
@@ -66,17 +85,7 @@ class Ledger:
         self.__init__(state["dsn"], state["schema"])  # type: ignore[misc]
 
     def _exec(self, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
-        for attempt in (1, 2):  # a connection dropped by a server restart is reopened once
-            conn = _connection(self.dsn)
-            in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-            try:
-                cur = conn.execute(query, params)
-                return cur.fetchall() if cur.description else []
-            except psycopg.OperationalError:
-                if attempt == 2 or in_transaction:  # never replay half a transaction
-                    raise
-                conn.close()
-        raise AssertionError("unreachable")
+        return execute(self.dsn, query, params)
 
     def ensure(self) -> None:
         """Create the schema and table when missing (driver, once at start)."""

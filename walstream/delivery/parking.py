@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from walstream.delivery.ledger import _connection
+from walstream.delivery.ledger import _connection, execute
 from walstream.sinks.base import Message
 
 PARKED, DEAD = "parked", "dead"
@@ -115,17 +115,7 @@ class ParkingLot:
         return _connection(self.dsn)
 
     def _exec(self, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
-        for attempt in (1, 2):  # a connection a server restart dropped is reopened once
-            conn = self._conn()
-            in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-            try:
-                cur = conn.execute(query, params)
-                return cur.fetchall() if cur.description else []
-            except psycopg.OperationalError:
-                if attempt == 2 or in_transaction:  # never replay half a transaction
-                    raise
-                conn.close()
-        raise AssertionError("unreachable")
+        return execute(self.dsn, query, params)
 
     def ensure(self) -> None:
         self._exec(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
