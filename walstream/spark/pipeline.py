@@ -224,6 +224,8 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.idle.set()
+        # Stored with each dead letter; the config does not change while running.
+        self.snapshots = {s.name: sink_snapshot(s) for s in self.sinks}
 
     def __call__(self, df: Any, batch_id: int) -> None:
         if self.draining.is_set():
@@ -306,7 +308,7 @@ class Pipeline:
             backoff=Backoff(sink.backoff.initial, sink.backoff.max),
             max_parked=sink.max_parked,
             on_full=sink.on_full,
-            sink_config=sink_snapshot(sink),
+            sink_config=self.snapshots[sink.name],
         )
         prepared = prepare(df, sink, skip_before=self.skips.get(sink.name))
         # A batch in one source partition holds its changes in WAL order already: one
