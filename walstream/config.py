@@ -127,7 +127,36 @@ class SourceConfig(Model):
         return self.publication or self.slot_name
 
 
-class KafkaDestination(Model):
+def is_name(value: str, extra: str = "._-") -> bool:
+    """A plain name (topic, stream, subject...) rather than a Spark SQL expression."""
+    return bool(value) and all(c.isalnum() or c in extra for c in value)
+
+
+class DestinationModel(Model):
+    """Base of every destination's settings: how the pipeline keys and routes its messages.
+
+    `key_expression`: the message key (Spark SQL), kept with every message (Kafka's key,
+    the key a dead letter is listed by). `route_expression`: where each message goes, when
+    that is computed per change (a topic, stream, subject, URL... given as an expression);
+    None when every message goes to the one place the settings name.
+    """
+
+    def key_expression(self) -> str:
+        return "concat_ws(',', pk)"
+
+    def route_expression(self) -> str | None:
+        return None
+
+    def message_format(self) -> str | None:
+        """A format this destination needs whatever the sink's `format` says (or None)."""
+        return None
+
+    def group_by(self) -> list[str] | None:
+        """The grouping this destination needs (None: the sink's `group_by`, default per row)."""
+        return None
+
+
+class KafkaDestination(DestinationModel):
     type: Literal["kafka"]
     bootstrap_servers: str = Field(min_length=1)
     topic: str = Field(min_length=1)  # a topic name, or a Spark SQL expression
@@ -140,20 +169,152 @@ class KafkaDestination(Model):
     def client_settings(self) -> dict[str, Any]:
         return {"bootstrap.servers": self.bootstrap_servers, **self.producer}
 
+    def key_expression(self) -> str:
+        return super().key_expression() if self.key == "pk" else self.key
 
-class FileDestination(Model):
+    def route_expression(self) -> str | None:
+        return None if is_name(self.topic) else self.topic
+
+
+class FileDestination(DestinationModel):
     type: Literal["file"]
     path: Annotated[Path, BeforeValidator(_absolute)]
     format: Literal["jsonl", "parquet"] = "jsonl"
 
 
+class RedisStreamDestination(DestinationModel):
+    """Redis Streams: one XADD per message (fields `message`, `idempotency_key`, `key`),
+    pipelined per chunk on one connection, so a stream receives them in order."""
+
+    type: Literal["redis_stream"]
+    url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password
+    stream: str = Field(min_length=1)  # a stream name, or a Spark SQL expression
+    maxlen: int | None = Field(None, ge=1)  # trim each stream to about this many entries
+    timeout: Duration = 10.0  # socket timeout per chunk
+    retry_timeout: Duration = 60.0
+
+    def route_expression(self) -> str | None:
+        return None if is_name(self.stream, "._-:{}") else self.stream
+
+
+class NatsDestination(DestinationModel):
+    """NATS JetStream: a publish per message with the `Nats-Msg-Id` header (the idempotency
+    key), acknowledged by the stream, which drops a replayed message as a duplicate."""
+
+    type: Literal["nats"]
+    servers: str = "nats://127.0.0.1:4222"  # comma-separated
+    subject: str = Field(min_length=1)  # a subject, or a Spark SQL expression
+    stream: str | None = None  # expect this stream (its subjects must cover `subject`)
+    create_stream: bool = False  # create `stream` for the subject(s) if it is missing
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    timeout: Duration = 10.0  # connect and acknowledgement timeout
+    retry_timeout: Duration = 60.0
+
+    def route_expression(self) -> str | None:
+        return None if is_name(self.subject, "._-*>") else self.subject
+
+    @model_validator(mode="after")
+    def _creatable(self) -> NatsDestination:
+        if self.create_stream and (self.stream is None or self.route_expression() is not None):
+            raise ValueError(
+                "create_stream: needs `stream` and a plain `subject` (the stream is made for "
+                "that subject); with a subject expression, create the stream yourself "
+                "(nats stream add NAME --subjects 'prefix.>')"
+            )
+        return self
+
+
+class RabbitMqDestination(DestinationModel):
+    """RabbitMQ: persistent messages with publisher confirms; `message_id` is the
+    idempotency key. The exchange must exist (or `declare_exchange`)."""
+
+    type: Literal["rabbitmq"]
+    url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/%2F")
+    exchange: str = ""  # "" is the default exchange: the routing key names a queue
+    routing_key: str = Field(min_length=1)  # a routing key, or a Spark SQL expression
+    declare_exchange: str | None = None  # e.g. "topic": declare `exchange` durable, this type
+    timeout: Duration = 10.0
+    retry_timeout: Duration = 60.0
+
+    def route_expression(self) -> str | None:
+        return None if is_name(self.routing_key, "._-*#") else self.routing_key
+
+
+class WebhookDestination(DestinationModel):
+    """HTTP webhooks: one request per message, or per chunk with `batch: true`
+    (`{"data": [...]}`), signed per the Standard Webhooks spec when `secrets` are set."""
+
+    type: Literal["webhook"]
+    url: str = Field(min_length=1)  # an http(s) URL, or a Spark SQL expression giving one
+    method: Literal["POST", "PUT", "PATCH"] = "POST"
+    headers: dict[str, SecretStr] = Field(default_factory=dict)  # e.g. Authorization
+    timeout: Duration = 30.0  # per request
+    batch: bool = False
+    gzip: bool = False
+    secrets: list[SecretStr] = Field(default_factory=list)  # whsec_...; several while rotating
+    concurrency: int = Field(1, ge=1, le=256)  # requests at once (per task); order kept per group
+    retry_timeout: Duration = 60.0
+
+    @field_validator("secrets")
+    @classmethod
+    def _whsec(cls, v: list[SecretStr]) -> list[SecretStr]:
+        import base64
+        import binascii
+
+        for s in v:
+            raw = s.get_secret_value()
+            try:
+                base64.b64decode(raw.removeprefix("whsec_"), validate=True)
+            except binascii.Error:
+                raise ValueError(
+                    "a signing secret is 'whsec_' followed by base64 (Standard Webhooks); "
+                    'generate one with: python -c "import base64,os; '
+                    "print('whsec_' + base64.b64encode(os.urandom(24)).decode())\""
+                ) from None
+        return v
+
+    def route_expression(self) -> str | None:
+        literal = re.match(r"^https?://[^\s'\"()`]+$", self.url)
+        return None if literal else self.url
+
+
+class PostgresDestination(DestinationModel):
+    """A copy of every source table in another Postgres database, or another schema.
+
+    Tables are created from the source's definitions (types, user-defined types,
+    primary key) and changes applied in WAL order, one transaction per chunk, with
+    each table's WAL cursor stored in the same transaction: a replay never goes
+    backwards. `source_dsn` is filled in from the sink's source.
+    """
+
+    type: Literal["postgres"]
+    dsn: SecretStr
+    schema_: str | None = Field(None, alias="schema", pattern=r"^[a-z_][a-z0-9_]*$")
+    create_tables: bool = True
+    source_dsn: SecretStr | None = None
+    retry_timeout: Duration = 60.0
+
+    _dsn = field_validator("dsn")(_check_dsn)
+
+    def message_format(self) -> str | None:
+        return "mirror"
+
+    def group_by(self) -> list[str] | None:
+        return ["schema", "table"]  # a table's changes in one partition, in WAL order
+
+
 Inner = Annotated[
-    Union[KafkaDestination, FileDestination, "FaultyDestination"],
+    Union[
+        KafkaDestination, FileDestination, RedisStreamDestination, NatsDestination,
+        RabbitMqDestination, WebhookDestination, PostgresDestination, "FaultyDestination",
+    ],
     Field(discriminator="type"),
-]
+]  # fmt: skip
 
 
-class FaultyDestination(Model):
+class FaultyDestination(DestinationModel):
     """A fault-injecting wrapper around another destination (chaos tests, rehearsals).
 
     While it is active (always, or while the file `while_exists` exists), messages
@@ -169,12 +330,26 @@ class FaultyDestination(Model):
     while_exists: Annotated[Path, BeforeValidator(_absolute)] | None = None
     retry_timeout: Duration = 0.5  # inline retries before a failed message is parked
 
+    def key_expression(self) -> str:  # keyed and routed as the destination it wraps
+        return self.inner.key_expression()
+
+    def route_expression(self) -> str | None:
+        return self.inner.route_expression()
+
+    def message_format(self) -> str | None:
+        return self.inner.message_format()
+
+    def group_by(self) -> list[str] | None:
+        return self.inner.group_by()
+
 
 FaultyDestination.model_rebuild()  # `inner` may be faulty too: two failure rules at once
 
 Destination = Annotated[
-    KafkaDestination | FileDestination | FaultyDestination, Field(discriminator="type")
-]
+    KafkaDestination | FileDestination | RedisStreamDestination | NatsDestination
+    | RabbitMqDestination | WebhookDestination | PostgresDestination | FaultyDestination,
+    Field(discriminator="type"),
+]  # fmt: skip
 
 
 class BackoffConfig(Model):
@@ -215,6 +390,22 @@ class SinkConfig(Model):
         return v
 
     @model_validator(mode="after")
+    def _mirror_rules(self) -> SinkConfig:
+        if self.destination.message_format() != "mirror":
+            return self
+        if self.transform is not None:
+            raise ValueError(
+                "transform: a postgres destination mirrors rows as they are; remove the "
+                "transform (or use filter / tables to choose rows)"
+            )
+        if self.group_by is not None and self.group_by != self.destination.group_by():
+            raise ValueError(
+                "group_by: a postgres destination applies each table's changes in order in "
+                "one transaction per chunk, so it groups by table; remove group_by"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tombstones_need_kafka(self) -> SinkConfig:
         dest = self.destination
         while isinstance(dest, FaultyDestination):
@@ -232,11 +423,38 @@ class SinkConfig(Model):
         )
 
 
+def _fill_source_dsn(dest: Any, dsn: Any) -> Any:
+    """A postgres destination (also inside faulty ones) reads table definitions from its source."""
+    if not isinstance(dest, dict):
+        return dest
+    if dest.get("type") == "postgres" and dest.get("source_dsn") is None:
+        return {**dest, "source_dsn": dsn}
+    if dest.get("type") == "faulty":
+        return {**dest, "inner": _fill_source_dsn(dest.get("inner"), dsn)}
+    return dest
+
+
 class Config(Model):
     state: StateConfig = StateConfig.model_validate({})
     spark: SparkConfig = Field(default_factory=lambda: SparkConfig.model_validate({}))
     sources: list[SourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _source_dsns(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("sinks"), list):
+            return data
+        dsns = {
+            s.get("name"): s.get("dsn") for s in data.get("sources") or [] if isinstance(s, dict)
+        }
+        sinks = [
+            {**k, "destination": _fill_source_dsn(k.get("destination"), dsns.get(k.get("source")))}
+            if isinstance(k, dict) and k.get("source") in dsns
+            else k
+            for k in data["sinks"]
+        ]
+        return {**data, "sinks": sinks}
 
     @model_validator(mode="after")
     def _references(self) -> Config:

@@ -50,6 +50,8 @@ class SinkError(WalstreamError):
     `delivered`: indices (into the list given to `deliver`) known to be durably
     delivered despite the error; the others are not.
     `retry_after`: seconds the destination asked to wait, if it said.
+    `pause`: the destination said to stop sending (a webhook's 410 Gone): the delivery
+    layer pauses the sink with this error as the reason, and parks nothing.
     """
 
     def __init__(
@@ -60,20 +62,29 @@ class SinkError(WalstreamError):
         retryable: bool,
         delivered: frozenset[int] = frozenset(),
         retry_after: float | None = None,
+        pause: bool = False,
     ) -> None:
         super().__init__(problem, fix)
         self.retryable = retryable
         self.delivered = delivered
         self.retry_after = retry_after
+        self.pause = pause
 
     def __reduce__(self) -> tuple[object, ...]:  # keep the fields when pickled across processes
         return (
             _sink_error,
-            (self.problem, self.fix, self.retryable, self.delivered, self.retry_after),
+            (self.problem, self.fix, self.retryable, self.delivered, self.retry_after, self.pause),
         )
 
 
 def _sink_error(
-    problem: str, fix: str | None, retryable: bool, delivered: frozenset[int], retry: float | None
+    problem: str,
+    fix: str | None,
+    retryable: bool,
+    delivered: frozenset[int],
+    retry: float | None,
+    pause: bool = False,
 ) -> SinkError:
-    return SinkError(problem, fix, retryable=retryable, delivered=delivered, retry_after=retry)
+    return SinkError(
+        problem, fix, retryable=retryable, delivered=delivered, retry_after=retry, pause=pause
+    )

@@ -94,7 +94,19 @@ def record(c: ChangeRow) -> str:
     return c.record or "null"
 
 
+def mirror(c: ChangeRow) -> str:
+    """What the Postgres mirror sink needs of a change: the row, the old key or row (a
+    changed key), which unchanged TOAST values were not sent."""
+    toast = json.dumps(c.unchanged_toast) if c.unchanged_toast else "null"
+    return (
+        f'{{"action":"{c.action}","schema":{_str(c.schema)},"table":{_str(c.table)},'
+        f'"record":{c.record or "null"},"old":{c.old or "null"},"unchanged_toast":{toast}}}'
+    )
+
+
 def formatter(name: str, *, sink: str, db: str) -> Formatter:
+    if name == "mirror":  # internal: chosen by the postgres destination, not by `format`
+        return mirror
     if name == "sequin":
         return sequin(sink)
     if name == "debezium":

@@ -179,3 +179,48 @@ def test_tombstones_are_for_kafka_only():
         parse_config(base)
     base["sinks"][0]["destination"] = {"type": "kafka", "bootstrap_servers": "b:9092", "topic": "t"}
     assert parse_config(base).sinks[0].tombstones
+
+
+def _sink(destination: dict[str, Any], **sink: Any) -> dict[str, Any]:
+    return {
+        "sources": [{"name": "app", "dsn": "postgresql://u:pw@127.0.0.1/app"}],
+        "sinks": [{"name": "s", "source": "app", "destination": destination, **sink}],
+    }
+
+
+def test_routes_are_names_or_expressions_and_secrets_stay_hidden():
+    hook = parse_config(_sink({"type": "webhook", "url": "https://h.example/cdc",
+                               "headers": {"Authorization": "Bearer t0ken"},
+                               "secrets": ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]}))  # fmt: skip
+    dest = hook.sinks[0].destination
+    assert dest.route_expression() is None
+    assert "t0ken" not in repr(dest) and "MfKQ9r8" not in repr(dest)
+    routed = parse_config(_sink({"type": "webhook", "url": "concat('https://h/', `table`)"}))
+    assert routed.sinks[0].destination.route_expression() == "concat('https://h/', `table`)"
+    redis = parse_config(_sink({"type": "redis_stream", "stream": "cdc:{orders}"}))
+    assert redis.sinks[0].destination.route_expression() is None
+    nats = parse_config(_sink({"type": "nats", "subject": "concat('cdc.', `table`)"}))
+    assert nats.sinks[0].destination.route_expression() == "concat('cdc.', `table`)"
+    rabbit = parse_config(_sink({"type": "rabbitmq", "routing_key": "orders.#"}))
+    assert rabbit.sinks[0].destination.route_expression() is None
+
+
+def test_sink_settings_that_cannot_work_are_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"whsec_.*base64"):
+        parse_config(_sink({"type": "webhook", "url": "https://h/", "secrets": ["not base64!"]}))
+    with pytest.raises(ConfigError, match=r"create_stream: needs `stream` and a plain `subject`"):
+        parse_config(_sink({"type": "nats", "subject": "concat('a.', `table`)",
+                            "stream": "A", "create_stream": True}))  # fmt: skip
+    mirror = {"type": "postgres", "dsn": "postgresql://u@127.0.0.1/copy"}
+    with pytest.raises(ConfigError, match=r"transform: a postgres destination mirrors rows"):
+        parse_config(_sink(mirror, transform="app.cdc:shape"))
+    with pytest.raises(ConfigError, match=r"group_by: a postgres destination .* groups by table"):
+        parse_config(_sink(mirror, group_by=["pk"]))
+
+
+def test_a_mirror_reads_table_definitions_from_its_own_source():
+    cfg = parse_config(_sink({"type": "postgres", "dsn": "postgresql://u@127.0.0.1/copy"}))
+    dest = cfg.sinks[0].destination
+    assert dest.source_dsn.get_secret_value() == "postgresql://u:pw@127.0.0.1/app"
+    assert dest.group_by() == ["schema", "table"] and dest.message_format() == "mirror"
+    assert "pw" not in str(cfg.sinks[0].model_dump(mode="json"))

@@ -145,7 +145,7 @@ def attempt(
             pending = [p for k, p in enumerate(pending) if k not in exc.delivered]
             tries += 1
             left = deadline - time.monotonic()
-            if not exc.retryable:
+            if not exc.retryable or exc.pause:
                 return pending, exc
             if left <= 0:
                 return pending, SinkError(
@@ -264,6 +264,13 @@ def _deliver_chunk(
         return []
     go = [m for m in chunk if m.group not in blocked and id(m) not in poison]
     failed, exc = attempt(sink, go, plan) if go else ([], None)
+    if exc is not None and exc.pause:  # the destination said to stop: pause, park nothing
+        plan.parking.set_paused(plan.sink, True, exc.problem)
+        log.error(
+            "sink %s is paused: %s; after fixing it, `walstream resume %s`",
+            plan.sink, exc.problem, plan.sink,
+        )  # fmt: skip
+        raise exc  # the batch is replayed after resume; the ledger skips what was sent
     if exc is not None and exc.retryable and len(failed) == len(go):
         raise exc  # the sink accepted nothing: it is down, not this message
     failed_ids = {id(go[i]) for i in failed}

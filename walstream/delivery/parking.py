@@ -274,6 +274,18 @@ class ParkingLot:
                      head.sink, head.group),
                 )  # fmt: skip
 
+    def parked_counts(self, sinks: list[str]) -> dict[str, int]:
+        """{sink: parked messages} for these sinks: an index range per sink, so dead letters
+        piling up (they stay until discarded) do not slow the check made before every batch."""
+        rows = self._exec(
+            sql.SQL(
+                "SELECT sink, count(*) FROM {} WHERE sink = ANY(%s) AND status = 'parked' "
+                "GROUP BY sink"
+            ).format(self.table),
+            (list(sinks),),
+        )
+        return {sink: int(n) for sink, n in rows}
+
     def counts(self) -> dict[str, dict[str, int]]:
         """{sink: {"parked": n, "dead": n}}."""
         rows = self._exec(

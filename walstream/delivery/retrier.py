@@ -74,7 +74,10 @@ class Retrier:
     def run_once(self) -> int:
         """One pass over every sink's due groups; returns how many messages were delivered."""
         delivered = 0
+        paused = self.parking.paused()
         for sink in self.sinks:
+            if sink.name in paused:  # a paused sink delivers nothing, parked messages included
+                continue
             for group in self.parking.due_groups(sink.name):
                 if self._stop.is_set():
                     return delivered
@@ -130,6 +133,13 @@ class Retrier:
                 ok = [chunk[k].id for k in sorted(exc.delivered)]
                 self.parking.delivered(ok)
                 done += len(ok)
+                if exc.pause:  # the destination said to stop: not an attempt of the message
+                    self.parking.set_paused(config.name, True, exc.problem)
+                    log.error(
+                        "sink %s is paused: %s; after fixing it, `walstream resume %s`",
+                        config.name, exc.problem, config.name,
+                    )  # fmt: skip
+                    break
                 head = next(p for k, p in enumerate(chunk) if k not in exc.delivered)
                 attempts = head.attempts + 1
                 dead = not exc.retryable or attempts >= config.max_attempts

@@ -33,6 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
+from urllib.parse import urlsplit
 
 
 class Message(NamedTuple):
@@ -92,3 +93,12 @@ class Sink(ABC):
     # Driver side, once per micro-batch before any task runs.
     def prepare_batch(self, sink: str, batch_id: int, partitions: int) -> None:  # noqa: B027
         """Get ready for a batch (e.g. remove what an earlier, differently split run wrote)."""
+
+
+def url_for_messages(url: str, default_port: int | None = None) -> str:
+    """A destination URL fit for errors and logs: no user, password or query string."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    if default_port is not None and parts.port is None:
+        host = f"{host}:{default_port}"
+    return f"{parts.scheme}://{host}{parts.path}"

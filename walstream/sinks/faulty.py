@@ -47,8 +47,8 @@ class FaultySink(Sink):
             delivered = frozenset(good)
         except SinkError as exc:
             raise SinkError(
-                exc.problem, exc.fix, retryable=exc.retryable,
-                delivered=frozenset(good[k] for k in exc.delivered),
+                exc.problem, exc.fix, retryable=exc.retryable, retry_after=exc.retry_after,
+                pause=exc.pause, delivered=frozenset(good[k] for k in exc.delivered),
             ) from exc  # fmt: skip
         first = messages[bad[0]]
         raise SinkError(

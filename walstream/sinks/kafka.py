@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from walstream.change import format_lsn, idempotency_key
-from walstream.config import KafkaDestination, redacted
+from walstream.config import KafkaDestination, is_name, redacted
 from walstream.errors import MissingDependency, SinkError
 from walstream.sinks.base import Message, Sink
 
@@ -237,7 +237,7 @@ class KafkaSink(Sink):
                 retryable=True,
             ) from exc
         topic = self.config.topic
-        if topic_is_name(topic) and topic not in meta.topics and not self.config.create_topics:
+        if is_name(topic) and topic not in meta.topics and not self.config.create_topics:
             raise SinkError(
                 f"Kafka: topic {topic!r} does not exist on {self.config.bootstrap_servers}",
                 "create it, or set destination.create_topics: true",
@@ -299,8 +299,3 @@ _PRODUCER_ONLY = (
     "partitioner",
     "sticky",
 )
-
-
-def topic_is_name(topic: str) -> bool:
-    """A plain topic name (else the value is a Spark SQL expression)."""
-    return all(c.isalnum() or c in "._-" for c in topic)

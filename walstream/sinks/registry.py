@@ -18,6 +18,26 @@ def sink_for(destination: Any) -> Sink:
         from walstream.sinks.file import FileSink
 
         return FileSink(destination)
+    if kind == "redis_stream":
+        from walstream.sinks.redis_stream import RedisStreamSink
+
+        return RedisStreamSink(destination)
+    if kind == "nats":
+        from walstream.sinks.nats import NatsSink
+
+        return NatsSink(destination)
+    if kind == "rabbitmq":
+        from walstream.sinks.rabbitmq import RabbitMqSink
+
+        return RabbitMqSink(destination)
+    if kind == "webhook":
+        from walstream.sinks.webhook import WebhookSink
+
+        return WebhookSink(destination)
+    if kind == "postgres":
+        from walstream.sinks.postgres import PostgresSink
+
+        return PostgresSink(destination)
     if kind == "faulty":
         from walstream.sinks.faulty import FaultySink
 

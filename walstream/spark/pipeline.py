@@ -20,8 +20,6 @@ from typing import Any
 
 from walstream.change import CHANGE_COLUMNS, ChangeRow
 from walstream.config import (
-    FaultyDestination,
-    KafkaDestination,
     SinkConfig,
     SourceConfig,
     sink_snapshot,
@@ -30,7 +28,6 @@ from walstream.delivery.deliver import DeliveryPlan, Row, Stats, deliver_partiti
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import Backoff, ParkingLot
 from walstream.errors import ConfigError
-from walstream.sinks.kafka import topic_is_name
 from walstream.sinks.registry import sink_for
 
 log = logging.getLogger(__name__)
@@ -85,15 +82,12 @@ def prepare(df: Any, sink: SinkConfig, skip_before: int | None = None) -> Any:
 
     `skip_before`: changes committed before this LSN are left out (`walstream reset`).
     """
-    cols = [f"({group_expr(sink.group_by)}) AS _group"]
     dest = sink.destination
-    while isinstance(dest, FaultyDestination):  # keyed and routed as the destination it wraps
-        dest = dest.inner
-    if isinstance(dest, KafkaDestination):
-        key = "concat_ws(',', pk)" if dest.key == "pk" else dest.key
-        cols.append(f"CAST(({key}) AS STRING) AS _key")
-        if not topic_is_name(dest.topic):
-            cols.append(f"CAST(({dest.topic}) AS STRING) AS _route")
+    cols = [f"({group_expr(sink.group_by or dest.group_by())}) AS _group"]
+    cols.append(f"CAST(({dest.key_expression()}) AS STRING) AS _key")
+    route = dest.route_expression()
+    if route is not None:
+        cols.append(f"CAST(({route}) AS STRING) AS _route")
     if isinstance(sink.transform, dict):
         fields = ", ".join(f"{_quote(k)}, ({v})" for k, v in sink.transform.items())
         cols.append(f"to_json(named_struct({fields})) AS _message")
@@ -113,6 +107,8 @@ def delivery_columns(sink: SinkConfig) -> list[str]:
     `pk` and `unchanged_toast` are never in a message (the key and group are computed
     before); a SQL transform's `_message` replaces the formatted row entirely.
     """
+    if sink.destination.message_format() == "mirror":
+        return [c for c in CHANGE_COLUMNS if c not in ("annotations", "xid")]
     skip = {"pk", "unchanged_toast"}
     if isinstance(sink.transform, dict):
         skip |= {"xid", "record", "old", "annotations"}
@@ -273,10 +269,11 @@ class Pipeline:
     def hold_reasons(self) -> dict[str, str]:
         paused, skips = self.parking.states()
         self.skips = skips
-        counts = self.parking.counts() if any(s.on_full == "pause" for s in self.sinks) else {}
+        bounded = [s.name for s in self.sinks if s.on_full == "pause"]
+        counts = self.parking.parked_counts(bounded) if bounded else {}
         out = {}
         for sink in self.sinks:
-            parked = counts.get(sink.name, {}).get("parked", 0)
+            parked = counts.get(sink.name, 0)
             if sink.name in paused:
                 why = f" ({paused[sink.name]})" if paused[sink.name] else ""
                 out[sink.name] = f"sink {sink.name} is paused{why}; `walstream resume {sink.name}`"
@@ -293,7 +290,7 @@ class Pipeline:
         plan = DeliveryPlan(
             sink=sink.name,
             destination=sink.destination,
-            format=sink.format,
+            format=sink.destination.message_format() or sink.format,
             db=self.db,
             batch_size=sink.batch_size,
             retry_timeout=getattr(sink.destination, "retry_timeout", 60.0),

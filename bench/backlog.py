@@ -1,0 +1,314 @@
+"""Memory of `walstream run` while it drains a large backlog: does it stay flat?
+
+    .venv/bin/python -m bench.backlog [--changes 10000000] [--sample-seconds 2]
+
+1. Writes CHANGES inserts into an 8-column table while walstream's slot exists and
+   nothing reads it: 1,000-row transactions, plus one transaction of a tenth of
+   the backlog (a large transaction must not be held whole either).
+2. Starts the Runtime of `walstream run` with walstream's default Spark settings
+   and one file sink (parquet), and samples while it drains the slot: resident
+   memory (VmRSS) of the driver JVM, of this Python process (the runtime, the
+   retrier), of Spark's Python processes (the streaming source with its capture
+   buffer, the delivery workers), and the slot's remaining backlog.
+3. Prints the samples at every tenth of the drain, then the peak of each process
+   group, the resident memory at 20 % and at 100 % of the drain, and the growth
+   between them. Flat means the growth is small and does not scale with CHANGES:
+   run it with --changes 1000000 and 10000000 and compare.
+
+Memory that matters is bounded by settings, not by the backlog: capture's
+buffer (`max_buffer_bytes`, 128 MB), a batch (`max_changes_per_batch`), the JVM
+heap (`spark.driver.memory`, Spark's default 1g).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.stream import TABLE
+from walstream.config import parse_config
+from walstream.postgres.embedded import EmbeddedPostgres
+from walstream.postgres.replication import connect
+from walstream.runtime import Runtime
+
+GROUPS = ("driver JVM", "walstream driver (Python)", "Spark Python processes")
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid → command line of every process below `root` (and root itself)."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            parents[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            names[int(d.name)] = (
+                (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except OSError:
+            continue
+    out: dict[int, str] = {}
+    for pid in parents:
+        p = pid
+        while p not in (0, 1, root):
+            p = parents.get(p, 0)
+        if p == root:
+            out[pid] = names[pid]
+    return out
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def rss_by_group() -> dict[str, float]:
+    """Resident MB now: the driver JVM, this process, and the sum of Spark's Python processes."""
+    return {g: mb for g, (mb, _) in rss_and_count().items()}
+
+
+def rss_and_count() -> dict[str, tuple[float, int]]:
+    """(resident MB, processes) per group."""
+    me = os.getpid()
+    out = dict.fromkeys(GROUPS, (0.0, 0))
+    for pid, cmd in _descendants(me).items():
+        if pid == me:
+            group = "walstream driver (Python)"
+        elif "java" in cmd.split(" ", 1)[0]:
+            group = "driver JVM"
+        elif "python" in cmd:
+            group = "Spark Python processes"
+        else:
+            continue
+        mb, n = out[group]
+        out[group] = (mb + _rss_mb(pid), n + 1)
+    return out
+
+
+def jvm_live_heap_mb() -> float | None:
+    """The driver JVM's heap in use right after a full GC (jcmd), or None without a JDK.
+
+    Resident memory of a JVM grows toward its heap limit before the collector works
+    hard, so RSS alone cannot tell a leak from a lazy collector; the live heap can.
+    """
+    for pid, cmd in _descendants(os.getpid()).items():
+        if "java" not in cmd.split(" ", 1)[0]:
+            continue
+        jcmd = Path(os.readlink(f"/proc/{pid}/exe")).with_name("jcmd")
+        if not jcmd.exists():
+            return None
+        subprocess.run([str(jcmd), str(pid), "GC.run"], capture_output=True, timeout=60)
+        info = subprocess.run(
+            [str(jcmd), str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=60
+        ).stdout
+        m = re.search(r"heap\s+total \d+K, used (\d+)K", info)
+        return int(m.group(1)) / 1024 if m else None
+    return None
+
+
+@dataclass
+class Sampler:
+    """Samples memory and the slot's backlog every `every` seconds on a thread."""
+
+    dsn: str
+    slot: str
+    every: float
+    rows: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def backlog_bytes(self, conn) -> int:
+        row = conn.execute(
+            "SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            (self.slot,),
+        ).fetchone()
+        return int(row[0] or 0) if row else 0
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        with connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.wait(self.every):
+                self.rows.append((time.monotonic() - t0, self.backlog_bytes(conn), rss_by_group()))
+
+    def start(self) -> Sampler:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def write_backlog(dsn: str, changes: int) -> None:
+    """CHANGES inserts: 1,000-row transactions and, in the middle, one of a tenth of them."""
+    half, big = changes // 2, changes // 10
+    plan = [(1000, half), (big, big), (1000, changes - half - big)]  # (rows per txn, rows)
+    t0 = time.perf_counter()
+    done, step = 0, max(changes // 10, 1)
+    next_report = step
+    with connect(dsn, autocommit=True) as conn:
+        for per_txn, rows in plan:
+            end = done + rows
+            while done < end:
+                n = min(per_txn, end - done)
+                conn.execute(
+                    """INSERT INTO accounts_history
+                       SELECT g, g %% 100000, g %% 10, g %% 100, (g %% 9999) - 5000, now(),
+                              'f', 'n' || g
+                       FROM generate_series(%s::bigint, %s::bigint) g""",
+                    (done + 1, done + n),
+                )
+                done += n
+                if done >= next_report:
+                    rate = done / (time.perf_counter() - t0)
+                    print(f"  written {done:>12,} of {changes:,} ({rate:,.0f}/s)", flush=True)
+                    next_report += step
+    print(f"workload: {changes:,} inserts in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--changes", type=int, default=10_000_000)
+    ap.add_argument("--sample-seconds", type=float, default=2.0)
+    ap.add_argument(
+        "--max-batch", type=int, default=None,
+        help="source max_changes_per_batch (default: walstream's, 50,000)",
+    )  # fmt: skip
+    args = ap.parse_args()
+    if args.changes < 10:
+        raise SystemExit("--changes must be at least 10")
+
+    work = Path(tempfile.mkdtemp(prefix="walstream-bench-backlog-"))
+    try:
+        with EmbeddedPostgres(
+            settings={"fsync": "off", "synchronous_commit": "off", "max_wal_size": "4GB"}
+        ) as pg:
+            dsn = pg.dsn()
+            with connect(dsn, autocommit=True) as conn:
+                conn.execute(TABLE)
+                conn.execute("CREATE PUBLICATION bench FOR TABLE accounts_history")
+                conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
+            write_backlog(dsn, args.changes)
+            with connect(dsn, autocommit=True) as conn:
+                wal = conn.execute(
+                    "SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots"
+                ).fetchone()[0]  # type: ignore[index]
+            print(
+                f"backlog in the slot: {args.changes:,} changes, {int(wal) / 2**20:,.0f} MB of WAL"
+            )
+
+            cfg = parse_config(
+                {
+                    "spark": {"master": "local[2]", "checkpoint_dir": str(work / "checkpoints")},
+                    "sources": [
+                        {"name": "bench", "dsn": dsn, "slot": "bench", "publication": "bench",
+                         **({"max_changes_per_batch": args.max_batch} if args.max_batch else {})}
+                    ],
+                    "sinks": [
+                        {"name": "files", "source": "bench",
+                         "destination": {"type": "file", "path": str(work / "out"),
+                                         "format": "parquet"}}
+                    ],
+                }
+            )  # fmt: skip
+            sampler = Sampler(dsn, "bench", args.sample_seconds).start()
+            t0 = time.perf_counter()
+            runtime = Runtime(cfg).start()
+            try:
+                next_report = args.changes // 10
+                heap: dict[str, float | None] = {}
+                while True:
+                    runtime.poll()
+                    if runtime.fatal is not None:
+                        raise SystemExit(f"walstream stopped: {runtime.fatal}")
+                    p = runtime.progress().get("files")
+                    done = 0 if p is None else p.delivered + p.skipped
+                    if done >= next_report:
+                        mem = rss_and_count()
+                        print(
+                            f"  delivered {done:>12,} ({done / (time.perf_counter() - t0):,.0f}/s)  "
+                            + "  ".join(f"{k} {mb:,.0f} MB ({n})" for k, (mb, n) in mem.items()),
+                            flush=True,
+                        )
+                        while next_report <= done:
+                            next_report += args.changes // 10
+                    if "at 20%" not in heap and done >= args.changes * 0.2:
+                        heap["at 20%"] = jvm_live_heap_mb()
+                    if done >= args.changes:
+                        heap["at 100%"] = jvm_live_heap_mb()
+                        break
+                    time.sleep(0.1)
+                elapsed = time.perf_counter() - t0
+            finally:
+                sampler.stop()
+                runtime.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    report(sampler.rows, args.changes, elapsed, heap)
+
+
+def report(
+    rows: list[tuple[float, int, dict[str, float]]],
+    changes: int,
+    elapsed: float,
+    heap: dict[str, float | None],
+) -> None:
+    if not rows:
+        raise SystemExit("no memory samples were taken; lower --sample-seconds")
+    start_backlog = max(r[1] for r in rows) or 1
+
+    def at(fraction: float) -> dict[str, float]:
+        """The sample where `fraction` of the WAL backlog had been drained (first past it)."""
+        for _, backlog, mem in rows:
+            if 1 - backlog / start_backlog >= fraction:
+                return mem
+        return rows[-1][2]
+
+    early, late = at(0.2), rows[-1][2]
+    peak = {g: max(r[2][g] for r in rows) for g in GROUPS}
+    print()
+    print(f"drained {changes:,} changes in {elapsed:.0f}s ({changes / elapsed:,.0f}/s), "
+          f"{len(rows)} samples")  # fmt: skip
+    print(f"{'process group':<30}{'at 20%':>10}{'at 100%':>10}{'growth':>10}{'peak':>10}")
+    for g in GROUPS:
+        print(
+            f"{g:<30}{early[g]:>7,.0f} MB{late[g]:>7,.0f} MB{late[g] - early[g]:>+7,.0f} MB"
+            f"{peak[g]:>7,.0f} MB"
+        )
+    total_early, total_late = sum(early.values()), sum(late.values())
+    print(
+        f"{'all':<30}{total_early:>7,.0f} MB{total_late:>7,.0f} MB"
+        f"{total_late - total_early:>+7,.0f} MB{max(sum(r[2].values()) for r in rows):>7,.0f} MB"
+    )
+
+    early_heap, late_heap = heap.get("at 20%"), heap.get("at 100%")
+    if early_heap is None or late_heap is None:
+        print("driver JVM live heap after GC: n/a (jcmd not found: install a JDK to see it)")
+    else:
+        print(
+            f"{'driver JVM live heap after GC':<30}{early_heap:>7,.0f} MB{late_heap:>7,.0f} MB"
+            f"{late_heap - early_heap:>+7,.0f} MB"
+        )
+
+
+if __name__ == "__main__":
+    main()

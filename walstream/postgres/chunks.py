@@ -1,0 +1,166 @@
+"""Key-range chunks of a table, for backfills (DESIGN.md section 6).
+
+A table is cut into ranges of its primary key, in key order: each range holds up
+to `size` rows (of those matching an optional `where` predicate) and is read with
+one indexed query, `WHERE (pk) > after AND (pk) <= upto`. Composite keys compare
+as row values, so `(a, b) > (1, 'x')` follows the index. Boundaries are the key
+values as text with the key columns' types, so a plan can be stored (to resume
+after a crash) and read back on any process.
+
+Boundaries are found one at a time (`next_boundary`: an index range scan of
+`size` entries), so the size can change between chunks, e.g. toward a target
+time per chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from walstream.errors import ConfigError
+
+Key = tuple[str, ...]  # key values as text, in key order
+
+
+@dataclass(frozen=True)
+class Table:
+    schema: str
+    name: str
+    pk: list[str]
+    pk_types: list[str]  # format_type of each key column
+    columns: list[str]
+
+    @property
+    def ident(self) -> sql.Composed:
+        return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(self.name))
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    after: Key | None  # exclusive lower bound; None: from the first key
+    upto: Key | None  # inclusive upper bound; None: to the last key
+
+
+def describe(conn: Any, schema: str, table: str) -> Table:
+    """The table's key and columns; a table without a primary key cannot be chunked."""
+    row = conn.execute(
+        "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))", (schema, table)
+    ).fetchone()
+    if row is None or row[0] is None:
+        raise ConfigError(
+            f"table {schema}.{table} does not exist",
+            "check the name (schema.table) and that the source's database has it",
+        )
+    oid = row[0]
+    cols = [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum", (oid,)).fetchall()]  # fmt: skip
+    keys = conn.execute(
+        """SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_index i
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+           WHERE i.indrelid = %s::regclass AND i.indisprimary
+           ORDER BY array_position(i.indkey::int2[], a.attnum)""",
+        (oid,),
+    ).fetchall()
+    if not keys:
+        raise ConfigError(
+            f"table {schema}.{table} has no primary key, so it cannot be read in key ranges",
+            f"add one (ALTER TABLE {schema}.{table} ADD PRIMARY KEY (...)), or leave the "
+            "table out of the backfill",
+        )
+    return Table(schema, table, [k[0] for k in keys], [k[1] for k in keys], cols)
+
+
+def _where(where: str | None) -> sql.Composable:
+    """The operator's predicate (trusted SQL), with `%` kept literal beside the parameters."""
+    if not where:
+        return sql.SQL("")
+    return sql.SQL(" AND ({})").format(sql.SQL(where.replace("%", "%%")))
+
+
+def _row(table: Table) -> sql.Composed:
+    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in table.pk))
+
+
+def _bound(table: Table) -> sql.Composed:
+    """`(%s::type1, %s::type2)`: a key given as text, compared with the key's own types."""
+    return sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("%s::" + t) for t in table.pk_types))
+
+
+def _range(table: Table, r: KeyRange) -> tuple[sql.Composable, list[str]]:
+    parts: list[sql.Composable] = []
+    params: list[str] = []
+    if r.after is not None:
+        parts.append(sql.SQL(" AND {} > {}").format(_row(table), _bound(table)))
+        params.extend(r.after)
+    if r.upto is not None:
+        parts.append(sql.SQL(" AND {} <= {}").format(_row(table), _bound(table)))
+        params.extend(r.upto)
+    return sql.Composed(parts), params
+
+
+def check_where(conn: Any, table: Table, where: str | None) -> None:
+    """Plan (not run) the predicate against the table: a mistake is a ConfigError naming it."""
+    if not where:
+        return
+    import psycopg
+
+    try:
+        with conn.transaction():
+            conn.execute(
+                sql.SQL("EXPLAIN SELECT 1 FROM {} WHERE true{}").format(table.ident, _where(where))
+            )
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigError(
+            f"--where {where!r} is not a valid predicate on {table.qualified}: {reason}",
+            "write a SQL boolean expression over the table's columns, e.g. "
+            "\"created_at >= '2024-01-01'\"",
+        ) from None
+
+
+def next_boundary(
+    conn: Any, table: Table, after: Key | None, size: int, where: str | None = None
+) -> Key | None:
+    """The key `size` rows after `after` (the end of the next chunk), or None when the rest
+    of the table fits in one chunk."""
+    rng, params = _range(table, KeyRange(after, None))
+    # ORDER BY names the table's columns (_t.x): a bare name would sort by the text output.
+    query = sql.SQL("SELECT {} FROM {} AS _t WHERE true{}{} ORDER BY {} OFFSET %s LIMIT 2").format(
+        sql.SQL(", ").join(sql.SQL("_t.{}::text").format(sql.Identifier(k)) for k in table.pk),
+        table.ident, rng, _where(where),
+        sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in table.pk),
+    )  # fmt: skip
+    rows = conn.execute(query, [*params, size - 1]).fetchall()
+    return tuple(rows[0]) if len(rows) == 2 else None  # one row: it is the table's last
+
+
+def plan(conn: Any, table: Table, size: int, where: str | None = None) -> Iterator[KeyRange]:
+    """Every chunk of the table, in key order: together they cover each row exactly once."""
+    after: Key | None = None
+    while True:
+        upto = next_boundary(conn, table, after, size, where)
+        yield KeyRange(after, upto)
+        if upto is None:
+            return
+        after = upto
+
+
+def chunk_query(
+    table: Table, r: KeyRange, where: str | None = None
+) -> tuple[sql.Composed, list[str]]:
+    """The query that reads one chunk's rows, in key order, and its parameters."""
+    rng, params = _range(table, r)
+    query = sql.SQL("SELECT {} FROM {} WHERE true{}{} ORDER BY {}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in table.columns),
+        table.ident, rng, _where(where),
+        sql.SQL(", ").join(sql.Identifier(k) for k in table.pk),
+    )  # fmt: skip
+    return query, params

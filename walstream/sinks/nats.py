@@ -1,0 +1,192 @@
+"""NATS JetStream sink (`type: nats`): every message acknowledged by its stream.
+
+Each message is published with the header `Nats-Msg-Id` = its idempotency key
+(base64 "lsn:seq"), so JetStream drops a message it has seen within the stream's
+duplicate window (2 minutes by default): a batch replayed after a crash adds
+nothing. Also `walstream-table` and `walstream-action` headers. A chunk is
+published in order on one connection without waiting for each acknowledgement
+(`publish_async`), then every acknowledgement is awaited.
+
+nats-py is asyncio: the connections live on the worker's shared loop (`sinks/aio.py`),
+and `deliver` waits for its chunk there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from walstream.change import idempotency_key
+from walstream.config import NatsDestination
+from walstream.errors import MissingDependency, SinkError
+from walstream.sinks import aio
+from walstream.sinks.base import Message, Sink
+
+_CONNECTIONS: dict[tuple[Any, ...], Any] = {}
+_STREAMS_READY: set[tuple[Any, ...]] = set()
+
+#: JetStream API error codes that a retry cannot fix (wrong stream, too large, ...).
+_FATAL_CODES = {10060, 10054, 10055, 10026}
+
+
+def _nats() -> Any:
+    try:
+        import nats
+        import nats.js.errors
+    except ImportError as exc:
+        raise MissingDependency("nats-py (the NATS JetStream sink)", "nats") from exc
+    return nats
+
+
+class NatsSink(Sink):
+    config: NatsDestination
+
+    def __init__(self, config: NatsDestination) -> None:
+        super().__init__(config)
+        c = config
+        self.servers = [s.strip() for s in c.servers.split(",") if s.strip()]
+        self.key = (
+            tuple(self.servers), c.user,
+            c.password.get_secret_value() if c.password else None,
+            c.token.get_secret_value() if c.token else None,
+        )  # fmt: skip
+
+    # -- running coroutines on the shared loop -----------------------------------------------
+    def _run(self, coro: Any, timeout: float) -> Any:
+        try:
+            return aio.run(coro, timeout)
+        except TimeoutError:
+            raise SinkError(
+                f"NATS: no answer within {timeout:.0f}s from {self.config.servers}",
+                "check that the NATS servers are up and JetStream is enabled (-js)",
+                retryable=True,
+            ) from None
+
+    async def _connection(self) -> Any:
+        nc = _CONNECTIONS.get(self.key)
+        if nc is not None and not nc.is_closed:
+            return nc
+        nats = _nats()
+        c = self.config
+        try:
+            nc = await nats.connect(
+                servers=self.servers, user=c.user,
+                password=c.password.get_secret_value() if c.password else None,
+                token=c.token.get_secret_value() if c.token else None,
+                connect_timeout=c.timeout, allow_reconnect=True, max_reconnect_attempts=3,
+                reconnect_time_wait=0.5,
+            )  # fmt: skip
+        except Exception as exc:
+            raise SinkError(
+                f"NATS: cannot connect to {c.servers}: {type(exc).__name__}: {exc}",
+                "check destination.servers (and user/password/token) and that NATS is up",
+                retryable=not isinstance(exc, nats.errors.AuthorizationError),
+            ) from exc
+        _CONNECTIONS[self.key] = nc
+        return nc
+
+    async def _ensure_stream(self, js: Any) -> None:
+        c = self.config
+        ready = (self.key, c.stream)
+        if not c.create_stream or c.stream is None or ready in _STREAMS_READY:
+            return
+        nats = _nats()
+        try:
+            await js.stream_info(c.stream)
+        except nats.js.errors.NotFoundError:
+            await js.add_stream(name=c.stream, subjects=[c.subject])
+        _STREAMS_READY.add(ready)
+
+    async def _publish(self, messages: Sequence[Message]) -> list[Any]:
+        nc = await self._connection()
+        js = nc.jetstream(timeout=self.config.timeout)
+        await self._ensure_stream(js)
+        default = self.config.subject
+        futures = []
+        for m in messages:
+            headers = {
+                "Nats-Msg-Id": idempotency_key(m.lsn, m.seq),
+                "walstream-table": m.table,
+                "walstream-action": m.action,
+            }
+            futures.append(
+                await js.publish_async(
+                    m.route or default, m.value or b"", headers=headers, stream=self.config.stream
+                )
+            )
+        await nc.flush(self.config.timeout)
+        return await asyncio.gather(
+            *(asyncio.wait_for(f, self.config.timeout) for f in futures), return_exceptions=True
+        )
+
+    # -- the contract ------------------------------------------------------------------------
+    def deliver(self, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
+        try:
+            acks = self._run(self._publish(messages), self.config.timeout * 3 + 5)
+        except SinkError:
+            raise
+        except Exception as exc:  # connection lost before all were sent: none known delivered
+            raise self._error(exc, messages[0], frozenset()) from exc
+        failed = {i: a for i, a in enumerate(acks) if isinstance(a, BaseException)}
+        if failed:
+            first = min(failed)
+            delivered = frozenset(range(len(messages))) - failed.keys()
+            raise self._error(failed[first], messages[first], delivered, len(failed))
+
+    def _error(
+        self, exc: BaseException, m: Message, delivered: frozenset[int], n: int = 0
+    ) -> SinkError:
+        nats = _nats()
+        subject = m.route or self.config.subject
+        count = f" ({n} of the chunk)" if n else ""
+        if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+            return SinkError(
+                f"NATS: no JetStream stream takes subject {subject!r}{count}",
+                "add a stream whose subjects cover it, or set destination.stream and "
+                "create_stream: true",
+                retryable=False, delivered=delivered,
+            )  # fmt: skip
+        if isinstance(exc, nats.errors.MaxPayloadError):
+            return SinkError(
+                f"NATS: a message is larger than the server's max_payload{count}",
+                "raise max_payload on the server, or filter/transform the large rows",
+                retryable=False, delivered=delivered,
+            )  # fmt: skip
+        if isinstance(exc, nats.js.errors.APIError):
+            code = getattr(exc, "err_code", None)
+            return SinkError(
+                f"NATS: JetStream refused a message on {subject!r}: {exc}{count}",
+                "check destination.stream against the stream that holds the subject"
+                if code in _FATAL_CODES
+                else "check the stream's limits and the server log",
+                retryable=code not in _FATAL_CODES, delivered=delivered,
+            )  # fmt: skip
+        return SinkError(
+            f"NATS: {type(exc).__name__}: {exc or 'timed out'} on {subject!r}{count}",
+            "check that the NATS servers are up and JetStream is enabled (-js)",
+            retryable=True, delivered=delivered,
+        )  # fmt: skip
+
+    def test_connection(self) -> None:
+        async def probe() -> None:
+            nc = await self._connection()
+            js = nc.jetstream(timeout=self.config.timeout)
+            await js.account_info()
+            if self.config.stream and not self.config.create_stream:
+                await js.stream_info(self.config.stream)
+
+        try:
+            self._run(probe(), self.config.timeout * 2 + 5)
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise SinkError(
+                f"NATS: JetStream is not usable on {self.config.servers}: "
+                f"{type(exc).__name__}: {exc}",
+                "start the server with JetStream (-js); create destination.stream or set "
+                "create_stream: true",
+                retryable=True,
+            ) from exc

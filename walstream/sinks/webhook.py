@@ -1,0 +1,227 @@
+"""HTTP webhook sink (`type: webhook`): httpx, keep-alive, Standard Webhooks signatures.
+
+One request per message (the body is the formatted message), or with `batch: true`
+one request per chunk and URL with the body `{"data": [message, ...]}`. Up to
+`concurrency` requests run at once: messages are spread over that many lanes by
+group key, and a lane sends its messages one after the other, so a group's
+messages arrive in order. Once a message of a group fails, the lane sends no later
+message of that group in this chunk.
+
+Headers (https://www.standardwebhooks.com): `webhook-id` (the idempotency key,
+base64 "lsn:seq"; for a batch, the first message's key and the count),
+`webhook-timestamp` (unix seconds) and, with `secrets`, `webhook-signature`:
+`v1,<base64 HMAC-SHA256 of "id.timestamp.body">` per secret, space-separated, so
+receivers can rotate secrets. Plus the configured `headers`.
+
+Answers: 2xx delivered. 408, 429, 5xx, timeouts and connection errors are
+retryable (`Retry-After` honoured). 410 Gone pauses the sink. Other 4xx and 3xx are
+not retryable: the message becomes a dead letter.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import hmac
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from walstream.change import idempotency_key
+from walstream.config import WebhookDestination
+from walstream.errors import MissingDependency, SinkError
+from walstream.sinks.base import Message, Sink, url_for_messages
+
+_CLIENTS: dict[tuple[float, int], Any] = {}
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_LOCK = threading.Lock()
+_RETRYABLE = {408, 425, 429}
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as exc:
+        raise MissingDependency("httpx (the webhook sink)", "webhook") from exc
+    return httpx
+
+
+def client_for(timeout: float, connections: int) -> Any:
+    """One pooled keep-alive client per settings per worker process (thread-safe)."""
+    httpx = _httpx()
+    with _LOCK:
+        c = _CLIENTS.get((timeout, connections))
+        if c is None:
+            c = _CLIENTS[(timeout, connections)] = httpx.Client(
+                timeout=timeout,
+                limits=httpx.Limits(
+                    max_connections=connections, max_keepalive_connections=connections
+                ),
+                follow_redirects=False,
+            )
+        return c
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    with _LOCK:
+        p = _POOLS.get(n)
+        if p is None:
+            p = _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="walstream-webhook")
+        return p
+
+
+def sign(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` header value for these secrets (Standard Webhooks, v1)."""
+    content = f"{msg_id}.{timestamp}.".encode() + body
+    sigs = []
+    for secret in secrets:
+        key = base64.b64decode(secret.removeprefix("whsec_"))
+        digest = hmac.new(key, content, hashlib.sha256).digest()
+        sigs.append("v1," + base64.b64encode(digest).decode())
+    return " ".join(sigs)
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
+    except (TypeError, ValueError):
+        return None
+
+
+class WebhookSink(Sink):
+    config: WebhookDestination
+
+    def __init__(self, config: WebhookDestination) -> None:
+        super().__init__(config)
+        self.secrets = [s.get_secret_value() for s in config.secrets]
+        self.headers = {k: v.get_secret_value() for k, v in config.headers.items()}
+
+    # -- one request --------------------------------------------------------------------------
+    def _send(self, url: str, msg_id: str, body: bytes) -> SinkError | None:
+        """POST one body; None when the receiver took it, else the classified error."""
+        httpx = _httpx()
+        ts = int(time.time())
+        headers = {"content-type": "application/json", **self.headers}
+        headers["webhook-id"] = msg_id
+        headers["webhook-timestamp"] = str(ts)
+        if self.secrets:
+            headers["webhook-signature"] = sign(self.secrets, msg_id, ts, body)
+        if self.config.gzip:
+            body = gzip.compress(body, compresslevel=5)
+            headers["content-encoding"] = "gzip"
+        client = client_for(self.config.timeout, self.config.concurrency)
+        try:
+            r = client.request(self.config.method, url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return SinkError(
+                f"webhook {url_for_messages(url)}: {type(exc).__name__}: {exc or 'no answer'}",
+                "check that the receiver is up and answers within destination.timeout",
+                retryable=True,
+            )
+        code = r.status_code
+        if 200 <= code < 300:
+            return None
+        text = r.text[:200].strip().replace("\n", " ")
+        problem = f"webhook {url_for_messages(url)} answered {code} {r.reason_phrase}: {text!r}"
+        if code == 410:
+            return SinkError(
+                problem,
+                "the receiver is gone: fix destination.url, then `walstream resume` the sink "
+                "(walstream paused it)",
+                retryable=True, pause=True,
+            )  # fmt: skip
+        if code in _RETRYABLE or code >= 500:
+            return SinkError(
+                problem, "the receiver is failing or busy; walstream retries",
+                retryable=True, retry_after=_retry_after(r.headers.get("retry-after")),
+            )  # fmt: skip
+        return SinkError(
+            problem,
+            "the receiver refuses this message: fix the receiver or the message "
+            "(transform), then `walstream dead-letters retry`",
+            retryable=False,
+        )
+
+    # -- lanes --------------------------------------------------------------------------------
+    def _lane(self, messages: Sequence[Message], idx: list[int]) -> dict[int, SinkError]:
+        """Send one lane's messages in order; the failures by index."""
+        failed: dict[int, SinkError] = {}
+        if self.config.batch:
+            by_url: dict[str, list[int]] = {}
+            for i in idx:
+                by_url.setdefault(messages[i].route or self.config.url, []).append(i)
+            for url, ids in by_url.items():
+                first = messages[ids[0]]
+                body = b'{"data":[' + b",".join(messages[i].value or b"null" for i in ids) + b"]}"
+                err = self._send(url, f"{idempotency_key(first.lsn, first.seq)}.{len(ids)}", body)
+                if err is not None:
+                    failed.update(dict.fromkeys(ids, err))
+            return failed
+        stopped: dict[str, SinkError] = {}  # group -> the failure that stops it
+        gone: SinkError | None = None  # a 410: nothing more from this lane
+        for i in idx:
+            m = messages[i]
+            stop = gone or stopped.get(m.group)
+            if stop is not None:
+                failed[i] = stop
+                continue
+            err = self._send(
+                m.route or self.config.url, idempotency_key(m.lsn, m.seq), m.value or b"null"
+            )
+            if err is not None:
+                failed[i] = stopped[m.group] = err
+                if err.pause:
+                    gone = err
+        return failed
+
+    def deliver(self, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
+        n = min(self.config.concurrency, len(messages))
+        lanes: list[list[int]] = [[] for _ in range(n)]
+        for i, m in enumerate(messages):
+            lanes[hash(m.group) % n if n > 1 else 0].append(i)
+        lanes = [lane for lane in lanes if lane]
+        if len(lanes) == 1:
+            failed = self._lane(messages, lanes[0])
+        else:
+            failed = {}
+            for part in _pool(self.config.concurrency).map(
+                lambda lane: self._lane(messages, lane), lanes
+            ):
+                failed.update(part)
+        if not failed:
+            return
+        first = min(failed)
+        err = next((e for e in failed.values() if e.pause), failed[first])
+        raise SinkError(
+            f"{err.problem} ({len(failed)} of {len(messages)} messages not delivered)",
+            err.fix,
+            retryable=err.retryable, retry_after=err.retry_after, pause=err.pause,
+            delivered=frozenset(range(len(messages))) - failed.keys(),
+        )  # fmt: skip
+
+    def test_connection(self) -> None:
+        if self.config.route_expression() is not None:
+            return  # the URL is computed per message: nothing fixed to reach
+        httpx = _httpx()
+        try:
+            client_for(self.config.timeout, self.config.concurrency).request(
+                "HEAD", self.config.url, headers=self.headers
+            )
+        except httpx.HTTPError as exc:
+            raise SinkError(
+                f"webhook {url_for_messages(self.config.url)}: cannot reach it: {type(exc).__name__}: {exc}",
+                "check destination.url and that the receiver is up",
+                retryable=True,
+            ) from exc
