@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from binascii import b2a_base64
 from dataclasses import dataclass
@@ -78,6 +79,23 @@ def idempotency_key(lsn: int, seq: int) -> str:
     return b2a_base64(f"{lsn}:{seq}".encode(), newline=False).decode("ascii")
 
 
+def read_idempotency_key(backfill: int, pk: list[str | None]) -> str:
+    """A backfill row's key: `base64("read:<backfill id>:<pk as JSON>")`.
+
+    Stable when a chunk is read again (after a crash the re-read lands at another
+    LSN), so a consumer drops the copy; a later backfill of the same rows gets new keys.
+    """
+    text = f"read:{backfill}:{json.dumps(pk, ensure_ascii=False, separators=(',', ':'))}"
+    return b2a_base64(text.encode(), newline=False).decode("ascii")
+
+
+def change_key(c: ChangeRow) -> str:
+    """The idempotency key of a change row: its WAL cursor, or backfill id + pk for reads."""
+    if c.backfill is not None:
+        return read_idempotency_key(c.backfill, c.pk)
+    return idempotency_key(c.lsn, c.seq)
+
+
 def pg_timestamp_to_datetime(us_since_2000: int) -> datetime:
     return PG_EPOCH + timedelta(microseconds=us_since_2000)
 
@@ -87,7 +105,9 @@ class ChangeRow(NamedTuple):
 
     `committed_at_us` is microseconds since the Unix epoch (UTC); the Spark
     column is a timestamp. `unchanged_toast` lists columns left out of `record`
-    because Postgres did not send their (unchanged, TOASTed) value.
+    because Postgres did not send their (unchanged, TOASTed) value. `backfill` is
+    the backfill's id on rows a backfill read (action `read`), else None; it is not
+    a column of the stream's schema (the pipeline adds it where backfill rows join).
     """
 
     source: str
@@ -103,6 +123,7 @@ class ChangeRow(NamedTuple):
     old: str | None
     annotations: str | None
     unchanged_toast: list[str] | None
+    backfill: int | None = None
 
     @property
     def cursor(self) -> WalCursor:

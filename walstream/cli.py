@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from walstream.backfill.commands import register as register_backfill
 from walstream.errors import WalstreamError
 from walstream.ops import register as register_ops
 from walstream.postgres.setup import Finding, check_database, has_errors
@@ -336,6 +337,7 @@ def _log_progress(runtime: object, every: float = 10.0) -> None:
 
 
 register_ops(app)
+register_backfill(app)
 
 
 @app.callback()

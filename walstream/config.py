@@ -376,6 +376,8 @@ class SinkConfig(Model):
     backoff: BackoffConfig = Field(default_factory=lambda: BackoffConfig.model_validate({}))
     max_parked: int = Field(100_000, ge=1)  # parked messages of this sink, at most
     on_full: Literal["pause", "discard"] = "pause"  # when max_parked is reached
+    #: on_create: the first `walstream run` that has this sink backfills its tables.
+    backfill: Literal["on_create"] | None = None
     destination: Destination
 
     _name = field_validator("name")(_check_name)
@@ -476,6 +478,15 @@ class Config(Model):
 
     def source(self, name: str) -> SourceConfig:
         return next(s for s in self.sources if s.name == name)
+
+    def sink(self, name: str) -> SinkConfig:
+        found = next((s for s in self.sinks if s.name == name), None)
+        if found is None:
+            raise ConfigError(
+                f"no sink named {name!r} in the config",
+                f"use one of: {', '.join(s.name for s in self.sinks)}",
+            )
+        return found
 
     def sinks_of(self, source: str) -> list[SinkConfig]:
         return [s for s in self.sinks if s.source == source]

@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from walstream.change import ChangeRow, idempotency_key
+from walstream.change import ChangeRow, change_key
 
 FORMATS = ("sequin", "debezium", "record")
 _DEBEZIUM_OP = {"insert": "c", "update": "u", "delete": "d", "read": "r", "truncate": "t"}
+_SNAPSHOT = ',"snapshot":"incremental"'  # Debezium's marker on incremental-snapshot reads
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 Formatter = Callable[[ChangeRow], str]
@@ -59,7 +60,7 @@ def sequin(sink: str) -> Formatter:
             f'{{"record":{c.record or "null"},"changes":{changes},"action":"{c.action}",'
             f'"metadata":{{"table_schema":{_str(c.schema)},"table_name":{_str(c.table)},'
             f'"commit_timestamp":"{iso_timestamp(c.committed_at_us)}","commit_lsn":{c.lsn},'
-            f'"commit_idx":{c.seq},"idempotency_key":"{idempotency_key(c.lsn, c.seq)}",'
+            f'"commit_idx":{c.seq},"idempotency_key":"{change_key(c)}",'
             f'"transaction_annotations":{c.annotations or "null"},'
             f'"sink":{{"name":{sink_json}}},"source":{{"name":{_str(c.source)}}}}}}}'
         )
@@ -82,7 +83,8 @@ def debezium(db: str) -> Formatter:
             f'{{"before":{before},"after":{after},"source":{{"connector":"walstream",'
             f'"name":{_str(c.source)},"db":{db_json},"schema":{_str(c.schema)},'
             f'"table":{_str(c.table)},"lsn":{c.lsn},"txId":{"null" if c.xid is None else c.xid},'
-            f'"ts_ms":{c.committed_at_us // 1000}}},"op":"{_DEBEZIUM_OP[c.action]}",'
+            f'"ts_ms":{c.committed_at_us // 1000}{_SNAPSHOT if c.backfill is not None else ""}}},'
+            f'"op":"{_DEBEZIUM_OP[c.action]}",'
             f'"ts_ms":{time.time_ns() // 1_000_000}}}'
         )
 

@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from walstream.backfill.coordinator import Coordinator
+from walstream.backfill.coordinator import request as request_backfill
+from walstream.backfill.merge import BackfillMerge, Staging
+from walstream.backfill.store import BackfillStore
 from walstream.config import Config, SourceConfig
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
@@ -128,6 +132,8 @@ class Runtime:
         self._rate_base: tuple[float, dict[str, int]] = (time.monotonic(), {})
         self.parking: ParkingLot | None = None
         self.retrier: Retrier | None = None
+        self.backfills: BackfillStore | None = None
+        self.coordinator: Coordinator | None = None
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -142,6 +148,9 @@ class Runtime:
         ledger.ensure()
         self.parking = parking = ParkingLot(cfg.state_dsn, cfg.state.schema_)
         parking.ensure()
+        self.backfills = backfills = BackfillStore(cfg.state_dsn, cfg.state.schema_)
+        backfills.ensure()
+        self._backfills_on_create(backfills)
         if self.spark is None:
             self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
         import walstream
@@ -156,11 +165,25 @@ class Runtime:
                 source, cfg.sinks_of(source.name), ledger, parking,
                 database_name(source.dsn.get_secret_value()), parallelism,
                 query_id=functools.partial(self._wait_query_id, sq),
+                backfills=BackfillMerge(
+                    backfills, source.name, Staging(cfg.spark.checkpoint_dir, source.name)
+                ),
             )  # fmt: skip
             self.queries.append(sq)
             self._start_query(sq)
         self.retrier = Retrier(cfg.sinks, parking, on_delivered=self._retried).start()
+        self.coordinator = Coordinator(cfg, self.spark, backfills).start()
         return self
+
+    def _backfills_on_create(self, store: BackfillStore) -> None:
+        """`backfill: on_create`: a sink that never had a backfill gets one of its tables."""
+        for sink in self.config.sinks:
+            if sink.backfill == "on_create" and not store.has_any(sink.name):
+                for b in request_backfill(self.config, store, sink.name):
+                    log.warning(
+                        "sink %s is new: backfill %d of %s (backfill: on_create)",
+                        sink.name, b.id, b.qualified,
+                    )  # fmt: skip
 
     def _retried(self, sink: str, n: int) -> None:
         for sq in self.queries:
@@ -298,6 +321,8 @@ class Runtime:
         self.stopping.set()
         if self.retrier is not None:
             self.retrier.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
         for sq in self.queries:
             sq.pipeline.draining.set()
         deadline = time.monotonic() + grace

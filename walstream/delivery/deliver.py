@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from walstream.change import ChangeRow
+from walstream.change import ChangeRow, read_idempotency_key
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import DEAD, PARKED, Backoff, ParkingLot
 from walstream.errors import ConfigError, SinkError
@@ -110,6 +110,7 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             change.lsn, change.seq, value.encode() if value is not None else None,
             message_key, route, table=table, action=change.action, group=group or "",
             error=error,
+            ikey=None if change.backfill is None else read_idempotency_key(change.backfill, change.pk),
         )  # fmt: skip
         if plan.tombstones and change.action == "delete":
             # Shares the delete's cursor: delivery never splits the pair across chunks.

@@ -79,16 +79,17 @@ class Parked:
 
 _COLUMNS = (
     "id, sink, group_key, lsn, seq, tombstone, status, attempts, next_attempt_at, errors, "
-    "key, value, route, table_name, action, created_at, untransformed"
+    "key, value, route, table_name, action, created_at, untransformed, ikey"
 )
 
 
 def _row(r: Sequence[Any]) -> Parked:
     (id_, sink, group, lsn, seq, tomb, status, attempts, next_at, errors, key, value, route,
-     table, action, created, untransformed) = r  # fmt: skip
+     table, action, created, untransformed, ikey) = r  # fmt: skip
     msg = Message(
         lsn, seq, None if tomb or value is None else bytes(value),
         bytes(key) if key is not None else None, route, table=table, action=action, group=group,
+        ikey=ikey,
     )  # fmt: skip
     return Parked(
         id_, sink, group, lsn, seq, tomb, status, attempts, next_at, errors, msg, created,
@@ -150,6 +151,9 @@ class ParkingLot:
                      updated_at timestamptz NOT NULL DEFAULT now())"""
             ).format(self.state)
         )
+        self._exec(  # tables made before backfills: their rows' idempotency key
+            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS ikey text").format(self.table)
+        )
         self._exec(  # tables made before `walstream reset` existed
             sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS skip_before bigint").format(self.state)
         )
@@ -190,7 +194,7 @@ class ParkingLot:
                 now + timedelta(seconds=delay) if delay is not None else None,
                 json.dumps(errors), m.key, m.value, m.route, m.table, m.action,
                 json.dumps(sink_config) if status == DEAD and sink_config else None,
-                m.error is not None,
+                m.error is not None, m.ikey,
             ))  # fmt: skip
         if not rows:
             return
@@ -199,8 +203,8 @@ class ParkingLot:
                 sql.SQL(
                     """INSERT INTO {} (sink, group_key, lsn, seq, tombstone, status, attempts,
                          next_attempt_at, errors, key, value, route, table_name, action, sink_config,
-                         untransformed)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                         untransformed, ikey)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                        ON CONFLICT (sink, lsn, seq, tombstone) DO NOTHING"""
                 ).format(self.table),
                 rows,

@@ -31,7 +31,12 @@ import psycopg2
 
 from walstream.errors import ConnectionFailed, WalstreamError
 from walstream.postgres import pgoutput as po
-from walstream.postgres.decoder import ANNOTATIONS_PREFIX, RelationInfo, annotations_json
+from walstream.postgres.decoder import (
+    ANNOTATIONS_PREFIX,
+    WATERMARK_PREFIX,
+    RelationInfo,
+    annotations_json,
+)
 from walstream.postgres.replication import replication_connection, start_options
 
 log = logging.getLogger(__name__)
@@ -82,13 +87,19 @@ class Piece:
     nbytes: int
 
 
+_WATERMARK = WATERMARK_PREFIX.encode() + b"\0"
+
+
 def row_count(raw: bytes) -> int:
-    """Rows a raw message yields: 1 for Insert/Update/Delete, N for a Truncate of N tables."""
+    """Rows a raw message yields: 1 for Insert/Update/Delete, N for a Truncate of N tables,
+    1 for a transactional backfill watermark (a Message: kind, flags, LSN, prefix)."""
     kind = raw[0]
     if kind in (73, 85, 68):  # I U D
         return 1
     if kind == 84:  # T: Int32 number of relations follows
         return int(struct.unpack_from("!i", raw, 1)[0])
+    if kind == 77 and raw[1] & 1 and raw.startswith(_WATERMARK, 10):  # M
+        return 1
     return 0
 
 

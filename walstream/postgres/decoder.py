@@ -26,6 +26,11 @@ from walstream.postgres.types import TypeRegistry
 log = logging.getLogger(__name__)
 
 ANNOTATIONS_PREFIX = "walstream:annotations"
+#: Backfill watermarks (DESIGN.md section 6): a transactional logical message with this
+#: prefix becomes a change row with action `watermark` and the message as `record`. No
+#: sink selects that action; the pipeline reads them to place backfill chunks.
+WATERMARK_PREFIX = "walstream:backfill"
+WATERMARK = "watermark"
 
 _UNCHANGED = po.UNCHANGED_TOAST
 _U32 = struct.Struct("!I").unpack_from
@@ -290,8 +295,7 @@ class ChangeDecoder:
             self.add_relation(RelationInfo.from_message(msg, pk))
             return []
         if isinstance(msg, po.Message):
-            self._message(msg)
-            return []
+            return self._message(msg)
         if isinstance(msg, po.TypeInfo):
             self.type_names[msg.oid] = (msg.schema, msg.name)
             return []
@@ -305,11 +309,22 @@ class ChangeDecoder:
             return []
         return []  # Origin, StreamStop: nothing to emit
 
-    def _message(self, msg: po.Message) -> None:
-        if msg.prefix == ANNOTATIONS_PREFIX and msg.transactional and self.txn is not None:
-            self.txn.annotations = annotations_json(msg.content)
+    def _message(self, msg: po.Message) -> list[ChangeRow]:
+        txn = self.txn
+        if msg.prefix == ANNOTATIONS_PREFIX and msg.transactional and txn is not None:
+            txn.annotations = annotations_json(msg.content)
+        elif msg.prefix == WATERMARK_PREFIX and msg.transactional and txn is not None:
+            seq = txn.seq
+            txn.seq = seq + 1
+            content = msg.content.decode("utf-8", errors="replace")
+            row = ChangeRow(
+                self.source, txn.lsn, seq, txn.xid, txn.committed_at_us, WATERMARK,
+                "", "", [], content, None, None, None,
+            )  # fmt: skip
+            return [row]
         elif self.on_message is not None:
-            self.on_message(msg, self.txn)
+            self.on_message(msg, txn)
+        return []
 
     def _next(self) -> TxnContext:
         txn = self.txn

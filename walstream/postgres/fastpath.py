@@ -71,3 +71,38 @@ def compile_tuple_encoder(
     lines.append(f"    return {record}, [{pk}]")
     exec(compile("\n".join(lines), f"<walstream tuple encoder {n} columns>", "exec"), ns)
     return ns["encode"]  # type: ignore[return-value]
+
+
+FieldsEncoder = Callable[[Sequence["bytes | None"]], "tuple[str, list[str | None]]"]
+
+
+def compile_fields_encoder(
+    names: Sequence[str], codecs: Sequence[t.Codec], key_idx: Sequence[int]
+) -> FieldsEncoder:
+    """The same record JSON and pk as `compile_tuple_encoder`, from a row's text values
+    (bytes, None for NULL) — a backfill's `COPY ... TO STDOUT` rows, so a read row is
+    byte-for-byte what the stream would send for the same values."""
+    n = len(names)
+    ns: dict[str, object] = {"_ebs": encode_basestring}
+    lines = [
+        "def encode(f):",
+        f"    {', '.join(f'v{i}' for i in range(n))}{',' if n == 1 else ''} = f",
+    ]
+    if n == 0:
+        lines[1] = "    pass"
+    for i, codec in enumerate(codecs):
+        template = _INLINE.get(id(codec))
+        if template is None:
+            ns[f"_enc{i}"] = codec.json
+            expr = f"_enc{i}(v{i})"
+        else:
+            expr = template.format(v=f"v{i}")
+        lines.append(f'    p{i} = "null" if v{i} is None else {expr}')
+    for i, name in enumerate(names):
+        ns[f"K{i}"] = ("{" if i == 0 else ",") + encode_basestring(name) + ":"
+    parts = ", ".join(f"K{i}, p{i}" for i in range(n))
+    record = f'"".join(({parts}, "}}"))' if n else '"{}"'
+    pk = ", ".join(f'(None if v{i} is None else v{i}.decode("utf-8"))' for i in key_idx)
+    lines.append(f"    return {record}, [{pk}]")
+    exec(compile("\n".join(lines), f"<walstream fields encoder {n} columns>", "exec"), ns)
+    return ns["encode"]  # type: ignore[return-value]

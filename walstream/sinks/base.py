@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit
 
+from walstream.change import idempotency_key
+
 
 class Message(NamedTuple):
     """One formatted change on its way to a destination (a tuple: built once per change)."""
@@ -50,10 +52,17 @@ class Message(NamedTuple):
     #: Set when the message could not be built (a Python transform raised): it is never
     #: sent; the delivery layer makes it a dead letter with this reason.
     error: str | None = None
+    #: The idempotency key when it is not the cursor's (backfill rows: backfill id + pk).
+    ikey: str | None = None
 
     @property
     def cursor(self) -> tuple[int, int]:
         return (self.lsn, self.seq)
+
+    @property
+    def idempotency_key(self) -> str:
+        """What the sink passes on for deduplication: `base64("lsn:seq")` or `ikey`."""
+        return self.ikey or idempotency_key(self.lsn, self.seq)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from walstream.change import idempotency_key
 from walstream.config import FileDestination
 from walstream.errors import SinkError
 from walstream.sinks.base import BatchInfo, Message, Sink
@@ -52,7 +51,7 @@ class FileSink(Sink):
             if self.config.format == "parquet":
                 self._rows.extend(
                     {
-                        "lsn": m.lsn, "seq": m.seq, "idempotency_key": idempotency_key(m.lsn, m.seq),
+                        "lsn": m.lsn, "seq": m.seq, "idempotency_key": m.idempotency_key,
                         "table": m.table, "action": m.action,
                         "key": m.key.decode() if m.key is not None else None,
                         "message": m.value.decode() if m.value is not None else None,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from walstream.change import format_lsn, idempotency_key
+from walstream.change import format_lsn
 from walstream.config import KafkaDestination, is_name, redacted
 from walstream.errors import MissingDependency, SinkError
 from walstream.sinks.base import Message, Sink
@@ -184,7 +184,7 @@ class KafkaSink(Sink):
         default_topic = self.config.topic
         for i, m in enumerate(messages):
             headers = [
-                ("idempotency-key", idempotency_key(m.lsn, m.seq)),
+                ("idempotency-key", m.idempotency_key),
                 ("walstream-lsn", _lsn_text(m.lsn)),
                 ("walstream-table", m.table),
             ]
@@ -274,7 +274,7 @@ def _failed_indices(messages: Sequence[Message], failed: list[tuple[Any, Any]]) 
     """
     index: dict[tuple[str, bool], list[int]] = {}
     for i, m in enumerate(messages):
-        index.setdefault((idempotency_key(m.lsn, m.seq), m.value is None), []).append(i)
+        index.setdefault((m.idempotency_key, m.value is None), []).append(i)
     out: dict[int, Any] = {}
     for err, msg in failed:
         ik = next((v for k, v in msg.headers() or () if k == "idempotency-key"), None)

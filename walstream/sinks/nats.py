@@ -17,7 +17,6 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from walstream.change import idempotency_key
 from walstream.config import NatsDestination
 from walstream.errors import MissingDependency, SinkError
 from walstream.sinks import aio
@@ -106,7 +105,7 @@ class NatsSink(Sink):
         futures = []
         for m in messages:
             headers = {
-                "Nats-Msg-Id": idempotency_key(m.lsn, m.seq),
+                "Nats-Msg-Id": m.idempotency_key,
                 "walstream-table": m.table,
                 "walstream-action": m.action,
             }

@@ -20,7 +20,6 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from walstream.change import idempotency_key
 from walstream.config import RabbitMqDestination
 from walstream.errors import MissingDependency, SinkError
 from walstream.sinks import aio
@@ -86,7 +85,7 @@ class RabbitMqSink(Sink):
                     mandatory=True,
                     properties=spec.Basic.Properties(
                         delivery_mode=2, content_type="application/json",
-                        message_id=idempotency_key(m.lsn, m.seq),
+                        message_id=m.idempotency_key,
                         headers={"walstream-table": m.table, "walstream-action": m.action},
                     ),
                 )

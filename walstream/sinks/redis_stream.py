@@ -15,7 +15,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from walstream.change import idempotency_key
 from walstream.config import RedisStreamDestination
 from walstream.errors import MissingDependency, SinkError
 from walstream.sinks.base import Message, Sink, url_for_messages
@@ -63,7 +62,7 @@ class RedisStreamSink(Sink):
         for m in messages:
             fields = {
                 "message": m.value or b"",
-                "idempotency_key": idempotency_key(m.lsn, m.seq),
+                "idempotency_key": m.idempotency_key,
                 "key": m.key or b"",
             }
             pipe.xadd(m.route or self.config.stream, fields, maxlen=maxlen, approximate=True)

@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from walstream.change import idempotency_key
 from walstream.config import WebhookDestination
 from walstream.errors import MissingDependency, SinkError
 from walstream.sinks.base import Message, Sink, url_for_messages
@@ -163,7 +162,7 @@ class WebhookSink(Sink):
             for url, ids in by_url.items():
                 first = messages[ids[0]]
                 body = b'{"data":[' + b",".join(messages[i].value or b"null" for i in ids) + b"]}"
-                err = self._send(url, f"{idempotency_key(first.lsn, first.seq)}.{len(ids)}", body)
+                err = self._send(url, f"{first.idempotency_key}.{len(ids)}", body)
                 if err is not None:
                     failed.update(dict.fromkeys(ids, err))
             return failed
@@ -175,9 +174,7 @@ class WebhookSink(Sink):
             if stop is not None:
                 failed[i] = stop
                 continue
-            err = self._send(
-                m.route or self.config.url, idempotency_key(m.lsn, m.seq), m.value or b"null"
-            )
+            err = self._send(m.route or self.config.url, m.idempotency_key, m.value or b"null")
             if err is not None:
                 failed[i] = stopped[m.group] = err
                 if err.pause:

@@ -163,7 +163,7 @@ def arrow_schema() -> Any:
 
 
 def _to_batch(rows: list[ChangeRow], schema: Any, pa: Any) -> Any:
-    cols = list(zip(*rows, strict=True))
+    cols = list(zip(*rows, strict=True))[: len(schema)]  # not `backfill`: always None here
     return pa.RecordBatch.from_arrays(
         [pa.array(col, type=field.type) for col, field in zip(cols, schema, strict=True)],
         schema=schema,

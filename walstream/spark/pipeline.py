@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from walstream.backfill.merge import BackfillMerge
 from walstream.change import CHANGE_COLUMNS, ChangeRow
 from walstream.config import (
     SinkConfig,
@@ -77,10 +78,13 @@ def selection_expr(sink: SinkConfig) -> str:
     return " AND ".join(conds)
 
 
-def prepare(df: Any, sink: SinkConfig, skip_before: int | None = None) -> Any:
+def prepare(
+    df: Any, sink: SinkConfig, skip_before: int | None = None, backfill: bool = False
+) -> Any:
     """The sink's DataFrame: selected rows plus _group, _key, _route, _message columns.
 
     `skip_before`: changes committed before this LSN are left out (`walstream reset`).
+    `backfill`: `df` has the `backfill` column (a batch with backfill rows); keep it.
     """
     dest = sink.destination
     cols = [f"({group_expr(sink.group_by or dest.group_by())}) AS _group"]
@@ -95,6 +99,8 @@ def prepare(df: Any, sink: SinkConfig, skip_before: int | None = None) -> Any:
     # trips) costs a third less than Column objects. Only the columns delivery reads
     # travel on (through the shuffle, into Python).
     keep = [f"`{c}`" for c in delivery_columns(sink)]
+    if backfill:  # a read row's idempotency key is its backfill id and pk
+        keep += ["backfill"] + ([] if "`pk`" in keep else ["`pk`"])
     where = selection_expr(sink)
     if skip_before is not None:
         where = f"lsn >= {int(skip_before)} AND {where}"
@@ -217,6 +223,8 @@ class Pipeline:
     holding: dict[str, str] = field(default_factory=dict)
     #: Per sink: changes committed before this LSN are skipped (`walstream reset`).
     skips: dict[str, int] = field(default_factory=dict)
+    #: Places backfill chunks where the stream reaches their high watermark.
+    backfills: BackfillMerge | None = None
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -230,12 +238,22 @@ class Pipeline:
         try:
             self._hold(batch_id)
             query_id = self.query_id()
-            cached = len(self.sinks) > 1
+            running: dict[int, tuple[str, str, str]] = {}
+            if self.backfills is not None:
+                running = self.backfills.batch_started(query_id, batch_id)
+            cached = len(self.sinks) > 1 or bool(running)
             if cached:
                 df = df.persist()
             try:
+                reads: dict[str, Any] = {}
+                if running:
+                    assert self.backfills is not None
+                    reads = self.backfills.reads(df, batch_id, query_id, running)
                 for sink in self.sinks:
-                    self._deliver(df, sink, batch_id, query_id)
+                    self._deliver(df, sink, batch_id, query_id, reads.get(sink.name))
+                if running:
+                    assert self.backfills is not None
+                    self.backfills.batch_delivered()
             finally:
                 if cached:
                     df.unpersist()
@@ -284,7 +302,10 @@ class Pipeline:
                 )
         return out
 
-    def _deliver(self, df: Any, sink: SinkConfig, batch_id: int, query_id: str) -> None:
+    def _deliver(
+        self, df: Any, sink: SinkConfig, batch_id: int, query_id: str, reads: Any = None
+    ) -> None:
+        """Deliver the batch to one sink; `reads`: backfill rows that join it there."""
         t0 = time.monotonic()
         driver_sink = sink_for(sink.destination)
         plan = DeliveryPlan(
@@ -307,7 +328,11 @@ class Pipeline:
             on_full=sink.on_full,
             sink_config=self.snapshots[sink.name],
         )
-        prepared = prepare(df, sink, skip_before=self.skips.get(sink.name))
+        if reads is not None:
+            df = df.selectExpr("*", "CAST(NULL AS BIGINT) AS backfill").unionByName(reads)
+        prepared = prepare(
+            df, sink, skip_before=self.skips.get(sink.name), backfill=reads is not None
+        )
         # A batch in one source partition holds its changes in WAL order already: one
         # task delivers them without a shuffle (the latency path). That job's plan says
         # how many partitions the batch has; planning it pickles the batch's raw WAL, so
@@ -318,7 +343,7 @@ class Pipeline:
             with self.lock:
                 self.progress.setdefault(sink.name, SinkProgress()).batches += 1
             return
-        if inputs > 1:  # spread by group key, each partition in WAL order
+        if inputs > 1 or reads is not None:  # spread by group key, each partition in WAL order
             plan = replace(plan, partitions=sink.partitions or self.default_partitions)
             job = (
                 prepared.repartition(plan.partitions, "_group")

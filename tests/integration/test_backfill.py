@@ -1,0 +1,417 @@
+"""Backfills through the runtime: a table's rows arrive as action `read`, placed by watermarks
+in the stream, equal to what the stream would send, and never older than a change the
+stream delivered (DBLog)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import unique
+from tests.integration.test_crash import slot_inactive
+from tests.integration.test_decoder_types import CASES, USER_TYPES
+from tests.integration.test_run_crash import Run
+from tests.sinks.test_postgres import table_text
+from walstream.backfill.coordinator import Coordinator, request
+from walstream.backfill.read import read_chunk, watermark
+from walstream.backfill.store import DONE, BackfillStore
+from walstream.change import read_idempotency_key
+from walstream.config import Config
+from walstream.errors import ConfigError
+from walstream.postgres.replication import connect
+from walstream.runtime import Runtime
+from walstream.sinks.file import read_messages
+from walstream.testing import wait_until
+
+pytestmark = pytest.mark.spark
+
+
+def config(db: Any, tmp_path: Path, pub: str, slot: str, sinks: list[dict[str, Any]]) -> Config:
+    return Config.model_validate({
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub,
+                     "max_changes_per_batch": 5000}],
+        "sinks": sinks,
+    })  # fmt: skip
+
+
+def files(name: str, path: Path) -> dict[str, Any]:
+    return {"name": name, "source": "app", "batch_size": 400,
+            "destination": {"type": "file", "path": str(path)}}  # fmt: skip
+
+
+def messages(path: Path) -> list[dict[str, Any]]:
+    """The file sink's messages in WAL-cursor order."""
+    out = [json.loads(m) for m in read_messages(path)]
+    return sorted(out, key=lambda m: (m["metadata"]["commit_lsn"], m["metadata"]["commit_idx"]))
+
+
+def run_until_done(runtime: Runtime, store: BackfillStore, ids: list[int], timeout: float = 240):
+    def done() -> bool:
+        runtime.poll()
+        found = [store.get(i) for i in ids]
+        failed = [b for b in found if b is not None and b.status == "failed"]
+        assert not failed, failed
+        return all(b is not None and b.status == DONE for b in found)
+
+    wait_until(done, timeout, interval=0.5,
+               message=lambda: f"backfills {[store.get(i) for i in ids]}, {runtime.progress()}")  # fmt: skip
+
+
+def test_all_types_backfill_to_files_and_the_mirror_equals_the_source(spark, db, tmp_path):
+    """The decoder's all-types table: read rows are byte for byte the stream's inserts of
+    the same values, each row once with its backfill idempotency key, and the mirror built
+    from them equals the source."""
+    db.execute(USER_TYPES)
+    cols = ", ".join(f"c{i} {t}" for i, (t, _, _) in enumerate(CASES))
+    literals = ", ".join(lit for _, lit, _ in CASES)
+    for t in ("old_rows", "new_rows"):
+        db.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, {cols})")
+    db.execute(f"INSERT INTO old_rows VALUES (1, {literals})")
+    names = ", ".join(f"o.c{i}" for i in range(len(CASES)))
+    db.execute(
+        f"INSERT INTO old_rows SELECT g, {names} FROM old_rows o, generate_series(2, 1500) g"
+    )
+    db.execute("UPDATE old_rows SET c3 = id * 7, c1 = (id % 2 = 0)")  # values vary by row
+    pub = db.create_publication("old_rows", "new_rows")
+    slot = db.create_slot()
+    mirror_db = unique("mirror")
+    db.execute(f"CREATE DATABASE {mirror_db}")
+    mirror = db.server.dsn(mirror_db)
+    cfg = config(db, tmp_path, pub, slot, [
+        files("files", tmp_path / "out"),
+        {"name": "mirror", "source": "app", "tables": ["public.old_rows"],
+         "destination": {"type": "postgres", "dsn": mirror}},
+    ])  # fmt: skip
+    runtime = Runtime(cfg, spark=spark).start()
+    store = BackfillStore(cfg.state_dsn)
+    try:
+        # The same values, inserted while streaming: what the stream sends for them.
+        db.execute("INSERT INTO new_rows SELECT * FROM old_rows")
+        ids = [b.id for b in request(cfg, store, "files", ["public.old_rows"], chunk_size=400,
+                                     target_seconds=0)]  # fmt: skip
+        ids += [b.id for b in request(cfg, store, "mirror", chunk_size=700)]
+        run_until_done(runtime, store, ids)
+        wait_until(lambda: len([m for m in messages(tmp_path / "out")
+                                if m["metadata"]["table_name"] == "new_rows"]) == 1500, 60)  # fmt: skip
+    finally:
+        runtime.stop()
+    got = messages(tmp_path / "out")
+    reads = [m for m in got if m["action"] == "read"]
+    inserts = {m["record"]["id"]: m for m in got if m["metadata"]["table_name"] == "new_rows"}
+    assert sorted(m["record"]["id"] for m in reads) == list(range(1, 1501))  # each row once
+    for m in reads:
+        twin = inserts[m["record"]["id"]]
+        assert m["record"] == twin["record"]
+        assert list(m["record"]) == list(twin["record"])  # same columns, same order
+        assert m["metadata"]["idempotency_key"] == read_idempotency_key(
+            ids[0], [str(m["record"]["id"])]
+        )
+
+    # byte for byte: the raw JSON text of a read's record is the insert's
+    def raw_record(line: bytes) -> bytes:
+        return line[len(b'{"record":') : line.index(b',"changes":')]
+
+    raw: dict[tuple[str, int], bytes] = {}
+    for line in read_messages(tmp_path / "out"):
+        m = json.loads(line)
+        raw[(m["action"], m["record"]["id"])] = raw_record(line)
+    assert all(raw[("read", i)] == raw[("insert", i)] for i in range(1, 1501))
+    b = store.get(ids[0])
+    assert b is not None and b.rows_read == 1500 and b.chunks == 4 and b.chunks_emitted == 4
+    json_cols = {f"c{i}" for i, (t, _, _) in enumerate(CASES) if t == "json"}
+    lossy = {f"c{i}" for i, (_, lit, _) in enumerate(CASES) if lit in ("'null'", "'[0:1]={5,6}'")}
+    try:
+        assert table_text(mirror, "public.old_rows", json_cols, lossy) == table_text(
+            db.dsn, "public.old_rows", json_cols, lossy
+        )
+    finally:
+        db.execute(f"DROP DATABASE IF EXISTS {mirror_db} WITH (FORCE)")
+
+
+def replay(msgs: list[dict[str, Any]], table: str) -> dict[int, dict[str, Any]]:
+    """The table as the messages build it, in cursor order; and the DBLog check: a read
+    row is never older than what the stream delivered before it for the same key."""
+    state: dict[int, dict[str, Any]] = {}
+    streamed: dict[int, dict[str, Any] | None] = {}  # last stream version per key (None: deleted)
+    for m in msgs:
+        if m["metadata"]["table_name"] != table:
+            continue
+        action, record = m["action"], m["record"]
+        key = record["id"]
+        if action == "read":
+            if key in streamed:
+                assert streamed[key] is not None, f"a read resurrected deleted key {key}: {m}"
+                assert record == streamed[key], (
+                    f"stale read of {key}: {record} after {streamed[key]}"
+                )
+            state[key] = record
+        elif action == "delete":
+            state.pop(key, None)
+            streamed[key] = None
+        else:
+            state[key] = streamed[key] = record
+    return state
+
+
+def churn(dsn: str, table: str, keys: int, stop: threading.Event, seed: int) -> int:
+    """Updates, deletes and inserts on random keys until `stop`; how many transactions."""
+    rng = random.Random(seed)
+    n = 0
+    with connect(dsn, autocommit=True) as conn:
+        while not stop.is_set():
+            k = rng.randrange(1, keys + keys // 10)
+            op = rng.random()
+            if op < 0.6:
+                conn.execute(f"UPDATE {table} SET v = v + 1, note = %s WHERE id = %s", (f"u{n}", k))
+            elif op < 0.8:
+                conn.execute(f"DELETE FROM {table} WHERE id = %s", (k,))
+            else:
+                conn.execute(
+                    f"INSERT INTO {table} VALUES (%s, 0, %s) ON CONFLICT (id) DO UPDATE "
+                    "SET v = excluded.v, note = excluded.note", (k, f"i{n}"),
+                )  # fmt: skip
+            n += 1
+            time.sleep(0.002)  # pacing: a steady write load, not a flood the test must drain
+    return n
+
+
+def test_concurrent_writes_during_the_backfill_never_lose_to_a_stale_read(spark, db, tmp_path):
+    """Updates, deletes and inserts hit the rows of the chunks being read: every read is
+    the latest version the stream had delivered for its key (or the key was not in the
+    stream yet), no deleted row comes back, and the final state equals the source."""
+    keys = 20_000
+    db.execute("CREATE TABLE hot (id int PRIMARY KEY, v int NOT NULL, note text)")
+    db.execute(f"INSERT INTO hot SELECT g, 0, 'start' FROM generate_series(1, {keys}) g")
+    pub = db.create_publication("hot")
+    slot = db.create_slot()
+    mirror_db = unique("mirror")
+    db.execute(f"CREATE DATABASE {mirror_db}")
+    mirror = db.server.dsn(mirror_db)
+    cfg = config(db, tmp_path, pub, slot, [
+        files("files", tmp_path / "out"),
+        {"name": "mirror", "source": "app", "destination": {"type": "postgres", "dsn": mirror}},
+    ])  # fmt: skip
+    runtime = Runtime(cfg, spark=spark).start()
+    store = BackfillStore(cfg.state_dsn)
+    stop = threading.Event()
+    counts: list[int] = []
+    writer = threading.Thread(target=lambda: counts.append(churn(db.dsn, "hot", keys, stop, 11)))
+    try:
+        writer.start()
+        ids = [b.id for b in request(cfg, store, "files", chunk_size=1000, target_seconds=0)]
+        ids += [b.id for b in request(cfg, store, "mirror", chunk_size=1500, target_seconds=0)]
+        run_until_done(runtime, store, ids)
+        stop.set()
+        writer.join(30)
+        final = {r[0]: r for r in db.execute("SELECT id, v, note FROM hot")}
+
+        def diff() -> str:
+            state = replay(messages(tmp_path / "out"), "hot")
+            got = {k: (k, r["v"], r["note"]) for k, r in state.items()}
+            wrong = sorted(k for k in set(got) | set(final) if got.get(k) != final.get(k))
+            return f"{len(wrong)} keys differ, e.g. {[(k, got.get(k), final.get(k)) for k in wrong[:5]]}"
+
+        def caught_up() -> bool:
+            runtime.poll()
+            state = replay(messages(tmp_path / "out"), "hot")
+            return {k: (k, r["v"], r["note"]) for k, r in state.items()} == final
+
+        wait_until(caught_up, 120, interval=1, message=lambda: f"{runtime.progress()}: {diff()}")
+        wait_until(lambda: table_text(mirror, "public.hot", set()) == table_text(db.dsn, "public.hot", set()),
+                   60, interval=1)  # fmt: skip
+    finally:
+        stop.set()
+        runtime.stop()
+        db.execute(f"DROP DATABASE IF EXISTS {mirror_db} WITH (FORCE)")
+    got = messages(tmp_path / "out")
+    replay(got, "hot")  # the DBLog checks, on everything delivered
+    reads = [m for m in got if m["action"] == "read"]
+    assert counts and counts[0] > 100, "the writer barely ran during the backfill"
+    superseded = keys - len({m["record"]["id"] for m in reads})
+    print(f"{counts[0]} write transactions during the backfill; {len(reads)} rows read and "
+          f"delivered, {superseded} superseded by the stream or deleted")  # fmt: skip
+    assert len(reads) == len({m["record"]["id"] for m in reads})  # each key read at most once
+    b = store.get(ids[0])
+    assert b is not None
+    dropped = b.rows_read - len(reads)
+    print(f"{dropped} rows read but dropped: their key changed between the chunk's watermarks")
+    assert dropped > 0  # the churn hit rows of chunks inside their windows
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "walstream.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_kill_9_during_a_backfill_resumes_and_completes(db, tmp_path):
+    """`walstream backfill` (the command) queues it, `walstream run` reads it; kill -9 in
+    the middle; the next run resumes from the chunks not delivered: every row arrives,
+    duplicates only of the chunks that were in flight."""
+    rows, size = 60_000, 2000
+    db.execute("CREATE TABLE big (id int PRIMARY KEY, v int, pad text)")
+    db.execute(
+        f"INSERT INTO big SELECT g, g % 97, repeat('x', 100) FROM generate_series(1, {rows}) g"
+    )
+    pub = db.create_publication("big")
+    slot = db.create_slot()
+    path = tmp_path / "walstream.yaml"
+    path.write_text(yaml.safe_dump({
+        "spark": {"master": "local[2]", "checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [files("files", tmp_path / "out")],
+    }))  # fmt: skip
+    queued = cli("backfill", "files", "--chunk-size", str(size), "--target-seconds", "0",
+                 "--no-follow", "-c", str(path))  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    assert re.search(r"backfill (\d+): public\.big → sink files, about [\d,]+ rows", queued.stdout)
+    store = BackfillStore(db.dsn)
+    (b,) = store.find(sink="files")
+    assert b.status == "pending"
+    run = Run(path, tmp_path)
+    try:
+        wait_until(lambda: (x := store.get(b.id)) is not None and x.chunks_emitted >= 6, 240,
+                   message=lambda: f"{store.get(b.id)}\n{run.output()[-3000:]}")  # fmt: skip
+        run.kill()
+        at_kill = store.get(b.id)
+        assert at_kill is not None and at_kill.status == "running"
+        assert at_kill.chunks_emitted < rows // size
+        wait_until(lambda: slot_inactive(db, slot), 30)
+        run = Run(path, tmp_path)
+        wait_until(lambda: (x := store.get(b.id)) is not None and x.status == DONE, 300,
+                   message=lambda: f"{store.get(b.id)}\n{run.output()[-3000:]}")  # fmt: skip
+    finally:
+        run.kill()
+    reads = [m["record"]["id"] for m in messages(tmp_path / "out") if m["action"] == "read"]
+    assert set(reads) == set(range(1, rows + 1))
+    duplicates = len(reads) - rows
+    again = [c for c in store.chunks(b.id) if c.attempt > 1]
+    print(f"killed at {at_kill.chunks_emitted} of {rows // size} chunks delivered; "
+          f"{len(again)} chunk(s) read again; {duplicates} duplicate row(s)")  # fmt: skip
+    assert 0 <= duplicates <= 2 * size  # at most the chunks in flight (2 tasks at once)
+    shown = cli("backfill", "status", "-c", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert f"backfill {b.id} public.big → files: done, 60,000 of ~" in shown.stdout, shown.stdout
+    assert "chunks 30/30 delivered" in shown.stdout
+
+
+def test_composite_and_text_keys_a_where_predicate_and_cancel(spark, db, tmp_path):
+    """Composite (int, text) and text keys are read in key ranges, each row once; `--where`
+    reads only its rows; a cancelled backfill reads no further chunk; bad requests fail
+    with the fix."""
+    db.execute("CREATE TABLE pairs (a int, b text, n int, PRIMARY KEY (a, b))")
+    db.execute(
+        "INSERT INTO pairs SELECT g % 7, 'k' || g || ' é''\"', g FROM generate_series(1, 3000) g"
+    )
+    db.execute('CREATE TABLE words (w text COLLATE "C" PRIMARY KEY, n int)')
+    db.execute("INSERT INTO words SELECT md5(g::text), g FROM generate_series(1, 2000) g")
+    db.execute("INSERT INTO words VALUES ('ünïcödé', -1), ('', -2), ('a''b,c)', -3)")
+    db.execute("CREATE TABLE slow (id int PRIMARY KEY, status text)")
+    db.execute("INSERT INTO slow SELECT g, CASE WHEN g % 4 = 0 THEN 'open%' ELSE 'done' END "
+               "FROM generate_series(1, 40000) g")  # fmt: skip
+    db.execute("CREATE TABLE nokey (v int)")
+    db.execute("ALTER TABLE nokey REPLICA IDENTITY FULL")  # streams, but has no key to chunk by
+    pub = db.create_publication("pairs", "words", "slow", "nokey")
+    slot = db.create_slot()
+    cfg = config(db, tmp_path, pub, slot, [
+        files("files", tmp_path / "out"),
+        {**files("bulk", tmp_path / "bulk"), "tables": ["public.slow"]},
+        {**files("noreads", tmp_path / "x"), "actions": ["insert", "update", "delete"]},
+    ])  # fmt: skip
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    with pytest.raises(ConfigError, match="nokey has no primary key") as e:
+        request(cfg, store, "files", ["public.nokey"])
+    assert "ADD PRIMARY KEY" in e.value.fix
+    with pytest.raises(ConfigError, match="does not take action 'read'"):
+        request(cfg, store, "noreads", ["public.pairs"])
+    with pytest.raises(ConfigError, match=r"does not select public\.pairs"):
+        request(cfg, store, "bulk", ["public.pairs"])
+    with pytest.raises(ConfigError, match="not a valid predicate"):
+        request(cfg, store, "files", ["public.pairs"], where="nope > 1")
+    with pytest.raises(ConfigError, match=r"public\.missing does not exist"):
+        request(cfg, store, "files", ["public.missing"])
+    runtime = Runtime(cfg, spark=spark).start()
+    try:
+        ids = [b.id for b in request(cfg, store, "files", ["public.pairs", "words"],
+                                     chunk_size=250, target_seconds=0)]  # fmt: skip
+        ids += [b.id for b in request(cfg, store, "files", ["public.slow"],
+                                      where="status LIKE 'open%'", chunk_size=900)]  # fmt: skip
+        with pytest.raises(ConfigError, match="is not finished"):
+            request(cfg, store, "files", ["public.words"])
+        (bulk,) = request(cfg, store, "bulk", chunk_size=500, target_seconds=0)
+        wait_until(lambda: (x := store.get(bulk.id)) is not None and x.chunks_emitted >= 2, 120)
+        assert store.cancel([bulk.id]) == [bulk.id]
+        run_until_done(runtime, store, ids)
+        cancelled = store.get(bulk.id)
+        assert cancelled is not None and cancelled.status == "cancelled"
+        planned = cancelled.chunks
+    finally:
+        runtime.stop()
+    got = messages(tmp_path / "out")
+    reads = defaultdict(list)
+    for m in got:
+        if m["action"] == "read":
+            reads[m["metadata"]["table_name"]].append(m["record"])
+    assert sorted((r["a"], r["b"]) for r in reads["pairs"]) == sorted(
+        db.execute("SELECT a, b FROM pairs")
+    )
+    assert sorted(r["w"] for r in reads["words"]) == sorted(
+        r[0] for r in db.execute("SELECT w FROM words")
+    )
+    assert sorted(r["id"] for r in reads["slow"]) == list(range(4, 40001, 4))
+    assert {r["status"] for r in reads["slow"]} == {"open%"}
+    assert len(store.chunks(ids[0])) == 12  # 3000 rows in chunks of 250
+    # cancelled: nothing planned after the cancel, and far from all 80 chunks delivered
+    after = store.get(bulk.id)
+    assert after is not None and after.chunks == planned and after.chunks_emitted < 80
+    bulk_reads = [m for m in messages(tmp_path / "bulk") if m["action"] == "read"]
+    assert len(bulk_reads) == len({m["record"]["id"] for m in bulk_reads}) < 40_000
+
+
+def test_a_read_cut_short_by_a_crash_is_read_again_and_delivered_once(spark, db, tmp_path):
+    """Two reads interrupted by a crash: chunk 0's high watermark reached the WAL but the
+    coordinator never recorded it; chunk 1 stopped after its low watermark. The next start
+    reads both again (attempt 2); the stream reaches chunk 0's first high watermark first,
+    so attempt 1 is delivered and attempt 2 ignored; chunk 1 is delivered from attempt 2."""
+    db.execute("CREATE TABLE cut (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO cut SELECT g, 'v' || g FROM generate_series(1, 2500) g")
+    pub = db.create_publication("cut")
+    slot = db.create_slot()
+    cfg = config(db, tmp_path, pub, slot, [files("files", tmp_path / "out")])
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    (b,) = request(cfg, store, "files", chunk_size=1000, target_seconds=0)
+    store.start(b.id, None, ["id"])
+    before = Coordinator(cfg, spark, store)  # a run that dies mid-way (its thread never runs)
+    first, second = before._next_tasks(store.get(b.id), 2)
+    assert (first.n, first.attempt, second.n, second.attempt) == (0, 1, 1, 1)
+    read_chunk(first)  # low watermark, rows staged, high watermark: then the crash
+    with connect(db.dsn, autocommit=True) as conn:
+        watermark(conn, second, "low")  # the crash comes during this read
+        conn.execute("UPDATE cut SET v = 'changed' WHERE id = 1500")
+    runtime = Runtime(cfg, spark=spark).start()
+    try:
+        run_until_done(runtime, store, [b.id])
+    finally:
+        runtime.stop()
+    reads = [m["record"] for m in messages(tmp_path / "out") if m["action"] == "read"]
+    assert sorted(r["id"] for r in reads) == list(range(1, 2501))  # each row once
+    assert next(r["v"] for r in reads if r["id"] == 1500) == "changed"
+    chunks = db.execute(
+        f"SELECT n, attempt, emitted_attempt FROM walstream.backfill_chunks WHERE backfill = {b.id} "
+        "ORDER BY n"
+    )
+    assert chunks == [(0, 2, 1), (1, 2, 2), (2, 1, 1)]

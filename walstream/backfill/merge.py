@@ -1,0 +1,287 @@
+"""The pipeline's side of backfills: where the stream reaches a chunk's high watermark,
+the chunk's rows join the batch (DBLog).
+
+Per micro-batch of a source with running backfills (driver side, in foreachBatch):
+
+1. The batch's watermark rows (action `watermark`, a handful) are collected and
+   recorded with their cursor and batch id.
+2. Each chunk whose high watermark is in the batch is claimed (the first attempt
+   to arrive wins; a replay of the batch claims it again). Its staged rows are
+   read back, and dropped where the key changed in the stream between its low and
+   high watermark — the stream's newer version wins — or all of them when the
+   table was truncated there. The rest become action `read` rows at the high
+   watermark's place: lsn = its commit LSN, seq = its seq + 1 + the row's ordinal.
+3. While a window is still open at the end of the batch, the batch's changes of
+   the backfilled tables (keys, cursor, action, old key) are written to the
+   staging directory, so a high watermark in a later batch sees the whole window.
+
+All of it is Spark work over files and the batch: the driver holds watermarks,
+never rows. Chunk files are removed once the batch that emitted them is
+committed, window files once no open window needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from walstream.backfill.store import BackfillStore, Mark
+from walstream.postgres.decoder import WATERMARK
+
+log = logging.getLogger(__name__)
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class Staging:
+    """Where a source's backfill files live: `<checkpoint_dir>/_backfill/<source>/`."""
+
+    def __init__(self, checkpoint_dir: str, source: str) -> None:
+        self.root = f"{checkpoint_dir.rstrip('/')}/_backfill/{source}"
+
+    def chunk(self, backfill: int, n: int, attempt: int) -> str:
+        return f"{self.root}/{backfill}/chunk-{n}-{attempt}.parquet"
+
+    def window(self, query_id: str, batch: int) -> str:
+        return f"{self.root}/windows/{query_id}/batch-{batch}"
+
+    def _fs(self) -> tuple[Any, str]:
+        from pyarrow import fs as pafs
+
+        return pafs.FileSystem.from_uri(self.root)
+
+    def exists(self, path: str) -> bool:
+        from pyarrow import fs as pafs
+
+        filesystem, p = pafs.FileSystem.from_uri(path)
+        return filesystem.get_file_info(p).type != pafs.FileType.NotFound
+
+    def remove_chunk(self, backfill: int, n: int) -> None:
+        """Every attempt's file of a chunk (and a partial `.tmp`)."""
+        from pyarrow import fs as pafs
+
+        filesystem, root = self._fs()
+        selector = pafs.FileSelector(f"{root}/{backfill}", allow_not_found=True)
+        for info in filesystem.get_file_info(selector):
+            if info.base_name.startswith(f"chunk-{n}-"):
+                filesystem.delete_file(info.path)
+
+    def remove_windows(self, query_id: str, before: int) -> None:
+        """Window files of batches before `before` (and of other queries)."""
+        from pyarrow import fs as pafs
+
+        filesystem, root = self._fs()
+        selector = pafs.FileSelector(f"{root}/windows", allow_not_found=True)
+        for info in filesystem.get_file_info(selector):
+            if info.type != pafs.FileType.Directory:
+                continue
+            if info.base_name != query_id:
+                filesystem.delete_dir(info.path)
+                continue
+            inner = pafs.FileSelector(info.path, allow_not_found=True)
+            for batch in filesystem.get_file_info(inner):
+                n = batch.base_name.removeprefix("batch-")
+                if n.isdigit() and int(n) < before:
+                    filesystem.delete_dir(batch.path)
+
+
+@dataclass(frozen=True)
+class _Target:
+    sink: str
+    schema: str
+    table: str
+    key_columns: list[str]
+
+
+_WINDOW_COLUMNS = ("`schema`", "`table`", "pk", "lsn", "seq", "action", "old")
+_WINDOW_DDL = (
+    "`schema` STRING, `table` STRING, pk ARRAY<STRING>, lsn BIGINT, seq INT, action STRING, "
+    "old STRING"
+)
+_STAGED_DDL = "pk ARRAY<STRING>, record STRING, ord INT"
+
+
+class BackfillMerge:
+    def __init__(self, store: BackfillStore, source: str, staging: Staging) -> None:
+        self.store = store
+        self.source = source
+        self.staging = staging
+
+    # -- at the start of every batch ----------------------------------------------------------
+    def batch_started(self, query_id: str, batch_id: int) -> dict[int, tuple[str, str, str]]:
+        """The previous batch is committed (Spark starts a batch only then): remove the
+        files of chunks it or earlier ones emitted. The backfills this batch takes part in."""
+        committed = self.store.committed_chunks(self.source, query_id, batch_id)
+        for b, n in committed:
+            self.staging.remove_chunk(b, n)
+        self.store.cleaned(committed)
+        # Window files from the first batch a chunk still to emit (or to emit again, in a
+        # replay of this batch) opened its window on are kept; older ones can go.
+        floor = self.store.window_floor(self.source, query_id, batch_id)
+        self.staging.remove_windows(query_id, batch_id if floor is None else floor)
+        return self.store.active_ids(self.source, query_id, batch_id)
+
+    def batch_delivered(self) -> None:
+        for id_ in self.store.finish_delivered(self.source):
+            log.warning("backfill %d is done: every chunk is delivered", id_)
+
+    # -- in a batch with running backfills ---------------------------------------------------
+    def reads(
+        self, df: Any, batch_id: int, query_id: str, running: dict[int, tuple[str, str, str]]
+    ) -> dict[str, Any]:
+        """sink -> DataFrame of the read rows this batch delivers (change columns + backfill)."""
+        spark = df.sparkSession
+        found = (
+            df.where(f"action = '{WATERMARK}'")
+            .selectExpr("lsn", "seq", "unix_micros(committed_at) AS us", "record")
+            .collect()
+        )
+        marks: list[tuple[Mark, int, dict[str, Any]]] = []
+        for r in found:
+            try:
+                m = json.loads(r.record)
+                if m.get("source") != self.source or int(m["backfill"]) not in running:
+                    continue
+                mark = Mark(int(m["backfill"]), int(m["chunk"]), int(m["attempt"]),
+                            str(m["mark"]), int(r.lsn), int(r.seq), batch_id)  # fmt: skip
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring a malformed backfill watermark: %r", r.record)
+                continue
+            marks.append((mark, int(r.us), m))
+        marks.sort(key=lambda x: x[0].cursor)
+        self.store.record_marks([m for m, _, _ in marks], query_id)
+
+        keys = self._keys_view(df, running)
+        targets = self._targets(running)
+        out: dict[str, Any] = {}
+        claimed: set[tuple[int, int]] = set()
+        for high, us, _ in marks:
+            if high.mark != "high" or (high.backfill, high.chunk) in claimed:
+                continue
+            low = self.store.low(high.backfill, high.chunk, high.attempt)
+            if low is None or low.batch > batch_id:
+                log.warning(
+                    "backfill %d chunk %d: high watermark without its low one; the chunk is read "
+                    "again", high.backfill, high.chunk,
+                )  # fmt: skip
+                self.store.requeue(high.backfill, high.chunk, high.attempt)
+                continue
+            windows = [self.staging.window(query_id, b) for b in range(low.batch, batch_id)]
+            missing = [w for w in windows if not self.staging.exists(w)]
+            if missing:
+                log.warning(
+                    "backfill %d chunk %d: the stream's keys of %d earlier batch(es) of its window "
+                    "are gone (a new checkpoint?); the chunk is read again",
+                    high.backfill, high.chunk, len(missing),
+                )  # fmt: skip
+                self.store.requeue(high.backfill, high.chunk, high.attempt)
+                continue
+            if not self.store.emit(high.backfill, high.chunk, high.attempt, batch_id, query_id):
+                continue  # another attempt of this chunk was emitted
+            claimed.add((high.backfill, high.chunk))
+            target = targets[high.backfill]
+            rows = self._chunk_rows(spark, keys, windows, target, low, high, us)
+            out[target.sink] = (
+                rows if target.sink not in out else out[target.sink].unionByName(rows)
+            )
+
+        open_lows = self.store.open_lows(list(running))
+        if open_lows:
+            first = min(m.cursor for m in open_lows)
+            tables = {(targets[m.backfill].schema, targets[m.backfill].table) for m in open_lows}
+            cond = " OR ".join(f"(`schema` = {_q(s)} AND `table` = {_q(t)})" for s, t in tables)
+            (
+                keys.where(
+                    f"({cond}) AND (lsn > {first[0]} OR (lsn = {first[0]} AND seq > {first[1]}))"
+                )
+                .write.mode("overwrite")
+                .parquet(self.staging.window(query_id, batch_id))
+            )
+        return out
+
+    def _keys_view(self, df: Any, running: dict[int, tuple[str, str, str]]) -> Any:
+        """This batch's changes of the backfilled tables, as window rows."""
+        tables = {(s, t) for _, s, t in running.values()}
+        cond = " OR ".join(f"(`schema` = {_q(s)} AND `table` = {_q(t)})" for s, t in tables)
+        return df.where(f"action <> '{WATERMARK}' AND ({cond})").selectExpr(
+            "`schema`", "`table`", "pk", "lsn", "seq", "action",
+            "CASE WHEN action = 'update' THEN old END AS old",
+        )  # fmt: skip
+
+    def _targets(self, running: dict[int, tuple[str, str, str]]) -> dict[int, _Target]:
+        keys = self.store.key_columns(list(running))
+        return {
+            id_: _Target(sink, schema, table, keys.get(id_, []))
+            for id_, (sink, schema, table) in running.items()
+        }
+
+    def _chunk_rows(
+        self, spark: Any, keys: Any, windows: list[str], target: _Target, low: Mark, high: Mark,
+        committed_us: int,
+    ) -> Any:  # fmt: skip
+        window = keys
+        if windows:
+            window = (
+                spark.read.schema(_WINDOW_DDL)
+                .parquet(*windows)
+                .selectExpr(*_WINDOW_COLUMNS)
+                .unionByName(keys)
+            )
+        window = window.where(
+            f"`schema` = {_q(target.schema)} AND `table` = {_q(target.table)} "
+            f"AND (lsn > {low.lsn} OR (lsn = {low.lsn} AND seq > {low.seq})) "
+            f"AND (lsn < {high.lsn} OR (lsn = {high.lsn} AND seq < {high.seq}))"
+        )
+        staged = spark.read.schema(_STAGED_DDL).parquet(
+            self.staging.chunk(high.backfill, high.chunk, high.attempt)
+        )
+        changed = window.where("action <> 'truncate'").selectExpr("to_json(pk) AS _k").distinct()
+        rows = staged.selectExpr("*", "to_json(pk) AS _s").join(
+            changed, _col("_s") == _col("_k"), "left_anti"
+        )
+        if target.key_columns:
+            # An update that changed the key: the row under the old key is gone.
+            def project(col: str) -> str:
+                parts = ", ".join(
+                    f"coalesce(get_json_object({col}, {_q(_path(k))}), '')"
+                    for k in target.key_columns
+                )
+                return f"concat_ws('\\u001f', {parts})"
+
+            moved = window.where("old IS NOT NULL").selectExpr(f"{project('old')} AS _o").distinct()
+            rows = rows.selectExpr("*", f"{project('record')} AS _r").join(
+                moved, _col("_r") == _col("_o"), "left_anti"
+            )
+        truncated = window.where("action = 'truncate'").limit(1).selectExpr("1 AS _t")
+        rows = rows.join(truncated, how="left_anti")
+        return rows.selectExpr(
+            f"{_q(self.source)} AS source",
+            f"CAST({high.lsn} AS BIGINT) AS lsn",
+            f"CAST({high.seq + 1} + ord AS INT) AS seq",
+            "CAST(NULL AS BIGINT) AS xid",
+            f"timestamp_micros({committed_us}) AS committed_at",
+            "'read' AS action",
+            f"{_q(target.schema)} AS `schema`",
+            f"{_q(target.table)} AS `table`",
+            "pk",
+            "record",
+            "CAST(NULL AS STRING) AS old",
+            "CAST(NULL AS STRING) AS annotations",
+            "CAST(NULL AS ARRAY<STRING>) AS unchanged_toast",
+            f"CAST({high.backfill} AS BIGINT) AS backfill",
+        )
+
+
+def _path(column: str) -> str:
+    """A JSON path for get_json_object naming a column (any characters)."""
+    return "$['" + column.replace("\\", "\\\\").replace("'", "\\'") + "']"
+
+
+def _col(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col(name)

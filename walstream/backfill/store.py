@@ -1,0 +1,431 @@
+"""Backfills in the state database: what was asked, each chunk's progress, the watermarks seen.
+
+Three tables in the state schema:
+
+- `backfills`: one row per (sink, table) backfill — status (`pending` until
+  `walstream run` takes it, `running`, `done`, `cancelled`, `failed`), the
+  predicate, the chunk size it adapts, the estimated row count.
+- `backfill_chunks`: one row per key range, written by the coordinator as it
+  plans (`planned`), reads (`reading`, with an attempt number) and stages
+  (`staged`, with the row count) a chunk; the pipeline sets `emitted` with the
+  batch that delivered it. A crash leaves chunks in `reading`: they are read
+  again under a new attempt; the first attempt whose high watermark the stream
+  reaches is the one emitted, later ones are ignored.
+- `backfill_marks`: the watermarks the pipeline saw, with their WAL cursor and
+  batch, so a window that spans batches (and a replayed batch) is placed the
+  same way every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql
+
+from walstream.delivery.ledger import execute
+from walstream.errors import ConfigError
+
+PENDING, RUNNING, DONE, CANCELLED, FAILED = "pending", "running", "done", "cancelled", "failed"
+ACTIVE = (PENDING, RUNNING)
+
+
+@dataclass(frozen=True)
+class Backfill:
+    id: int
+    sink: str
+    source: str
+    schema: str
+    table: str
+    where: str | None
+    chunk_size: int
+    target_seconds: float
+    status: str
+    error: str | None
+    rows_estimated: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    planned_all: bool
+    # from the chunks
+    chunks: int = 0
+    chunks_emitted: int = 0
+    rows_read: int = 0
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def rate(self) -> float | None:
+        """Rows read per second since it started (None before any)."""
+        if self.started_at is None or not self.rows_read:
+            return None
+        end = self.finished_at or datetime.now(self.started_at.tzinfo)
+        seconds = (end - self.started_at).total_seconds()
+        return self.rows_read / seconds if seconds > 0 else None
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the current rate, from the estimate (None when unknown)."""
+        rate = self.rate
+        if self.status != RUNNING or rate is None or self.rows_estimated is None:
+            return None
+        return max(0.0, (self.rows_estimated - self.rows_read) / rate)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    backfill: int
+    n: int
+    after: tuple[str, ...] | None
+    upto: tuple[str, ...] | None
+    attempt: int
+    status: str
+    rows: int | None
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A watermark as the pipeline saw it in the stream."""
+
+    backfill: int
+    chunk: int
+    attempt: int
+    mark: str  # "low" | "high"
+    lsn: int
+    seq: int
+    batch: int
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        return (self.lsn, self.seq)
+
+
+_BACKFILL_COLUMNS = """b.id, b.sink, b.source, b.table_schema, b.table_name, b."where",
+    b.chunk_size, b.target_seconds, b.status, b.error, b.rows_estimated, b.created_at,
+    b.started_at, b.finished_at, b.planned_all,
+    (SELECT count(*) FROM {chunks} c WHERE c.backfill = b.id),
+    (SELECT count(*) FROM {chunks} c WHERE c.backfill = b.id AND c.status = 'emitted'),
+    (SELECT coalesce(sum(c.rows), 0)::bigint FROM {chunks} c
+      WHERE c.backfill = b.id AND c.status IN ('staged', 'emitted'))"""
+
+
+class BackfillStore:
+    """Access to the backfill tables (driver side; picklable for symmetry with the ledger)."""
+
+    def __init__(self, dsn: str, schema: str = "walstream") -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.tables = {
+            "backfills": sql.Identifier(schema, "backfills"),
+            "chunks": sql.Identifier(schema, "backfill_chunks"),
+            "marks": sql.Identifier(schema, "backfill_marks"),
+            "schema": sql.Identifier(schema),
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dsn": self.dsn, "schema": self.schema}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["dsn"], state["schema"])  # type: ignore[misc]
+
+    def _exec(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        q = sql.SQL(query).format(**self.tables)
+        return execute(self.dsn, q, params)
+
+    def ensure(self) -> None:
+        self._exec("CREATE SCHEMA IF NOT EXISTS {schema}")
+        self._exec(
+            """CREATE TABLE IF NOT EXISTS {backfills} (
+                 id bigserial PRIMARY KEY,
+                 sink text NOT NULL, source text NOT NULL,
+                 table_schema text NOT NULL, table_name text NOT NULL, "where" text,
+                 chunk_size int NOT NULL, target_seconds float8 NOT NULL,
+                 status text NOT NULL DEFAULT 'pending'
+                   CHECK (status IN ('pending', 'running', 'done', 'cancelled', 'failed')),
+                 error text, rows_estimated bigint, planned_all boolean NOT NULL DEFAULT false,
+                 key_columns text[],
+                 created_at timestamptz NOT NULL DEFAULT now(),
+                 started_at timestamptz, finished_at timestamptz)"""
+        )
+        self._exec(
+            """CREATE TABLE IF NOT EXISTS {chunks} (
+                 backfill bigint NOT NULL REFERENCES {backfills} ON DELETE CASCADE,
+                 n int NOT NULL, after text[], upto text[],
+                 attempt int NOT NULL DEFAULT 0,
+                 status text NOT NULL DEFAULT 'planned'
+                   CHECK (status IN ('planned', 'reading', 'staged', 'emitted')),
+                 rows bigint, seconds float8,
+                 emitted_attempt int, emitted_batch bigint, emitted_query text,
+                 cleaned boolean NOT NULL DEFAULT false,
+                 PRIMARY KEY (backfill, n))"""
+        )
+        self._exec(
+            """CREATE TABLE IF NOT EXISTS {marks} (
+                 backfill bigint NOT NULL REFERENCES {backfills} ON DELETE CASCADE,
+                 chunk int NOT NULL, attempt int NOT NULL, mark text NOT NULL,
+                 lsn bigint NOT NULL, seq int NOT NULL, batch bigint NOT NULL,
+                 query_id text NOT NULL,
+                 PRIMARY KEY (backfill, chunk, attempt, mark))"""
+        )
+
+    # -- backfills ----------------------------------------------------------------------------
+    def create(
+        self,
+        sink: str,
+        source: str,
+        schema: str,
+        table: str,
+        where: str | None,
+        chunk_size: int,
+        target_seconds: float,
+        rows_estimated: int | None,
+    ) -> int:
+        busy = self._exec(
+            "SELECT id FROM {backfills} WHERE sink = %s AND table_schema = %s AND table_name = %s "
+            "AND status IN ('pending', 'running')",
+            (sink, schema, table),
+        )
+        if busy:
+            raise ConfigError(
+                f"backfill {busy[0][0]} of {schema}.{table} to sink {sink} is not finished",
+                f"wait for it (`walstream backfill status`) or cancel it "
+                f"(`walstream backfill cancel {busy[0][0]}`) first",
+            )
+        rows = self._exec(
+            """INSERT INTO {backfills} (sink, source, table_schema, table_name, "where",
+                 chunk_size, target_seconds, rows_estimated)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+            (sink, source, schema, table, where, chunk_size, target_seconds, rows_estimated),
+        )
+        return int(rows[0][0])
+
+    def _select(self, where: str, params: Any) -> list[Backfill]:
+        rows = self._exec(
+            f"SELECT {_BACKFILL_COLUMNS} FROM {{backfills}} b WHERE {where} ORDER BY b.id", params
+        )
+        return [Backfill(*r) for r in rows]
+
+    def get(self, id_: int) -> Backfill | None:
+        found = self._select("b.id = %s", (id_,))
+        return found[0] if found else None
+
+    def find(self, sink: str | None = None, active_only: bool = False) -> list[Backfill]:
+        conds, params = ["true"], []
+        if sink is not None:
+            conds.append("b.sink = %s")
+            params.append(sink)
+        if active_only:
+            conds.append("b.status IN ('pending', 'running')")
+        return self._select(" AND ".join(conds), params)
+
+    def active_ids(
+        self, source: str, query_id: str, batch_id: int
+    ) -> dict[int, tuple[str, str, str]]:
+        """Backfills of a source a batch takes part in: id -> (sink, schema, table). The
+        running ones, and any that had a chunk emitted by this very batch before (a replay
+        must deliver the same rows, even when the backfill ended or was cancelled since)."""
+        rows = self._exec(
+            """SELECT b.id, b.sink, b.table_schema, b.table_name FROM {backfills} b
+               WHERE b.source = %s AND (b.status = 'running' OR EXISTS (
+                 SELECT 1 FROM {chunks} c WHERE c.backfill = b.id AND c.emitted_query = %s
+                   AND c.emitted_batch >= %s))""",
+            (source, query_id, batch_id),
+        )
+        return {int(r[0]): (r[1], r[2], r[3]) for r in rows}
+
+    def has_any(self, sink: str) -> bool:
+        return bool(self._exec("SELECT 1 FROM {backfills} WHERE sink = %s LIMIT 1", (sink,)))
+
+    def start(self, id_: int, rows_estimated: int | None, key_columns: Sequence[str]) -> None:
+        self._exec(
+            "UPDATE {backfills} SET status = 'running', started_at = coalesce(started_at, now()), "
+            "rows_estimated = coalesce(%s, rows_estimated), key_columns = %s "
+            "WHERE id = %s AND status = 'pending'",
+            (rows_estimated, list(key_columns), id_),
+        )
+
+    def key_columns(self, ids: Sequence[int]) -> dict[int, list[str]]:
+        rows = self._exec(
+            "SELECT id, key_columns FROM {backfills} WHERE id = ANY(%s)", (list(ids),)
+        )
+        return {int(r[0]): list(r[1] or []) for r in rows}
+
+    def fail(self, id_: int, error: str) -> None:
+        self._exec(
+            "UPDATE {backfills} SET status = 'failed', error = %s, finished_at = now() "
+            "WHERE id = %s AND status IN ('pending', 'running')",
+            (error, id_),
+        )
+
+    def cancel(self, ids: Sequence[int]) -> list[int]:
+        rows = self._exec(
+            "UPDATE {backfills} SET status = 'cancelled', finished_at = now() "
+            "WHERE id = ANY(%s) AND status IN ('pending', 'running') RETURNING id",
+            (list(ids),),
+        )
+        return sorted(int(r[0]) for r in rows)
+
+    def set_chunk_size(self, id_: int, size: int) -> None:
+        self._exec("UPDATE {backfills} SET chunk_size = %s WHERE id = %s", (size, id_))
+
+    def finish_delivered(self, source: str) -> list[int]:
+        """Running backfills of `source` with every chunk planned and emitted are done
+        (called once a batch is delivered; a replay of it still includes them)."""
+        rows = self._exec(
+            """UPDATE {backfills} b SET status = 'done', finished_at = now()
+               WHERE b.source = %s AND b.status = 'running' AND b.planned_all
+                 AND NOT EXISTS (SELECT 1 FROM {chunks} c WHERE c.backfill = b.id
+                   AND c.status <> 'emitted')
+               RETURNING b.id""",
+            (source,),
+        )
+        return sorted(int(r[0]) for r in rows)
+
+    # -- chunks (the coordinator) -------------------------------------------------------------
+    def add_chunk(
+        self, id_: int, n: int, after: Sequence[str] | None, upto: Sequence[str] | None
+    ) -> None:
+        self._exec(
+            "INSERT INTO {chunks} (backfill, n, after, upto) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (backfill, n) DO NOTHING",
+            (id_, n, list(after) if after is not None else None,
+             list(upto) if upto is not None else None),
+        )  # fmt: skip
+        if upto is None:
+            self._exec("UPDATE {backfills} SET planned_all = true WHERE id = %s", (id_,))
+
+    def chunks(self, id_: int, status: str | None = None) -> list[Chunk]:
+        cond = "" if status is None else " AND status = %s"
+        rows = self._exec(
+            "SELECT backfill, n, after, upto, attempt, status, rows FROM {chunks} "
+            f"WHERE backfill = %s{cond} ORDER BY n",
+            (id_,) if status is None else (id_, status),
+        )
+        return [
+            Chunk(r[0], r[1], tuple(r[2]) if r[2] is not None else None,
+                  tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6])
+            for r in rows
+        ]  # fmt: skip
+
+    def last_chunk(self, id_: int) -> Chunk | None:
+        found = self._exec(
+            "SELECT backfill, n, after, upto, attempt, status, rows FROM {chunks} "
+            "WHERE backfill = %s ORDER BY n DESC LIMIT 1",
+            (id_,),
+        )
+        if not found:
+            return None
+        r = found[0]
+        return Chunk(r[0], r[1], tuple(r[2]) if r[2] is not None else None,
+                     tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6])  # fmt: skip
+
+    def reading(self, id_: int, ns: Sequence[int]) -> dict[int, int]:
+        """Chunks `ns` start a new read: their attempt numbers."""
+        rows = self._exec(
+            "UPDATE {chunks} SET status = 'reading', attempt = attempt + 1 "
+            "WHERE backfill = %s AND n = ANY(%s) AND status IN ('planned', 'reading') "
+            "RETURNING n, attempt",
+            (id_, list(ns)),
+        )
+        return {int(r[0]): int(r[1]) for r in rows}
+
+    def staged(self, id_: int, n: int, attempt: int, rows: int, seconds: float) -> None:
+        """A read finished: its high watermark is in the WAL (the pipeline may be past it)."""
+        self._exec(
+            "UPDATE {chunks} SET rows = %s, seconds = %s, "
+            "status = CASE WHEN status = 'reading' THEN 'staged' ELSE status END "
+            "WHERE backfill = %s AND n = %s AND attempt = %s",
+            (rows, seconds, id_, n, attempt),
+        )
+
+    def requeue(self, id_: int, n: int, attempt: int) -> None:
+        """The pipeline cannot place this attempt of a chunk: read it again."""
+        self._exec(
+            "UPDATE {chunks} SET status = 'planned' WHERE backfill = %s AND n = %s "
+            "AND attempt = %s AND status <> 'emitted'",
+            (id_, n, attempt),
+        )
+
+    def requeue_reading(self, ids: Sequence[int]) -> int:
+        """After a restart: reads that were in flight are read again (a new attempt)."""
+        rows = self._exec(
+            "UPDATE {chunks} SET status = 'planned' WHERE backfill = ANY(%s) AND status = 'reading' "
+            "RETURNING n",
+            (list(ids),),
+        )
+        return len(rows)
+
+    # -- marks (the pipeline) -----------------------------------------------------------------
+    def record_marks(self, marks: Sequence[Mark], query_id: str) -> None:
+        for m in marks:  # few per batch
+            self._exec(
+                "INSERT INTO {marks} (backfill, chunk, attempt, mark, lsn, seq, batch, query_id) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (backfill, chunk, attempt, mark) DO NOTHING",
+                (m.backfill, m.chunk, m.attempt, m.mark, m.lsn, m.seq, m.batch, query_id),
+            )
+
+    def open_lows(self, ids: Sequence[int]) -> list[Mark]:
+        """Low watermarks of chunks not emitted whose attempt's high was not seen yet."""
+        rows = self._exec(
+            """SELECT l.backfill, l.chunk, l.attempt, l.mark, l.lsn, l.seq, l.batch
+               FROM {marks} l JOIN {chunks} c ON c.backfill = l.backfill AND c.n = l.chunk
+               WHERE l.backfill = ANY(%s) AND l.mark = 'low' AND c.status <> 'emitted'
+                 AND NOT EXISTS (SELECT 1 FROM {marks} h WHERE h.backfill = l.backfill
+                   AND h.chunk = l.chunk AND h.attempt = l.attempt AND h.mark = 'high')""",
+            (list(ids),),
+        )
+        return [Mark(*r) for r in rows]
+
+    def low(self, backfill: int, chunk: int, attempt: int) -> Mark | None:
+        rows = self._exec(
+            "SELECT backfill, chunk, attempt, mark, lsn, seq, batch FROM {marks} "
+            "WHERE backfill = %s AND chunk = %s AND attempt = %s AND mark = 'low'",
+            (backfill, chunk, attempt),
+        )
+        return Mark(*rows[0]) if rows else None
+
+    def emit(self, backfill: int, chunk: int, attempt: int, batch: int, query_id: str) -> bool:
+        """Claim the chunk for this batch. True for the first high watermark of the chunk,
+        and again when the same batch is replayed; False for any other attempt."""
+        rows = self._exec(
+            """UPDATE {chunks} SET status = 'emitted', emitted_attempt = %s, emitted_batch = %s,
+                 emitted_query = %s
+               WHERE backfill = %s AND n = %s AND (emitted_attempt IS NULL OR (
+                 emitted_attempt = %s AND emitted_batch = %s AND emitted_query = %s))
+               RETURNING n""",
+            (attempt, batch, query_id, backfill, chunk, attempt, batch, query_id),
+        )
+        return bool(rows)
+
+    def committed_chunks(self, source: str, query_id: str, batch_id: int) -> list[tuple[int, int]]:
+        """(backfill, chunk) emitted by a committed batch whose staged files are still there."""
+        rows = self._exec(
+            """SELECT c.backfill, c.n FROM {chunks} c JOIN {backfills} b ON b.id = c.backfill
+               WHERE b.source = %s AND c.status = 'emitted' AND NOT c.cleaned
+                 AND (c.emitted_query <> %s OR c.emitted_batch < %s)""",
+            (source, query_id, batch_id),
+        )
+        return [(int(r[0]), int(r[1])) for r in rows]
+
+    def window_floor(self, source: str, query_id: str, batch_id: int) -> int | None:
+        """The first batch holding a low watermark of a chunk of `source` that is not
+        emitted, or is emitted by this batch or a later one (a replay emits it again)."""
+        rows = self._exec(
+            """SELECT min(l.batch) FROM {marks} l
+               JOIN {chunks} c ON c.backfill = l.backfill AND c.n = l.chunk
+               JOIN {backfills} b ON b.id = l.backfill
+               WHERE b.source = %s AND l.mark = 'low' AND l.query_id = %s
+                 AND ((b.status = 'running' AND c.status <> 'emitted')
+                      OR (c.emitted_query = %s AND c.emitted_batch >= %s))""",
+            (source, query_id, query_id, batch_id),
+        )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def cleaned(self, chunks: Sequence[tuple[int, int]]) -> None:
+        for b, n in chunks:
+            self._exec("UPDATE {chunks} SET cleaned = true WHERE backfill = %s AND n = %s", (b, n))
