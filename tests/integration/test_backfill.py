@@ -4,6 +4,7 @@ stream delivered (DBLog)."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import re
@@ -17,17 +18,20 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
 from tests.conftest import unique
 from tests.integration.test_crash import slot_inactive
 from tests.integration.test_decoder_types import CASES, USER_TYPES
 from tests.integration.test_run_crash import Run
 from tests.sinks.test_postgres import table_text
+from walstream.backfill.commands import status_table, summary
 from walstream.backfill.coordinator import Coordinator, request
-from walstream.backfill.read import read_chunk, watermark
+from walstream.backfill.read import ChunkResult, read_chunk, watermark
 from walstream.backfill.store import DONE, BackfillStore
 from walstream.change import read_idempotency_key
 from walstream.config import Config
+from walstream.delivery.parking import ParkingLot
 from walstream.errors import ConfigError
 from walstream.postgres.replication import connect
 from walstream.runtime import Runtime
@@ -92,7 +96,7 @@ def test_all_types_backfill_to_files_and_the_mirror_equals_the_source(spark, db,
     cfg = config(db, tmp_path, pub, slot, [
         files("files", tmp_path / "out"),
         {"name": "mirror", "source": "app", "tables": ["public.old_rows"],
-         "destination": {"type": "postgres", "dsn": mirror}},
+         "backfill": "on_create", "destination": {"type": "postgres", "dsn": mirror}},
     ])  # fmt: skip
     runtime = Runtime(cfg, spark=spark).start()
     store = BackfillStore(cfg.state_dsn)
@@ -101,7 +105,9 @@ def test_all_types_backfill_to_files_and_the_mirror_equals_the_source(spark, db,
         db.execute("INSERT INTO new_rows SELECT * FROM old_rows")
         ids = [b.id for b in request(cfg, store, "files", ["public.old_rows"], chunk_size=400,
                                      target_seconds=0)]  # fmt: skip
-        ids += [b.id for b in request(cfg, store, "mirror", chunk_size=700)]
+        (on_create,) = store.find(sink="mirror")  # backfill: on_create, at the first start
+        assert on_create.qualified == "public.old_rows"
+        ids.append(on_create.id)
         run_until_done(runtime, store, ids)
         wait_until(lambda: len([m for m in messages(tmp_path / "out")
                                 if m["metadata"]["table_name"] == "new_rows"]) == 1500, 60)  # fmt: skip
@@ -130,6 +136,8 @@ def test_all_types_backfill_to_files_and_the_mirror_equals_the_source(spark, db,
     assert all(raw[("read", i)] == raw[("insert", i)] for i in range(1, 1501))
     b = store.get(ids[0])
     assert b is not None and b.rows_read == 1500 and b.chunks == 4 and b.chunks_emitted == 4
+    Runtime(cfg, spark=spark)._backfills_on_create(store)  # a later start: no second one
+    assert len(store.find(sink="mirror")) == 1
     json_cols = {f"c{i}" for i, (t, _, _) in enumerate(CASES) if t == "json"}
     lossy = {f"c{i}" for i, (_, lit, _) in enumerate(CASES) if lit in ("'null'", "'[0:1]={5,6}'")}
     try:
@@ -351,13 +359,16 @@ def test_composite_and_text_keys_a_where_predicate_and_cancel(spark, db, tmp_pat
                                       where="status LIKE 'open%'", chunk_size=900)]  # fmt: skip
         with pytest.raises(ConfigError, match="is not finished"):
             request(cfg, store, "files", ["public.words"])
+        # Cancel while chunks are read but none delivered: the source is paused meanwhile.
+        lot = ParkingLot(cfg.state_dsn)
+        lot.set_paused("bulk", True, "test")
         (bulk,) = request(cfg, store, "bulk", chunk_size=500, target_seconds=0)
-        wait_until(lambda: (x := store.get(bulk.id)) is not None and x.chunks_emitted >= 2, 120)
+        wait_until(lambda: (x := store.get(bulk.id)) is not None and x.rows_read >= 1000, 120)
         assert store.cancel([bulk.id]) == [bulk.id]
+        at_cancel = store.get(bulk.id)
+        assert at_cancel is not None and at_cancel.status == "cancelled"
+        lot.set_paused("bulk", False)
         run_until_done(runtime, store, ids)
-        cancelled = store.get(bulk.id)
-        assert cancelled is not None and cancelled.status == "cancelled"
-        planned = cancelled.chunks
     finally:
         runtime.stop()
     got = messages(tmp_path / "out")
@@ -374,11 +385,11 @@ def test_composite_and_text_keys_a_where_predicate_and_cancel(spark, db, tmp_pat
     assert sorted(r["id"] for r in reads["slow"]) == list(range(4, 40001, 4))
     assert {r["status"] for r in reads["slow"]} == {"open%"}
     assert len(store.chunks(ids[0])) == 12  # 3000 rows in chunks of 250
-    # cancelled: nothing planned after the cancel, and far from all 80 chunks delivered
+    # cancelled: no chunk delivered, and at most the reads in flight at the cancel finished
     after = store.get(bulk.id)
-    assert after is not None and after.chunks == planned and after.chunks_emitted < 80
-    bulk_reads = [m for m in messages(tmp_path / "bulk") if m["action"] == "read"]
-    assert len(bulk_reads) == len({m["record"]["id"] for m in bulk_reads}) < 40_000
+    assert after is not None and after.chunks_emitted == 0
+    assert after.chunks <= at_cancel.chunks + 2 < 80
+    assert [m for m in messages(tmp_path / "bulk") if m["action"] == "read"] == []
 
 
 def test_a_read_cut_short_by_a_crash_is_read_again_and_delivered_once(spark, db, tmp_path):
@@ -415,3 +426,61 @@ def test_a_read_cut_short_by_a_crash_is_read_again_and_delivered_once(spark, db,
         "ORDER BY n"
     )
     assert chunks == [(0, 2, 1), (1, 2, 2), (2, 1, 1)]
+
+
+def test_the_chunk_size_moves_toward_the_target_time_and_status_shows_progress(db, tmp_path):
+    """Fast chunks grow (at most doubling), slow ones shrink (at most halving), within
+    500..200,000 rows; target 0 keeps the size. The status table and the progress bar
+    show rows, estimate, rate and ETA."""
+    db.execute("CREATE TABLE sized (id int PRIMARY KEY)")
+    db.execute("INSERT INTO sized SELECT generate_series(1, 100)")
+    db.execute("ANALYZE sized")
+    pub = db.create_publication("sized")
+    cfg = config(db, tmp_path, pub, db.create_slot(), [files("files", tmp_path / "out")])
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    (b,) = request(cfg, store, "files", chunk_size=1000, target_seconds=2)
+    coordinator = Coordinator(cfg, None, store, parallelism=2)
+
+    def after(rows: int, seconds: float) -> int:
+        coordinator._adapt([ChunkResult(b.id, 0, 1, rows, seconds)])
+        now = store.get(b.id)
+        assert now is not None
+        return now.chunk_size
+
+    assert after(1000, 0.1) == 2000  # 20x too fast: doubles
+    assert after(2000, 0.5) == 4000
+    assert after(4000, 2.0) == 4000  # on target
+    assert after(4000, 16.0) == 2000  # 8x too slow: halves
+    assert after(2000, 1.6) == 2500  # close: straight to the ideal
+    for _ in range(12):
+        after(100_000, 0.01)
+    assert store.get(b.id).chunk_size == 200_000  # type: ignore[union-attr]
+    for _ in range(12):
+        after(10, 100.0)
+    assert store.get(b.id).chunk_size == 500  # type: ignore[union-attr]
+    store.cancel([b.id])
+    (fixed,) = request(cfg, store, "files", chunk_size=700, target_seconds=0)
+    coordinator._adapt([ChunkResult(fixed.id, 0, 1, 700, 30.0)])
+    assert store.get(fixed.id).chunk_size == 700  # type: ignore[union-attr]
+
+    # status: a running backfill with rows read shows its estimate, rate and ETA
+    store.start(fixed.id, 100, ["id"])
+    store.add_chunk(fixed.id, 0, None, ("40",))
+    store.reading(fixed.id, [0])
+    store.staged(fixed.id, 0, 1, 40, 0.5)
+    shown = store.get(fixed.id)
+    assert shown is not None and shown.rows_read == 40 and shown.rows_estimated == 100
+    assert shown.rate is not None and shown.eta is not None
+    out = io.StringIO()
+    wide = Console(file=out, force_terminal=True, width=200)
+    wide.print(status_table([shown]))
+    text = out.getvalue()
+    assert re.search(
+        rf"{fixed.id}\s*│ files\s*│ public\.sized\s*│ .*running.*│\s*40 │\s*100 │", text
+    ), text
+    line = summary(shown)
+    assert line.startswith(
+        f"backfill {fixed.id} public.sized → files: running, 40 of ~100 rows read (40%), "
+    )
+    assert "rows/s, ETA " in line and line.endswith("chunks 0/1+ delivered")

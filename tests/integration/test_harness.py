@@ -64,7 +64,7 @@ def test_decoded_rows_fit_the_canonical_spark_schema(spark, db):
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder("app", meta.types, meta.primary_keys)
     rows = [r for m in db.read(slot, pub) for r in decoder.decode(m.payload)]
-    spark_rows = [(*r[:4], r.committed_at, *r[5:]) for r in rows]
+    spark_rows = [(*r[:4], r.committed_at, *r[5 : len(CHANGE_COLUMNS)]) for r in rows]
     df = spark.createDataFrame(spark_rows, spark_schema())
     assert tuple(df.columns) == CHANGE_COLUMNS
     got = df.orderBy("lsn", "seq").collect()

@@ -224,3 +224,13 @@ def test_a_mirror_reads_table_definitions_from_its_own_source():
     assert dest.source_dsn.get_secret_value() == "postgresql://u:pw@127.0.0.1/app"
     assert dest.group_by() == ["schema", "table"] and dest.message_format() == "mirror"
     assert "pw" not in str(cfg.sinks[0].model_dump(mode="json"))
+
+
+def test_backfill_on_create_is_the_one_setting_and_a_typo_names_it():
+    ok = parse_config(_sink({"type": "file", "path": "/tmp/x"}, backfill="on_create"))
+    assert ok.sinks[0].backfill == "on_create"
+    assert parse_config(_sink({"type": "file", "path": "/tmp/x"})).sinks[0].backfill is None
+    with pytest.raises(ConfigError, match=r"sinks\[0\]\.backfill: .*'on_create'"):
+        parse_config(_sink({"type": "file", "path": "/tmp/x"}, backfill="always"))
+    with pytest.raises(ConfigError, match="no sink named 'nope'"):
+        ok.sink("nope")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
 import pytest
 
-from walstream.change import ChangeRow, idempotency_key
+from walstream.change import ChangeRow, idempotency_key, read_idempotency_key
 from walstream.formats import changed_values, formatter, iso_timestamp
 
 TS = 1_763_884_850_561_930  # 2025-11-23T08:00:50.561930Z
@@ -107,3 +108,19 @@ def test_record_format_and_unknown() -> None:
     assert fmt(row("delete", '{"id":1}')) == '{"id":1}'
     with pytest.raises(ValueError, match="sequin, debezium, record"):
         formatter("avro", sink="s", db="app")
+
+
+def test_a_backfill_row_carries_its_backfill_key_and_debezium_snapshot_marker() -> None:
+    read = row("read", '{"id":42}', xid=None, backfill=7, pk=["42"])
+    seq = json.loads(formatter("sequin", sink="s", db="d")(read))
+    assert seq["action"] == "read" and seq["changes"] is None
+    assert seq["metadata"]["idempotency_key"] == read_idempotency_key(7, ["42"])
+    assert base64.b64decode(seq["metadata"]["idempotency_key"]) == b'read:7:["42"]'
+    dbz = json.loads(formatter("debezium", sink="s", db="d")(read))
+    assert dbz["op"] == "r" and dbz["before"] is None and dbz["source"]["snapshot"] == "incremental"
+    assert dbz["source"]["txId"] is None
+    stream = json.loads(formatter("debezium", sink="s", db="d")(row("insert", '{"id":42}')))
+    assert "snapshot" not in stream["source"]
+    # the same row read by another backfill, or with a composite key, gets another key
+    assert read_idempotency_key(8, ["42"]) != read_idempotency_key(7, ["42"])
+    assert read_idempotency_key(7, ["a,b", "c"]) != read_idempotency_key(7, ["a", "b,c"])

@@ -94,7 +94,21 @@ class _Target:
     sink: str
     schema: str
     table: str
-    key_columns: list[str]
+    key_columns: tuple[str, ...]
+
+    @property
+    def table_id(self) -> tuple[str, str]:
+        return (self.schema, self.table)
+
+
+@dataclass(frozen=True)
+class _Emit:
+    """A chunk this batch delivers: its backfill's target, its watermarks, commit time."""
+
+    target: _Target
+    low: Mark
+    high: Mark
+    committed_us: int
 
 
 _WINDOW_COLUMNS = ("`schema`", "`table`", "pk", "lsn", "seq", "action", "old")
@@ -102,7 +116,7 @@ _WINDOW_DDL = (
     "`schema` STRING, `table` STRING, pk ARRAY<STRING>, lsn BIGINT, seq INT, action STRING, "
     "old STRING"
 )
-_STAGED_DDL = "pk ARRAY<STRING>, record STRING, ord INT"
+_STAGED_DDL = "pk ARRAY<STRING>, record STRING, ord INT, backfill BIGINT, chunk INT"
 
 
 class BackfillMerge:
@@ -116,6 +130,7 @@ class BackfillMerge:
         """The previous batch is committed (Spark starts a batch only then): remove the
         files of chunks it or earlier ones emitted. The backfills this batch takes part in."""
         committed = self.store.committed_chunks(self.source, query_id, batch_id)
+        committed += self.store.abandoned_chunks(self.source)
         for b, n in committed:
             self.staging.remove_chunk(b, n)
         self.store.cleaned(committed)
@@ -157,7 +172,7 @@ class BackfillMerge:
 
         keys = self._keys_view(df, running)
         targets = self._targets(running)
-        out: dict[str, Any] = {}
+        emits: list[_Emit] = []
         claimed: set[tuple[int, int]] = set()
         for high, us, _ in marks:
             if high.mark != "high" or (high.backfill, high.chunk) in claimed:
@@ -183,11 +198,12 @@ class BackfillMerge:
             if not self.store.emit(high.backfill, high.chunk, high.attempt, batch_id, query_id):
                 continue  # another attempt of this chunk was emitted
             claimed.add((high.backfill, high.chunk))
-            target = targets[high.backfill]
-            rows = self._chunk_rows(spark, keys, windows, target, low, high, us)
-            out[target.sink] = (
-                rows if target.sink not in out else out[target.sink].unionByName(rows)
-            )
+            emits.append(_Emit(targets[high.backfill], low, high, us))
+        out: dict[str, Any] = {}
+        if emits:
+            rows = self._rows(spark, keys, emits, query_id, batch_id)
+            for sink in sorted({e.target.sink for e in emits}):
+                out[sink] = rows.where(f"_sink = {_q(sink)}").drop("_sink")
 
         open_lows = self.store.open_lows(list(running))
         if open_lows:
@@ -215,73 +231,101 @@ class BackfillMerge:
     def _targets(self, running: dict[int, tuple[str, str, str]]) -> dict[int, _Target]:
         keys = self.store.key_columns(list(running))
         return {
-            id_: _Target(sink, schema, table, keys.get(id_, []))
+            id_: _Target(sink, schema, table, tuple(keys.get(id_, [])))
             for id_, (sink, schema, table) in running.items()
         }
 
-    def _chunk_rows(
-        self, spark: Any, keys: Any, windows: list[str], target: _Target, low: Mark, high: Mark,
-        committed_us: int,
-    ) -> Any:  # fmt: skip
+    def _rows(self, spark: Any, keys: Any, emits: list[_Emit], query_id: str, batch_id: int) -> Any:
+        """The read rows of every chunk emitted in this batch, as one DataFrame (its plan
+        does not grow with the number of chunks): staged rows, minus those whose key
+        changed in their chunk's window, at their high watermark's place."""
+        from pyspark.sql import functions as F
+
+        em = spark.createDataFrame(
+            [(e.high.backfill, e.high.chunk, e.target.sink, e.target.schema, e.target.table,
+              e.low.lsn, e.low.seq, e.high.lsn, e.high.seq, e.committed_us) for e in emits],
+            "backfill BIGINT, chunk INT, _sink STRING, _schema STRING, _table STRING, "
+            "low_lsn BIGINT, low_seq INT, high_lsn BIGINT, high_seq INT, committed_us BIGINT",
+        )  # fmt: skip
+        em = F.broadcast(em)
+        first = min(e.low.batch for e in emits)
+        windows = [self.staging.window(query_id, b) for b in range(first, batch_id)]
         window = keys
         if windows:
-            window = (
-                spark.read.schema(_WINDOW_DDL)
-                .parquet(*windows)
-                .selectExpr(*_WINDOW_COLUMNS)
-                .unionByName(keys)
-            )
-        window = window.where(
-            f"`schema` = {_q(target.schema)} AND `table` = {_q(target.table)} "
-            f"AND (lsn > {low.lsn} OR (lsn = {low.lsn} AND seq > {low.seq})) "
-            f"AND (lsn < {high.lsn} OR (lsn = {high.lsn} AND seq < {high.seq}))"
-        )
+            stored = spark.read.schema(_WINDOW_DDL).parquet(*windows).selectExpr(*_WINDOW_COLUMNS)
+            window = stored.unionByName(keys)
+        # Each window change, paired with the chunks whose window holds it.
+        inside = window.join(
+            em,
+            (F.col("schema") == F.col("_schema")) & (F.col("table") == F.col("_table"))
+            & ((F.col("lsn") > F.col("low_lsn"))
+               | ((F.col("lsn") == F.col("low_lsn")) & (F.col("seq") > F.col("low_seq"))))
+            & ((F.col("lsn") < F.col("high_lsn"))
+               | ((F.col("lsn") == F.col("high_lsn")) & (F.col("seq") < F.col("high_seq")))),
+        )  # fmt: skip
+        changed = inside.where("action <> 'truncate'").selectExpr(
+            "backfill AS _b", "chunk AS _c", "to_json(pk) AS _k"
+        ).distinct()  # fmt: skip
+        truncated = inside.where("action = 'truncate'").selectExpr(
+            "backfill AS _b", "chunk AS _c"
+        ).distinct()  # fmt: skip
         staged = spark.read.schema(_STAGED_DDL).parquet(
-            self.staging.chunk(high.backfill, high.chunk, high.attempt)
+            *(self.staging.chunk(e.high.backfill, e.high.chunk, e.high.attempt) for e in emits)
         )
-        changed = window.where("action <> 'truncate'").selectExpr("to_json(pk) AS _k").distinct()
-        rows = staged.selectExpr("*", "to_json(pk) AS _s").join(
-            changed, _col("_s") == _col("_k"), "left_anti"
-        )
-        if target.key_columns:
+        rows = staged.join(em, ["backfill", "chunk"]).selectExpr("*", "to_json(pk) AS _s")
+        rows = rows.join(
+            changed,
+            (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c"))
+            & (F.col("_s") == F.col("_k")),
+            "left_anti",
+        ).join(
+            truncated, (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c")),
+            "left_anti",
+        )  # fmt: skip
+        keyed = {e.target.table_id: e.target for e in emits if e.target.key_columns}
+        if keyed:
             # An update that changed the key: the row under the old key is gone.
             def project(col: str) -> str:
-                parts = ", ".join(
-                    f"coalesce(get_json_object({col}, {_q(_path(k))}), '')"
-                    for k in target.key_columns
+                cases = " ".join(
+                    f"WHEN `_schema` = {_q(t.schema)} AND `_table` = {_q(t.table)} THEN "
+                    + "concat_ws('\\u001f', "
+                    + ", ".join(
+                        f"coalesce(get_json_object({col}, {_q(_path(k))}), '')"
+                        for k in t.key_columns
+                    )
+                    + ")"
+                    for t in keyed.values()
                 )
-                return f"concat_ws('\\u001f', {parts})"
+                return f"CASE {cases} END"
 
-            moved = window.where("old IS NOT NULL").selectExpr(f"{project('old')} AS _o").distinct()
+            moved = inside.where("old IS NOT NULL").selectExpr(
+                "backfill AS _b", "chunk AS _c", f"{project('old')} AS _o"
+            ).distinct()  # fmt: skip
             rows = rows.selectExpr("*", f"{project('record')} AS _r").join(
-                moved, _col("_r") == _col("_o"), "left_anti"
-            )
-        truncated = window.where("action = 'truncate'").limit(1).selectExpr("1 AS _t")
-        rows = rows.join(truncated, how="left_anti")
+                moved,
+                (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c"))
+                & (F.col("_r") == F.col("_o")),
+                "left_anti",
+            )  # fmt: skip
         return rows.selectExpr(
             f"{_q(self.source)} AS source",
-            f"CAST({high.lsn} AS BIGINT) AS lsn",
-            f"CAST({high.seq + 1} + ord AS INT) AS seq",
+            "high_lsn AS lsn",
+            "CAST(high_seq + 1 + ord AS INT) AS seq",
             "CAST(NULL AS BIGINT) AS xid",
-            f"timestamp_micros({committed_us}) AS committed_at",
+            "timestamp_micros(committed_us) AS committed_at",
             "'read' AS action",
-            f"{_q(target.schema)} AS `schema`",
-            f"{_q(target.table)} AS `table`",
+            "`_schema` AS `schema`",
+            "`_table` AS `table`",
             "pk",
             "record",
             "CAST(NULL AS STRING) AS old",
             "CAST(NULL AS STRING) AS annotations",
             "CAST(NULL AS ARRAY<STRING>) AS unchanged_toast",
-            f"CAST({high.backfill} AS BIGINT) AS backfill",
+            "backfill",
+            "_sink",
         )
 
 
 def _path(column: str) -> str:
     """A JSON path for get_json_object naming a column (any characters)."""
     return "$['" + column.replace("\\", "\\\\").replace("'", "\\'") + "']"
-
-
-def _col(name: str) -> Any:
-    from pyspark.sql import functions as F
-
-    return F.col(name)

@@ -79,7 +79,10 @@ class ChunkResult:
 def staged_schema() -> Any:
     import pyarrow as pa
 
-    return pa.schema([("pk", pa.list_(pa.string())), ("record", pa.string()), ("ord", pa.int32())])
+    return pa.schema([
+        ("pk", pa.list_(pa.string())), ("record", pa.string()), ("ord", pa.int32()),
+        ("backfill", pa.int64()), ("chunk", pa.int32()),
+    ])  # fmt: skip
 
 
 def watermark(conn: Any, task: ChunkTask, mark: str, **extra: Any) -> None:
@@ -115,18 +118,23 @@ def read_chunk(task: ChunkTask) -> ChunkResult:
             conn.cursor() as cur,
             cur.copy(sql.SQL("COPY ({}) TO STDOUT").format(sql.SQL(task.query))) as copy,
         ):
-            pks: list[list[str | None]] = []
+            keys = len(task.key_idx)
+            pks: list[str | None] = []  # every row's key values, flat: `keys` per row
             records: list[str] = []
             rest = b""
 
             def flush() -> None:
                 nonlocal pks, records
                 if records:
-                    ords = pa.array(range(rows - len(records), rows), pa.int32())
+                    n = len(records)
+                    ords = pa.array(range(rows - n, rows), pa.int32())
+                    offsets = pa.array(range(0, n * keys + 1, keys), pa.int32())
+                    pk = pa.ListArray.from_arrays(offsets, pa.array(pks, pa.string()))
+                    ids = [pa.repeat(pa.scalar(task.backfill, pa.int64()), n),
+                           pa.repeat(pa.scalar(task.n, pa.int32()), n)]  # fmt: skip
                     writer.write_batch(
                         pa.RecordBatch.from_arrays(
-                            [pa.array(pks, schema.field("pk").type), pa.array(records), ords],
-                            schema=schema,
+                            [pk, pa.array(records), ords, *ids], schema=schema
                         )
                     )
                     pks, records = [], []
@@ -137,7 +145,7 @@ def read_chunk(task: ChunkTask) -> ChunkResult:
                 for line in lines:
                     record, pk = encode(copy_fields(line))
                     records.append(record)
-                    pks.append(pk)
+                    pks.extend(pk)
                 rows += len(lines)
                 if len(records) >= ROWS_PER_BATCH:
                     flush()

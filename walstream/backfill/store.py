@@ -426,6 +426,16 @@ class BackfillStore:
         )
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 
+    def abandoned_chunks(self, source: str) -> list[tuple[int, int]]:
+        """(backfill, chunk) of cancelled or failed backfills never emitted: files to remove."""
+        rows = self._exec(
+            """SELECT c.backfill, c.n FROM {chunks} c JOIN {backfills} b ON b.id = c.backfill
+               WHERE b.source = %s AND b.status IN ('cancelled', 'failed')
+                 AND c.status <> 'emitted' AND NOT c.cleaned""",
+            (source,),
+        )
+        return [(int(r[0]), int(r[1])) for r in rows]
+
     def cleaned(self, chunks: Sequence[tuple[int, int]]) -> None:
         for b, n in chunks:
             self._exec("UPDATE {chunks} SET cleaned = true WHERE backfill = %s AND n = %s", (b, n))

@@ -44,20 +44,12 @@ class FileSink(Sink):
         self.target = batch_file(self.path, batch.batch_id, batch.partition, self.config.format)
         self.tmp = self.target.with_name(f".{self.target.name}.{os.getpid()}.tmp")
         self._file: IO[bytes] | None = None
-        self._rows: list[dict[str, Any]] = []
+        self._writer: Any = None  # parquet: one row group per delivered chunk
 
     def deliver(self, messages: Sequence[Message]) -> None:
         try:
             if self.config.format == "parquet":
-                self._rows.extend(
-                    {
-                        "lsn": m.lsn, "seq": m.seq, "idempotency_key": m.idempotency_key,
-                        "table": m.table, "action": m.action,
-                        "key": m.key.decode() if m.key is not None else None,
-                        "message": m.value.decode() if m.value is not None else None,
-                    }
-                    for m in messages
-                )  # fmt: skip
+                self._write_row_group(messages)
             else:
                 if self._file is None:
                     self.path.mkdir(parents=True, exist_ok=True)
@@ -72,9 +64,15 @@ class FileSink(Sink):
 
     def finish(self) -> None:
         try:
-            if self.config.format == "parquet":
-                if self._rows:
-                    self._write_parquet()
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+                f, self._file = self._file, None
+                assert f is not None
+                if not f.closed:
+                    f.close()
+                with open(self.tmp, "rb") as done:  # durable before the rename
+                    os.fsync(done.fileno())
             elif self._file is not None:
                 self._file.flush()
                 os.fsync(self._file.fileno())
@@ -91,16 +89,32 @@ class FileSink(Sink):
                 retryable=True,
             ) from exc
 
-    def _write_parquet(self) -> None:
+    def _write_row_group(self, messages: Sequence[Message]) -> None:
+        """The chunk as one Parquet row group, built column by column (memory: one chunk)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self.path.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(self._rows), self.tmp)
-        with open(self.tmp, "rb") as f:
-            os.fsync(f.fileno())
+        if self._writer is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._file = self.tmp.open("wb")
+            self._writer = pq.ParquetWriter(self._file, _parquet_schema(pa))
+        keys = [m.key for m in messages]
+        values = [m.value for m in messages]
+        columns = [
+            pa.array([m.lsn for m in messages], pa.int64()),
+            pa.array([m.seq for m in messages], pa.int64()),
+            pa.array([m.idempotency_key for m in messages], pa.string()),
+            pa.array([m.table for m in messages], pa.string()),
+            pa.array([m.action for m in messages], pa.string()),
+            pa.array(keys, pa.binary()).cast(pa.string()),
+            pa.array(values, pa.binary()).cast(pa.string()),
+        ]
+        self._writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=_parquet_schema(pa)))
 
     def close(self) -> None:
+        if getattr(self, "_writer", None) is not None:
+            with contextlib.suppress(Exception):  # an error is already on its way up
+                self._writer.close()
         if getattr(self, "_file", None) is not None:
             assert self._file is not None
             self._file.close()
@@ -133,6 +147,14 @@ class FileSink(Sink):
                 f.name.startswith(f".batch-{batch_id:012d}-") and f.name.endswith(".tmp")
             ):
                 f.unlink(missing_ok=True)
+
+
+def _parquet_schema(pa: Any) -> Any:
+    return pa.schema([
+        ("lsn", pa.int64()), ("seq", pa.int64()), ("idempotency_key", pa.string()),
+        ("table", pa.string()), ("action", pa.string()), ("key", pa.string()),
+        ("message", pa.string()),
+    ])  # fmt: skip
 
 
 def read_messages(path: str | Path) -> list[bytes]:
