@@ -96,6 +96,7 @@ def main() -> None:
             heap: dict[str, float | None] = {}
             try:
                 t0 = time.perf_counter()
+                read_done: float | None = None
                 (b,) = request(cfg, store, "files", chunk_size=args.chunk_size,
                                target_seconds=args.target_seconds)  # fmt: skip
                 next_report = 0.1
@@ -108,6 +109,8 @@ def main() -> None:
                     if now.status not in ("pending", "running", DONE):
                         raise SystemExit(f"backfill {now.status}: {now.error}")
                     done = now.rows_read / args.rows
+                    if read_done is None and now.rows_read >= args.rows:
+                        read_done = time.perf_counter() - t0
                     samples.append((now.rows_read, rss_by_group()))
                     if done >= next_report:
                         p = runtime.progress().get("files")
@@ -134,7 +137,8 @@ def main() -> None:
     rate = args.rows / elapsed
     print()
     print(f"backfill: {args.rows:,} rows in {elapsed:.1f}s = {rate:,.0f} rows/s "
-          f"({delivered:,} messages delivered); {b.chunks if b else 0} chunks")  # fmt: skip
+          f"({delivered:,} messages delivered); {now.chunks} chunks; reading took "
+          f"{read_done or elapsed:.1f}s ({args.rows / (read_done or elapsed):,.0f} rows/s)")  # fmt: skip
     print(f"COPY:     {copy:,.0f} rows/s")
     print(f"ratio:    {rate / copy:.2f}x of COPY (target >= 0.5)")
     early = next(m for n, m in samples if n >= args.rows * 0.2)

@@ -63,6 +63,9 @@ def build_spark(config: Config, quiet: bool = True) -> Any:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "4",
         "spark.sql.streaming.stopTimeout": "30s",
+        # Backfill reads run in their own pool: a free core goes to the stream's batch
+        # first instead of waiting behind a queue of chunk reads (FIFO would starve it).
+        "spark.scheduler.mode": "FAIR",
     }
     if quiet:
         conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()}"

@@ -332,6 +332,7 @@ class Coordinator:
         sc = self.spark.sparkContext
         ids = sorted({t.backfill for t in tasks})
         sc.setJobGroup(self._group, f"walstream backfill {', '.join(map(str, ids))}", True)
+        sc.setLocalProperty("spark.scheduler.pool", "walstream-backfill")  # FAIR mode only
         t0 = time.monotonic()
         try:
             results: list[ChunkResult] = sc.parallelize(tasks, len(tasks)).map(read_chunk).collect()
