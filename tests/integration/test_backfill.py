@@ -25,6 +25,7 @@ from tests.integration.test_crash import slot_inactive
 from tests.integration.test_decoder_types import CASES, USER_TYPES
 from tests.integration.test_run_crash import Run
 from tests.sinks.test_postgres import table_text
+from walstream.backfill import commands
 from walstream.backfill.commands import status_table, summary
 from walstream.backfill.coordinator import Coordinator, request
 from walstream.backfill.read import ChunkResult, read_chunk, watermark
@@ -290,12 +291,13 @@ def test_kill_9_during_a_backfill_resumes_and_completes(db, tmp_path):
     assert b.status == "pending"
     run = Run(path, tmp_path)
     try:
-        wait_until(lambda: (x := store.get(b.id)) is not None and x.chunks_emitted >= 6, 240,
-                   message=lambda: f"{store.get(b.id)}\n{run.output()[-3000:]}")  # fmt: skip
+        # kill -9 while chunks are being read: 6 to 20 of the 30 read (a round reads 2)
+        wait_until(lambda: (x := store.get(b.id)) is not None and 6 * size <= x.rows_read <= 20 * size,
+                   240, interval=0.02, message=lambda: f"{store.get(b.id)}\n{run.output()[-3000:]}")  # fmt: skip
         run.kill()
         at_kill = store.get(b.id)
         assert at_kill is not None and at_kill.status == "running"
-        assert at_kill.chunks_emitted < rows // size
+        assert at_kill.rows_read < rows
         wait_until(lambda: slot_inactive(db, slot), 30)
         run = Run(path, tmp_path)
         wait_until(lambda: (x := store.get(b.id)) is not None and x.status == DONE, 300,
@@ -306,7 +308,8 @@ def test_kill_9_during_a_backfill_resumes_and_completes(db, tmp_path):
     assert set(reads) == set(range(1, rows + 1))
     duplicates = len(reads) - rows
     again = [c for c in store.chunks(b.id) if c.attempt > 1]
-    print(f"killed at {at_kill.chunks_emitted} of {rows // size} chunks delivered; "
+    print(f"killed with {at_kill.rows_read // size} of {rows // size} chunks read and "
+          f"{at_kill.chunks_emitted} delivered; "
           f"{len(again)} chunk(s) read again; {duplicates} duplicate row(s)")  # fmt: skip
     assert 0 <= duplicates <= 2 * size  # at most the chunks in flight (2 tasks at once)
     shown = cli("backfill", "status", "-c", str(path))
@@ -428,7 +431,9 @@ def test_a_read_cut_short_by_a_crash_is_read_again_and_delivered_once(spark, db,
     assert chunks == [(0, 2, 1), (1, 2, 2), (2, 1, 1)]
 
 
-def test_the_chunk_size_moves_toward_the_target_time_and_status_shows_progress(db, tmp_path):
+def test_the_chunk_size_moves_toward_the_target_time_and_status_shows_progress(
+    db, tmp_path, monkeypatch
+):
     """Fast chunks grow (at most doubling), slow ones shrink (at most halving), within
     500..200,000 rows; target 0 keeps the size. The status table and the progress bar
     show rows, estimate, rate and ETA."""
@@ -484,3 +489,53 @@ def test_the_chunk_size_moves_toward_the_target_time_and_status_shows_progress(d
         f"backfill {fixed.id} public.sized → files: running, 40 of ~100 rows read (40%), "
     )
     assert "rows/s, ETA " in line and line.endswith("chunks 0/1+ delivered")
+    # on a terminal, `walstream backfill` follows it with a progress bar until it ends
+    store.cancel([fixed.id])
+    monkeypatch.setattr(commands, "console", wide)
+    final = commands.follow(store, [fixed.id], interval=0.01)
+    assert [x.status for x in final] == ["cancelled"]
+    text = out.getvalue()
+    assert f"{fixed.id} public.sized" in text and "40/100" in text
+
+
+def test_read_records_are_the_streams_byte_for_byte_nulls_included(spark, db, tmp_path):
+    """Every non-array type of the decoder's table (text with quotes, escapes, unicode and
+    control characters, char(n) padding, BC dates, infinities, NaN, bytea, json, enums,
+    domains, composites ...), a row of NULLs and a row of defaults: each read `record` is
+    the bytes the stream sends for the same values."""
+    db.execute(USER_TYPES)
+    cases = [(t, lit) for t, lit, _ in CASES if not t.endswith("[]") and t != "timetz"]
+    cols = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(cases))
+    literals = ", ".join(lit for _, lit in cases)
+    nulls = ", ".join("NULL" for _ in cases)
+    for t in ("old_rows", "new_rows"):
+        db.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, {cols})")
+    db.execute(f"INSERT INTO old_rows VALUES (1, {literals}), (2, {nulls})")
+    db.execute("INSERT INTO old_rows (id, c0) VALUES (3, true)")
+    pub = db.create_publication("old_rows", "new_rows")
+    slot = db.create_slot()
+    cfg = config(db, tmp_path, pub, slot, [files("files", tmp_path / "out")])
+    runtime = Runtime(cfg, spark=spark).start()
+    store = BackfillStore(cfg.state_dsn)
+    try:
+        db.execute("INSERT INTO new_rows SELECT * FROM old_rows")
+        ids = [b.id for b in request(cfg, store, "files", ["public.old_rows"])]
+        run_until_done(runtime, store, ids)
+        wait_until(lambda: len([m for m in messages(tmp_path / "out")
+                                if m["metadata"]["table_name"] == "new_rows"]) == 3, 60)  # fmt: skip
+    finally:
+        runtime.stop()
+    raw: dict[tuple[str, int], bytes] = {}
+    for line in read_messages(tmp_path / "out"):
+        m = json.loads(line)
+        raw[(m["action"], m["record"]["id"])] = line[
+            len(b'{"record":') : line.index(b',"changes":')
+        ]
+    assert {k for k in raw if k[0] == "read"} == {("read", 1), ("read", 2), ("read", 3)}
+    for i in (1, 2, 3):
+        a, b = raw[("read", i)], raw[("insert", i)]
+        at = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+        lo = max(0, at - 60)
+        assert a == b, (
+            f"row {i} differs at {at}: read {a[lo : at + 40]!r} stream {b[lo : at + 40]!r}"
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from walstream.errors import ConfigError
-from walstream.postgres.chunks import check_where, chunk_query, describe, plan
+from walstream.postgres.chunks import check_where, chunk_query, describe, estimate_rows, plan
 
 
 def read_all(db, table, size, where=None):
@@ -75,3 +75,13 @@ def test_a_table_without_a_key_or_a_bad_predicate_is_refused_with_the_fix(db):
         ConfigError, match=r"--where 'no_such_col > 1' is not a valid predicate.*no_such_col"
     ):
         check_where(db.conn, describe(db.conn, "public", "t"), "no_such_col > 1")
+
+
+def test_the_row_estimate_comes_from_the_planner(db):
+    db.execute("CREATE TABLE est (id int PRIMARY KEY, kind text)")
+    db.execute("INSERT INTO est SELECT g, CASE WHEN g % 10 = 0 THEN 'a' ELSE 'b' END "
+               "FROM generate_series(1, 20000) g")  # fmt: skip
+    db.execute("ANALYZE est")
+    t = describe(db.conn, "public", "est")
+    assert estimate_rows(db.conn, t, None) == 20000
+    assert 1500 <= estimate_rows(db.conn, t, "kind = 'a'") <= 2500  # the planner's guess

@@ -34,6 +34,7 @@ from walstream.postgres.chunks import (
     check_where,
     chunk_query,
     describe,
+    estimate_rows,
     next_boundary,
 )
 from walstream.postgres.replication import connect
@@ -106,23 +107,6 @@ def prepare_table(
         replace(t, columns=names), predicate, oids,
         tuple(names.index(k) for k in t.pk), types,
     )  # fmt: skip
-
-
-def estimate_rows(conn: Any, table: Table, where: str | None) -> int | None:
-    """The planner's row estimate for the backfill's rows (no scan)."""
-    from psycopg import sql
-
-    from walstream.postgres.chunks import _where
-
-    try:
-        plan = conn.execute(
-            sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE true{}").format(
-                table.ident, _where(where)
-            )
-        ).fetchone()[0]
-        return int(plan[0]["Plan"]["Plan Rows"])
-    except (psycopg.Error, LookupError, TypeError, ValueError):
-        return None
 
 
 def check_sink(sink: SinkConfig, schema: str, table: str) -> None:

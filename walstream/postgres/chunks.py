@@ -126,6 +126,21 @@ def check_where(conn: Any, table: Table, where: str | None) -> None:
         ) from None
 
 
+def estimate_rows(conn: Any, table: Table, where: str | None) -> int | None:
+    """The planner's estimate of the rows matching `where` (no scan); None if unknown."""
+    import psycopg
+
+    try:
+        row = conn.execute(
+            sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE true{}").format(
+                table.ident, _where(where)
+            )
+        ).fetchone()
+        return int(row[0][0]["Plan"]["Plan Rows"])
+    except (psycopg.Error, LookupError, TypeError, ValueError):
+        return None
+
+
 def next_boundary(
     conn: Any, table: Table, after: Key | None, size: int, where: str | None = None
 ) -> Key | None:
