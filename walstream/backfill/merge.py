@@ -155,7 +155,7 @@ class BackfillMerge:
             .selectExpr("lsn", "seq", "unix_micros(committed_at) AS us", "record")
             .collect()
         )
-        marks: list[tuple[Mark, int, dict[str, Any]]] = []
+        marks: list[tuple[Mark, int]] = []  # with the commit time (µs) of each
         for r in found:
             try:
                 m = json.loads(r.record)
@@ -166,19 +166,19 @@ class BackfillMerge:
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring a malformed backfill watermark: %r", r.record)
                 continue
-            marks.append((mark, int(r.us), m))
+            marks.append((mark, int(r.us)))
         marks.sort(key=lambda x: x[0].cursor)
-        self.store.record_marks([m for m, _, _ in marks], query_id)
+        self.store.record_marks([m for m, _ in marks], query_id)
 
         keys = self._keys_view(df, running)
         targets = self._targets(running)
         emits: list[_Emit] = []
         claimed: set[tuple[int, int]] = set()
-        for high, us, _ in marks:
+        for high, us in marks:
             if high.mark != "high" or (high.backfill, high.chunk) in claimed:
                 continue
             low = self.store.low(high.backfill, high.chunk, high.attempt)
-            if low is None or low.batch > batch_id:
+            if low is None:
                 log.warning(
                     "backfill %d chunk %d: high watermark without its low one; the chunk is read "
                     "again", high.backfill, high.chunk,
