@@ -62,6 +62,24 @@ def messages(path: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda m: (m["metadata"]["commit_lsn"], m["metadata"]["commit_idx"]))
 
 
+def raw_records(path: Path) -> dict[tuple[str, int], bytes]:
+    """(action, id) -> the raw JSON text of the message's `record`, as the sink wrote it."""
+    out = {}
+    for line in read_messages(path):
+        m = json.loads(line)
+        out[(m["action"], m["record"]["id"])] = line[
+            len(b'{"record":') : line.index(b',"changes":')
+        ]
+    return out
+
+
+def mirror_database(db: Any) -> tuple[str, str]:
+    """A fresh database on the test server for a Postgres mirror: its name and DSN."""
+    name = unique("mirror")
+    db.execute(f"CREATE DATABASE {name}")
+    return name, db.server.dsn(name)
+
+
 def run_until_done(runtime: Runtime, store: BackfillStore, ids: list[int], timeout: float = 240):
     def done() -> bool:
         runtime.poll()
@@ -91,9 +109,7 @@ def test_all_types_backfill_to_files_and_the_mirror_equals_the_source(spark, db,
     db.execute("UPDATE old_rows SET c3 = id * 7, c1 = (id % 2 = 0)")  # values vary by row
     pub = db.create_publication("old_rows", "new_rows")
     slot = db.create_slot()
-    mirror_db = unique("mirror")
-    db.execute(f"CREATE DATABASE {mirror_db}")
-    mirror = db.server.dsn(mirror_db)
+    mirror_db, mirror = mirror_database(db)
     cfg = config(db, tmp_path, pub, slot, [
         files("files", tmp_path / "out"),
         {"name": "mirror", "source": "app", "tables": ["public.old_rows"],
@@ -127,13 +143,7 @@ def test_all_types_backfill_to_files_and_the_mirror_equals_the_source(spark, db,
         )
 
     # byte for byte: the raw JSON text of a read's record is the insert's
-    def raw_record(line: bytes) -> bytes:
-        return line[len(b'{"record":') : line.index(b',"changes":')]
-
-    raw: dict[tuple[str, int], bytes] = {}
-    for line in read_messages(tmp_path / "out"):
-        m = json.loads(line)
-        raw[(m["action"], m["record"]["id"])] = raw_record(line)
+    raw = raw_records(tmp_path / "out")
     assert all(raw[("read", i)] == raw[("insert", i)] for i in range(1, 1501))
     b = store.get(ids[0])
     assert b is not None and b.rows_read == 1500 and b.chunks == 4 and b.chunks_emitted == 4
@@ -205,9 +215,7 @@ def test_concurrent_writes_during_the_backfill_never_lose_to_a_stale_read(spark,
     db.execute(f"INSERT INTO hot SELECT g, 0, 'start' FROM generate_series(1, {keys}) g")
     pub = db.create_publication("hot")
     slot = db.create_slot()
-    mirror_db = unique("mirror")
-    db.execute(f"CREATE DATABASE {mirror_db}")
-    mirror = db.server.dsn(mirror_db)
+    mirror_db, mirror = mirror_database(db)
     cfg = config(db, tmp_path, pub, slot, [
         files("files", tmp_path / "out"),
         {"name": "mirror", "source": "app", "destination": {"type": "postgres", "dsn": mirror}},
@@ -525,12 +533,7 @@ def test_read_records_are_the_streams_byte_for_byte_nulls_included(spark, db, tm
                                 if m["metadata"]["table_name"] == "new_rows"]) == 3, 60)  # fmt: skip
     finally:
         runtime.stop()
-    raw: dict[tuple[str, int], bytes] = {}
-    for line in read_messages(tmp_path / "out"):
-        m = json.loads(line)
-        raw[(m["action"], m["record"]["id"])] = line[
-            len(b'{"record":') : line.index(b',"changes":')
-        ]
+    raw = raw_records(tmp_path / "out")
     assert {k for k in raw if k[0] == "read"} == {("read", 1), ("read", 2), ("read", 3)}
     for i in (1, 2, 3):
         a, b = raw[("read", i)], raw[("insert", i)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring
+from typing import Any
 
 from walstream.postgres import types as t
 
@@ -24,6 +25,31 @@ _INLINE: dict[int, str] = {
     id(t.NUMERIC): '"\\"" + {v}.decode("ascii") + "\\""',
     id(t.JSON): '{v}.decode("utf-8")',
 }
+
+
+def _value_expr(i: int, codec: t.Codec, v: str, ns: dict[str, object]) -> str:
+    """Code for the JSON text of value `v` of column i: inlined for common types."""
+    template = _INLINE.get(id(codec))
+    if template is None:
+        ns[f"_enc{i}"] = codec.json
+        return f"_enc{i}({v})"
+    return template.format(v=v)
+
+
+def _compile(
+    lines: list[str], names: Sequence[str], key_idx: Sequence[int], ns: dict[str, object],
+    label: str,
+) -> Any:  # fmt: skip
+    """Append the return of (record JSON, pk) from p<i>/v<i> to `lines`; compile `encode`."""
+    n = len(names)
+    for i, name in enumerate(names):
+        ns[f"K{i}"] = ("{" if i == 0 else ",") + encode_basestring(name) + ":"
+    parts = ", ".join(f"K{i}, p{i}" for i in range(n))
+    record = f'"".join(({parts}, "}}"))' if n else '"{}"'
+    pk = ", ".join(f'(None if v{i} is None else v{i}.decode("utf-8"))' for i in key_idx)
+    lines.append(f"    return {record}, [{pk}]")
+    exec(compile("\n".join(lines), f"<walstream {label} encoder {n} columns>", "exec"), ns)
+    return ns["encode"]
 
 
 def compile_tuple_encoder(
@@ -43,12 +69,7 @@ def compile_tuple_encoder(
     ]
     for i, codec in enumerate(codecs):
         v = f"v{i}"
-        template = _INLINE.get(id(codec))
-        if template is None:
-            ns[f"_enc{i}"] = codec.json
-            expr = f"_enc{i}({v})"
-        else:
-            expr = template.format(v=v)
+        expr = _value_expr(i, codec, v, ns)
         lines += [
             "    k = buf[pos]",
             "    if k == 116:",
@@ -63,14 +84,7 @@ def compile_tuple_encoder(
             "    else:",
             "        return None",
         ]
-    for i, name in enumerate(names):
-        ns[f"K{i}"] = ("{" if i == 0 else ",") + encode_basestring(name) + ":"
-    parts = ", ".join(f"K{i}, p{i}" for i in range(n))
-    record = f'"".join(({parts}, "}}"))' if n else '"{}"'
-    pk = ", ".join(f'(None if v{i} is None else v{i}.decode("utf-8"))' for i in key_idx)
-    lines.append(f"    return {record}, [{pk}]")
-    exec(compile("\n".join(lines), f"<walstream tuple encoder {n} columns>", "exec"), ns)
-    return ns["encode"]  # type: ignore[return-value]
+    return _compile(lines, names, key_idx, ns, "tuple")
 
 
 FieldsEncoder = Callable[[Sequence["bytes | None"]], "tuple[str, list[str | None]]"]
@@ -91,18 +105,6 @@ def compile_fields_encoder(
     if n == 0:
         lines[1] = "    pass"
     for i, codec in enumerate(codecs):
-        template = _INLINE.get(id(codec))
-        if template is None:
-            ns[f"_enc{i}"] = codec.json
-            expr = f"_enc{i}(v{i})"
-        else:
-            expr = template.format(v=f"v{i}")
+        expr = _value_expr(i, codec, f"v{i}", ns)
         lines.append(f'    p{i} = "null" if v{i} is None else {expr}')
-    for i, name in enumerate(names):
-        ns[f"K{i}"] = ("{" if i == 0 else ",") + encode_basestring(name) + ":"
-    parts = ", ".join(f"K{i}, p{i}" for i in range(n))
-    record = f'"".join(({parts}, "}}"))' if n else '"{}"'
-    pk = ", ".join(f'(None if v{i} is None else v{i}.decode("utf-8"))' for i in key_idx)
-    lines.append(f"    return {record}, [{pk}]")
-    exec(compile("\n".join(lines), f"<walstream fields encoder {n} columns>", "exec"), ns)
-    return ns["encode"]  # type: ignore[return-value]
+    return _compile(lines, names, key_idx, ns, "fields")
