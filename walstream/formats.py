@@ -116,3 +116,88 @@ def formatter(name: str, *, sink: str, db: str) -> Formatter:
     if name == "record":
         return record
     raise ValueError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}")
+
+
+# -- the same formats as Spark SQL -------------------------------------------------------------
+# The pipeline computes a message in the JVM when SQL can make it byte for byte what
+# the functions above make; executors then skip the per-row Python formatting (and
+# a columnar sink, the Python loop altogether). Where SQL cannot, the expression is
+# NULL and the row is formatted in Python as before: a sequin update with old values
+# (its `changes` compares JSON objects), names or keys with one of the control characters
+# Java escapes differently (`\u000B` where Python writes `\u000b`), an unknown action.
+
+#: The control characters whose escapes differ (`\u000b` in Python, `\u000B` in Java);
+#: the others are written alike (`\n`, `\t`, `\u0001`, ...).
+_CONTROL = "'[\\\\x0b\\\\x0e\\\\x0f\\\\x1a-\\\\x1f]'"
+
+
+def _sql_lit(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _sql_json_str(col: str) -> str:
+    """A string column as a JSON string, as `_str` writes it (NULL: left to Python)."""
+    return (
+        f"CASE WHEN {col} RLIKE {_CONTROL} THEN NULL "
+        f"ELSE substr(to_json(array({col})), 2, length(to_json(array({col}))) - 2) END"
+    )
+
+
+def sql_idempotency_key(backfill: bool) -> str:
+    """`change_key` in SQL: `base64("lsn:seq")`, or for backfill rows (when the frame has
+    the `backfill` column) `base64("read:<id>:<pk JSON>")`; NULL where Python must."""
+    cursor = "base64(encode(concat(lsn, ':', seq), 'UTF-8'))"
+    if not backfill:
+        return cursor
+    # Spark's base64 breaks lines every 76 characters; Python's b2a_base64 does not.
+    read = (
+        "CASE WHEN concat_ws('', pk) RLIKE " + _CONTROL + " THEN NULL ELSE "
+        "regexp_replace(base64(encode(concat('read:', backfill, ':', to_json(pk)), 'UTF-8')), "
+        "'[\\\\r\\\\n]', '') END"
+    )
+    return f"CASE WHEN backfill IS NULL THEN {cursor} ELSE {read} END"
+
+
+def sql_format(name: str, *, sink: str, db: str, backfill: bool) -> str | None:
+    """A Spark SQL expression equal to `formatter(name, ...)` of the row, or NULL where
+    only Python can format it; None when the format has no SQL form (`mirror`)."""
+    record = "coalesce(record, 'null')"
+    ts = "date_format(committed_at, \"yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'\")"
+    if name == "record":
+        return record
+    if name == "sequin":
+        changes = "CASE WHEN action <> 'update' OR record IS NULL OR old IS NULL THEN 'null' END"
+        return (
+            f"concat('{{\"record\":', {record}, ',\"changes\":', {changes}, "
+            f'\',"action":"\', action, \'","metadata":{{"table_schema":\', '
+            f"{_sql_json_str('`schema`')}, ',\"table_name\":', {_sql_json_str('`table`')}, "
+            f'\',"commit_timestamp":"\', {ts}, \'","commit_lsn":\', lsn, '
+            f'\',"commit_idx":\', seq, \',"idempotency_key":"\', {sql_idempotency_key(backfill)}, '
+            f"'\",\"transaction_annotations\":', coalesce(annotations, 'null'), "
+            f'\',"sink":{{"name":\', {_sql_lit(_str(sink))}, \'}},"source":{{"name":\', '
+            f"{_sql_json_str('source')}, '}}}}}}')"
+        )
+    if name == "debezium":
+        before = (
+            "CASE action WHEN 'delete' THEN coalesce(old, record, 'null') "
+            "WHEN 'update' THEN coalesce(old, 'null') ELSE 'null' END"
+        )
+        after = "CASE WHEN action = 'delete' THEN 'null' ELSE coalesce(record, 'null') END"
+        op = "CASE action " + " ".join(
+            f"WHEN '{a}' THEN '{o}'" for a, o in _DEBEZIUM_OP.items()
+        ) + " END"  # fmt: skip
+        snapshot = (
+            f"CASE WHEN backfill IS NOT NULL THEN {_sql_lit(_SNAPSHOT)} ELSE '' END"
+            if backfill
+            else "''"
+        )
+        return (
+            f"concat('{{\"before\":', {before}, ',\"after\":', {after}, "
+            f'\',"source":{{"connector":"walstream","name":\', {_sql_json_str("source")}, '
+            f"',\"db\":', {_sql_lit(_str(db))}, ',\"schema\":', {_sql_json_str('`schema`')}, "
+            f"',\"table\":', {_sql_json_str('`table`')}, ',\"lsn\":', lsn, "
+            f"',\"txId\":', coalesce(CAST(xid AS STRING), 'null'), "
+            f'\',"ts_ms":\', unix_millis(committed_at), {snapshot}, \'}},"op":"\', {op}, '
+            f"'\",\"ts_ms\":', unix_millis(current_timestamp()), '}}')"
+        )
+    return None

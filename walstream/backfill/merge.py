@@ -116,6 +116,8 @@ _WINDOW_DDL = (
     "`schema` STRING, `table` STRING, pk ARRAY<STRING>, lsn BIGINT, seq INT, action STRING, "
     "old STRING"
 )
+#: Up to this many stream changes in the chunks' windows, their keys are broadcast.
+BROADCAST_ROWS = 250_000
 _STAGED_DDL = "pk ARRAY<STRING>, record STRING, ord INT, backfill BIGINT, chunk INT"
 
 
@@ -263,12 +265,15 @@ class BackfillMerge:
             & ((F.col("lsn") < F.col("high_lsn"))
                | ((F.col("lsn") == F.col("high_lsn")) & (F.col("seq") < F.col("high_seq")))),
         )  # fmt: skip
-        changed = inside.where("action <> 'truncate'").selectExpr(
+        # What is dropped is the window's keys: usually few next to the chunks' rows. Sent
+        # to every task (a hash lookup per row) instead of shuffling the rows to join them.
+        small = F.broadcast if window.count() <= BROADCAST_ROWS else (lambda d: d)
+        changed = small(inside.where("action <> 'truncate'").selectExpr(
             "backfill AS _b", "chunk AS _c", "to_json(pk) AS _k"
-        ).distinct()  # fmt: skip
-        truncated = inside.where("action = 'truncate'").selectExpr(
+        ).distinct())  # fmt: skip
+        truncated = small(inside.where("action = 'truncate'").selectExpr(
             "backfill AS _b", "chunk AS _c"
-        ).distinct()  # fmt: skip
+        ).distinct())  # fmt: skip
         staged = spark.read.schema(_STAGED_DDL).parquet(
             *(self.staging.chunk(e.high.backfill, e.high.chunk, e.high.attempt) for e in emits)
         )
@@ -298,9 +303,9 @@ class BackfillMerge:
                 )
                 return f"CASE {cases} END"
 
-            moved = inside.where("old IS NOT NULL").selectExpr(
+            moved = small(inside.where("old IS NOT NULL").selectExpr(
                 "backfill AS _b", "chunk AS _c", f"{project('old')} AS _o"
-            ).distinct()  # fmt: skip
+            ).distinct())  # fmt: skip
             rows = rows.selectExpr("*", f"{project('record')} AS _r").join(
                 moved,
                 (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c"))

@@ -54,6 +54,7 @@ class DeliveryPlan:
     max_parked: int = 100_000
     on_full: str = "pause"  # "discard": past max_parked, what would be parked is dropped
     sink_config: dict[str, Any] | None = None  # snapshot for dead letters, secrets removed
+    columnar: bool = False  # deliver Arrow batches of SQL-formatted messages (deliver_columns)
 
 
 @dataclass
@@ -83,15 +84,16 @@ def load_function(spec: str) -> Callable[[Any], Any]:
     return fn
 
 
-#: A change and the pipeline's columns: group key, Kafka key, route, transformed message.
-Row = tuple[ChangeRow, str | None, str | None, str | None, str | None]
+#: A change and the pipeline's columns: group key, Kafka key, route, the message when
+#: SQL made it (a SQL transform or format), its idempotency key when SQL made it.
+Row = tuple[ChangeRow, str | None, str | None, str | None, str | None, str | None]
 
 
 def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
     """Change rows (with the pipeline's _group/_key/_route/_message columns) as Messages."""
     fmt = formatter(plan.format, sink=plan.sink, db=plan.db)
     fn = load_function(plan.transform_function) if plan.transform_function else None
-    for change, group, key, route, message in rows:
+    for change, group, key, route, message, ikey in rows:
         error = None
         if message is not None:
             value: str | None = message
@@ -110,7 +112,9 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             change.lsn, change.seq, value.encode() if value is not None else None,
             message_key, route, table=table, action=change.action, group=group or "",
             error=error,
-            ikey=None if change.backfill is None else read_idempotency_key(change.backfill, change.pk),
+            ikey=None if change.backfill is None else (
+                ikey or read_idempotency_key(change.backfill, change.pk)
+            ),
         )  # fmt: skip
         if plan.tombstones and change.action == "delete":
             # Shares the delete's cursor: delivery never splits the pair across chunks.
@@ -118,6 +122,52 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
                 change.lsn, change.seq, None, message_key, route,
                 table=table, action="tombstone", group=group or "",
             )  # fmt: skip
+
+
+def deliver_columns(
+    plan: DeliveryPlan,
+    partition: int,
+    batches: Iterable[Any],
+    rows: Callable[[Iterable[Any]], Iterable[Row]],
+    sink: Sink | None = None,
+) -> Stats:
+    """Deliver a partition to a `columnar` sink as Arrow batches of SQL-formatted messages.
+
+    Only for sinks that replace batches (no ledger, no parking) and plans without a
+    Python transform or tombstones. A batch with a row SQL could not format (its
+    `_message` or `_ikey` is NULL) is formatted in Python (`rows` makes Rows of it)
+    and delivered message by message, in its place.
+    """
+    sink = sink or sink_for(plan.destination)
+    assert sink.columnar and sink.replaces_batches and plan.transform_function is None
+    stats = Stats(partition)
+    sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
+    try:
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            col = dict(zip(batch.schema.names, batch.columns, strict=True))
+            if col["_message"].null_count or col["_ikey"].null_count:
+                send(sink, list(messages(plan, rows([batch]))), plan)
+            else:
+                sink.deliver_columns(batch)
+            stats.delivered += n
+            stats.last_lsn, stats.last_seq = col["lsn"][n - 1].as_py(), col["seq"][n - 1].as_py()
+            us = _max_micros(col["committed_at"])
+            stats.max_committed_us = max(stats.max_committed_us, us)
+        sink.finish()
+    finally:
+        sink.close()
+    return stats
+
+
+def _max_micros(column: Any) -> int:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value = pc.max(column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())).as_py()
+    return int(value or 0)
 
 
 def send(sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:

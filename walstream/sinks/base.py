@@ -78,6 +78,9 @@ class Sink(ABC):
 
     #: True when `finish()` is the durability point and a replayed batch replaces its output.
     replaces_batches: ClassVar[bool] = False
+    #: True when the sink takes whole Arrow batches of SQL-formatted messages
+    #: (`deliver_columns`): no Python step per message.
+    columnar: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -88,6 +91,12 @@ class Sink(ABC):
     @abstractmethod
     def deliver(self, messages: Sequence[Message]) -> None:
         """Deliver all messages in order; return only when they are durably accepted."""
+
+    def deliver_columns(self, batch: Any) -> None:
+        """Deliver an Arrow RecordBatch in order: columns `lsn`, `seq`, `schema`, `table`,
+        `action`, `_key`, `_ikey` (idempotency key) and `_message` (the formatted
+        message), none of the last two NULL. Only for `columnar` sinks."""
+        raise NotImplementedError
 
     def finish(self) -> None:  # noqa: B027 - optional hook
         """The partition is complete (nothing to do for streaming destinations)."""

@@ -14,7 +14,7 @@ import fnmatch
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,10 +25,17 @@ from walstream.config import (
     SourceConfig,
     sink_snapshot,
 )
-from walstream.delivery.deliver import DeliveryPlan, Row, Stats, deliver_partition
+from walstream.delivery.deliver import (
+    DeliveryPlan,
+    Row,
+    Stats,
+    deliver_columns,
+    deliver_partition,
+)
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import Backoff, ParkingLot
 from walstream.errors import ConfigError
+from walstream.formats import sql_format, sql_idempotency_key
 from walstream.sinks.registry import sink_for
 
 log = logging.getLogger(__name__)
@@ -79,12 +86,17 @@ def selection_expr(sink: SinkConfig) -> str:
 
 
 def prepare(
-    df: Any, sink: SinkConfig, skip_before: int | None = None, backfill: bool = False
+    df: Any,
+    sink: SinkConfig,
+    skip_before: int | None = None,
+    backfill: bool = False,
+    db: str = "",
 ) -> Any:
-    """The sink's DataFrame: selected rows plus _group, _key, _route, _message columns.
+    """The sink's DataFrame: selected rows plus _group, _key, _route, _message, _ikey columns.
 
     `skip_before`: changes committed before this LSN are left out (`walstream reset`).
     `backfill`: `df` has the `backfill` column (a batch with backfill rows); keep it.
+    `db`: the source's database name (Debezium's `source.db`).
     """
     dest = sink.destination
     cols = [f"({group_expr(sink.group_by or dest.group_by())}) AS _group"]
@@ -95,6 +107,11 @@ def prepare(
     if isinstance(sink.transform, dict):
         fields = ", ".join(f"{_quote(k)}, ({v})" for k, v in sink.transform.items())
         cols.append(f"to_json(named_struct({fields})) AS _message")
+    formatted = sql_message(sink, db, backfill)
+    if formatted is not None:
+        cols.append(f"{formatted} AS _message")
+    if formatted is not None or isinstance(sink.transform, dict):
+        cols.append(f"{sql_idempotency_key(backfill)} AS _ikey")
     # This runs every batch: SQL text in two calls (each one analysis, few py4j round
     # trips) costs a third less than Column objects. Only the columns delivery reads
     # travel on (through the shuffle, into Python).
@@ -104,7 +121,24 @@ def prepare(
     where = selection_expr(sink)
     if skip_before is not None:
         where = f"lsn >= {int(skip_before)} AND {where}"
-    return df.where(where).selectExpr(*keep, *cols)
+    out = df.where(where).selectExpr(*keep, *cols)
+    if formatted is not None:
+        # Where SQL made the message, the row's JSON columns need not travel on.
+        out = out.selectExpr(*(
+            f"CASE WHEN _message IS NULL THEN `{c}` END AS `{c}`"
+            if c in ("record", "old", "annotations") else f"`{c}`"
+            for c in out.columns
+        ))  # fmt: skip
+    return out
+
+
+def sql_message(sink: SinkConfig, db: str, backfill: bool) -> str | None:
+    """The sink's message format as SQL (see formats.sql_format), when delivery uses it:
+    no transform (a SQL one makes `_message` itself, a Python one needs the row)."""
+    if sink.transform is not None:
+        return None
+    name = sink.destination.message_format() or sink.format
+    return sql_format(name, sink=sink.name, db=db, backfill=backfill)
 
 
 def delivery_columns(sink: SinkConfig) -> list[str]:
@@ -149,7 +183,10 @@ def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        stats = deliver_partition(plan, partition, _rows(batches, pa))
+        if plan.columnar:
+            stats = deliver_columns(plan, partition, batches, lambda b: _rows(b, pa))
+        else:
+            stats = deliver_partition(plan, partition, _rows(batches, pa))
         yield pa.RecordBatch.from_pylist([vars(stats)], schema=_stats_schema(pa))
 
     return run
@@ -163,10 +200,10 @@ def _stats_schema(pa: Any) -> Any:
     )  # fmt: skip
 
 
-_EXTRAS = ("_group", "_key", "_route", "_message")
+_EXTRAS = ("_group", "_key", "_route", "_message", "_ikey")
 
 
-def _rows(batches: Iterator[Any], pa: Any) -> Iterator[Row]:
+def _rows(batches: Iterable[Any], pa: Any) -> Iterator[Row]:
     """Arrow batches of change columns (+ the pipeline's extras) as Rows, column-wise."""
     for batch in batches:
         cols = dict(zip(batch.schema.names, batch.columns, strict=True))
@@ -328,28 +365,32 @@ class Pipeline:
             on_full=sink.on_full,
             sink_config=self.snapshots[sink.name],
         )
+        skip = self.skips.get(sink.name)
         if reads is not None:
-            df = df.selectExpr("*", "CAST(NULL AS BIGINT) AS backfill").unionByName(reads)
-        prepared = prepare(
-            df, sink, skip_before=self.skips.get(sink.name), backfill=reads is not None
-        )
-        # A batch in one source partition holds its changes in WAL order already: one
-        # task delivers them without a shuffle (the latency path). That job's plan says
-        # how many partitions the batch has; planning it pickles the batch's raw WAL, so
-        # when it is one, that plan is the one that runs.
-        job = prepared.mapInArrow(deliver_arrow(plan), STATS_DDL)
-        inputs = planned_partitions(job)
-        if inputs == 0:  # no changes (a heartbeat-only batch): no job to run
-            with self.lock:
-                self.progress.setdefault(sink.name, SinkProgress()).batches += 1
-            return
-        if inputs > 1 or reads is not None:  # spread by group key, each partition in WAL order
-            plan = replace(plan, partitions=sink.partitions or self.default_partitions)
-            job = (
-                prepared.repartition(plan.partitions, "_group")
-                .sortWithinPartitions("lsn", "seq")
-                .mapInArrow(deliver_arrow(plan), STATS_DDL)
-            )
+            df = df.selectExpr("*", "CAST(NULL AS BIGINT) AS backfill")
+        prepared = prepare(df, sink, skip_before=skip, backfill=reads is not None, db=self.db)
+        if driver_sink.columnar and not plan.tombstones and plan.transform_function is None:
+            plan = replace(plan, columnar="_message" in prepared.columns)
+        spread = sink.partitions or self.default_partitions
+        if reads is not None:
+            read_rows = prepare(reads, sink, skip_before=skip, backfill=True, db=self.db)
+            placed = self._with_reads(prepared, read_rows, sink, spread)
+            plan = replace(plan, partitions=planned_partitions(placed))
+            job = placed.mapInArrow(deliver_arrow(plan), STATS_DDL)
+        else:
+            # A batch in one source partition holds its changes in WAL order already: one
+            # task delivers them without a shuffle (the latency path). That job's plan says
+            # how many partitions the batch has; planning it pickles the batch's raw WAL, so
+            # when it is one, that plan is the one that runs.
+            job = prepared.mapInArrow(deliver_arrow(plan), STATS_DDL)
+            inputs = planned_partitions(job)
+            if inputs == 0:  # no changes (a heartbeat-only batch): no job to run
+                with self.lock:
+                    self.progress.setdefault(sink.name, SinkProgress()).batches += 1
+                return
+            if inputs > 1:  # spread by group key, each partition in WAL order
+                plan = replace(plan, partitions=spread)
+                job = _grouped(prepared, spread).mapInArrow(deliver_arrow(plan), STATS_DDL)
         if not driver_sink.replaces_batches:
             self.ledger.start_batch(sink.name, query_id, batch_id)
         driver_sink.prepare_batch(sink.name, batch_id, plan.partitions)
@@ -371,3 +412,38 @@ class Pipeline:
             batch_id, sink.name, sum(s.delivered for s in stats),
             sum(s.skipped for s in stats), time.monotonic() - t0, t_plan, len(stats),
         )  # fmt: skip
+
+    def _with_reads(self, stream: Any, reads: Any, sink: SinkConfig, partitions: int) -> Any:
+        """The batch's changes and backfill rows, each group in one partition in WAL order.
+
+        A read row shares its group with no other read row when groups are rows (the
+        default): only read rows whose group also has stream changes in this batch must
+        be ordered with them (shuffled by group). The others are delivered where they
+        were read (their partitions follow the grouped ones), sorted in place — a
+        chunk's rows are not shuffled. With a `group_by` that spans rows, all are grouped.
+        """
+        from pyspark.sql import functions as F
+
+        if sink.group_by or sink.destination.group_by():
+            return _grouped(stream.unionByName(reads), partitions)
+        changes = stream.count()
+        free = reads.sortWithinPartitions("lsn", "seq")
+        if changes == 0:
+            return free
+        if changes > TIED_ROWS:
+            return _grouped(stream.unionByName(reads), partitions)
+        groups = F.broadcast(stream.selectExpr("_group AS _tied").distinct())
+        on = F.col("_group") == F.col("_tied")
+        tied = reads.join(groups, on, "left_semi")
+        free = reads.join(groups, on, "left_anti").sortWithinPartitions("lsn", "seq")
+        return _grouped(stream.unionByName(tied), partitions).union(free)
+
+
+#: Up to this many stream changes in a batch with backfill rows, their group keys are
+#: broadcast to pick the read rows that must be ordered with them.
+TIED_ROWS = 250_000
+
+
+def _grouped(df: Any, partitions: int) -> Any:
+    """Spread by group key, each partition in WAL order."""
+    return df.repartition(partitions, "_group").sortWithinPartitions("lsn", "seq")
