@@ -17,6 +17,10 @@ from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import RawMessage, connect, drop_slot, read_messages
 from walstream.testing import TansuBroker
 
+# Every `walstream run` a test starts (in this process or as a subprocess) serves its API
+# on a free port: never the default 8376 a real walstream on this machine may hold.
+os.environ.setdefault("WALSTREAM_SERVER_PORT", "0")
+
 TEST_SETTINGS = {
     "wal_sender_timeout": "10s",  # catches a reader that forgets keepalive replies
     "fsync": "off",

@@ -264,6 +264,13 @@ def run(
         float | None,
         typer.Option(help="Stop after this many seconds (default: run until stopped)."),
     ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve /health, /metrics, /api and the console on this port instead of "
+            "server.port (0: any free port)."
+        ),
+    ] = None,
 ) -> None:
     """Stream every change of the configured sources to their sinks until stopped.
 
@@ -283,6 +290,8 @@ def run(
     from walstream.runtime import Runtime, check_destinations
 
     cfg = load_config(config)
+    if port is not None:
+        cfg.server.port = port
     for name, problem in check_destinations(cfg):
         if problem is not None:
             err_console.print(f"[yellow]warning:[/] sink {name}: {escape(problem.problem)}")
@@ -299,6 +308,8 @@ def run(
         signal.signal(sig, on_signal)
     console.print(f"[dim]•[/] starting Spark ({cfg.spark.master}) and {len(cfg.sources)} source(s)")
     runtime.start()
+    if runtime.server is not None:
+        console.print(f"[dim]•[/] health, metrics, API and console at {runtime.server.url}")
     until = time.monotonic() + seconds if seconds is not None else None
     if console.is_terminal:
         with Live(_progress_table(runtime), console=console, refresh_per_second=2) as live:
@@ -334,6 +345,96 @@ def _log_progress(runtime: object, every: float = 10.0) -> None:
             name, p.delivered, runtime.rates.get(name, 0.0), p.skipped, p.parked, p.retried,
             p.dead, p.batches,
         )  # fmt: skip
+
+
+@app.command()
+def status(
+    config: Annotated[
+        Path,
+        typer.Option(
+            "--config", "-c", envvar="WALSTREAM_CONFIG", help="The walstream.yaml of the run."
+        ),
+    ] = Path("walstream.yaml"),
+    url: Annotated[
+        str | None,
+        typer.Option(help="The server's address (default: server.host and server.port)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print /health's JSON as it is.")] = False,
+) -> None:
+    """What a running `walstream run` reports at /health: each source and sink, its
+    status (ok, warning, error, paused, standby) and why. Exits 1 when something is in
+    error, 2 when the server cannot be reached."""
+    import json
+
+    import httpx
+
+    if url is None:
+        from walstream.config import load_config
+
+        server = load_config(config).server
+        host = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
+        url = f"http://{host}:{server.port}"
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/health", timeout=10)
+        data = r.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        err_console.print(
+            f"[bold red]error:[/] cannot read {escape(url)}/health: {escape(str(exc))}"
+        )
+        err_console.print(
+            "[yellow]fix:[/] start `walstream run` with this config (it serves /health on "
+            "server.port, 8376 by default), or pass --url"
+        )
+        raise typer.Exit(2) from None
+    if as_json:
+        console.print_json(json.dumps(data))
+    else:
+        style = {"ok": "green", "warning": "yellow", "error": "bold red", "paused": "blue",
+                 "standby": "dim"}  # fmt: skip
+
+        def badge(s: str) -> str:
+            return f"[{style.get(s, 'white')}]{s}[/]"
+
+        console.print(f"walstream at {escape(url)}: {badge(data['status'])}")
+        t = Table(title="sources", title_justify="left")
+        for col in ("source", "status", "role", "slot lag", "WAL kept", "last report", "ingested",
+                    "why"):  # fmt: skip
+            t.add_column(col)
+        for src in data["sources"]:
+            t.add_row(
+                escape(src["name"]), badge(src["status"]), src["role"], _bytes(src["lag_bytes"]),
+                _bytes(src["retained_wal_bytes"]), _seconds(src["last_report_age_seconds"]),
+                f"{src['ingested']:,}", escape("; ".join(src["reasons"])),
+            )  # fmt: skip
+        console.print(t)
+        t = Table(title="sinks", title_justify="left")
+        for col in ("sink", "type", "status", "delivered", "rate/s", "parked", "dead letters",
+                    "why"):  # fmt: skip
+            t.add_column(col)
+        for k in data["sinks"]:
+            t.add_row(
+                escape(k["name"]), k["type"], badge(k["status"]), f"{k['delivered']:,}",
+                f"{k['rate_per_second']:,.0f}", f"{k['parked']:,}", f"{k['dead_letters']:,}",
+                escape("; ".join(k["reasons"])),
+            )  # fmt: skip
+        console.print(t)
+    if data["status"] == "error":
+        raise typer.Exit(1)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s:.1f}s"
 
 
 register_ops(app)

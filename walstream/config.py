@@ -78,6 +78,25 @@ class StateConfig(Model):
     _dsn = field_validator("dsn")(lambda v: v if v is None else _check_dsn(v))
 
 
+class ServerConfig(Model):
+    """The HTTP server `walstream run` starts: health, metrics, management API, console."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    #: 0: any free port. Default: `WALSTREAM_SERVER_PORT`, else 8376.
+    port: int = Field(
+        default_factory=lambda: int(os.environ.get("WALSTREAM_SERVER_PORT") or 8376), ge=0, le=65535
+    )
+    #: Bearer token for the API's write calls (pause, resume, retry, discard, backfills).
+    #: Without one they are disabled. `WALSTREAM_API_TOKEN` sets it when this is unset.
+    token: SecretStr | None = None
+
+    def api_token(self) -> str | None:
+        if self.token is not None and self.token.get_secret_value():
+            return self.token.get_secret_value()
+        return os.environ.get("WALSTREAM_API_TOKEN") or None
+
+
 def _absolute(value: Any) -> Any:
     """A local path relative to where walstream runs, not to where the JVM or executors run."""
     text = str(value)
@@ -439,6 +458,7 @@ def _fill_source_dsn(dest: Any, dsn: Any) -> Any:
 class Config(Model):
     state: StateConfig = StateConfig.model_validate({})
     spark: SparkConfig = Field(default_factory=lambda: SparkConfig.model_validate({}))
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig.model_validate({}))
     sources: list[SourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(min_length=1)
 

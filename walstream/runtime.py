@@ -30,6 +30,9 @@ from walstream.delivery.parking import ParkingLot
 from walstream.delivery.retrier import Retrier
 from walstream.errors import ConfigError, SetupError, SinkError, WalstreamError
 from walstream.postgres.prepare import prepare_capture
+from walstream.server import Server
+from walstream.server.metrics import Metrics
+from walstream.server.monitor import Monitor
 from walstream.spark.checkpoint import remove_partial_writes
 from walstream.spark.pipeline import Pipeline, SinkProgress, validate
 
@@ -118,6 +121,13 @@ class SourceQuery:
     last_error: str | None = None
     started: threading.Event = field(default_factory=threading.Event)
     query_id: str = ""
+    restarts: int = 0  # failures since start (`failures` counts those in a row)
+    leader: bool = True  # False while another walstream holds the source (standby)
+    # From the query's progress reports: changes read, batches, when the last one ran.
+    ingested: int = 0
+    batches: int = 0
+    last_batch_at: float = 0.0
+    seen_batch: int = -1
 
 
 class Runtime:
@@ -137,6 +147,10 @@ class Runtime:
         self.retrier: Retrier | None = None
         self.backfills: BackfillStore | None = None
         self.coordinator: Coordinator | None = None
+        self.metrics = Metrics()
+        self.monitor = Monitor(self)
+        self.metrics.bind(self.monitor)
+        self.server: Server | None = None
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -171,11 +185,14 @@ class Runtime:
                 backfills=BackfillMerge(
                     backfills, source.name, Staging(cfg.spark.checkpoint_dir, source.name)
                 ),
+                metrics=self.metrics,
             )  # fmt: skip
             self.queries.append(sq)
             self._start_query(sq)
         self.retrier = Retrier(cfg.sinks, parking, on_delivered=self._retried).start()
         self.coordinator = Coordinator(cfg, self.spark, backfills).start()
+        if cfg.server.enabled:
+            self.server = Server(self, self.monitor, self.metrics).start()
         return self
 
     def _backfills_on_create(self, store: BackfillStore) -> None:
@@ -252,6 +269,7 @@ class Runtime:
                     self.stopping.set()
                     return
                 sq.failures += 1
+                sq.restarts += 1
                 delay = _restart_delay(sq.failures)
                 sq.last_error = f"{kind}: {message}"
                 sq.restart_at = now + delay
@@ -273,6 +291,26 @@ class Runtime:
     def healthy_since_restart(self, sq: SourceQuery) -> None:
         if sq.failures and sq.query is not None and sq.query.lastProgress:
             sq.failures = 0
+
+    def _collect_progress(self, sq: SourceQuery) -> None:
+        """Count the changes of batches the query reported since the last look (it keeps
+        the last 100 reports, far more than a tick sees)."""
+        q = sq.query
+        if q is None:
+            return
+        try:
+            reports = q.recentProgress
+        except Exception:  # the query is going away: its next run reports again
+            return
+        for r in reports:
+            batch = int(r.get("batchId", -1)) if isinstance(r, dict) else int(r.batchId)
+            if batch <= sq.seen_batch:
+                continue
+            rows = r.get("numInputRows", 0) if isinstance(r, dict) else r.numInputRows
+            sq.seen_batch = batch
+            sq.ingested += int(rows or 0)
+            sq.batches += 1
+            sq.last_batch_at = time.time()
 
     def progress(self) -> dict[str, SinkProgress]:
         out: dict[str, SinkProgress] = {}
@@ -306,6 +344,7 @@ class Runtime:
                 return
             for sq in self.queries:
                 self.healthy_since_restart(sq)
+                self._collect_progress(sq)
             self._update_rates()
             if on_tick is not None:
                 on_tick(self)
@@ -351,6 +390,9 @@ class Runtime:
         if self.owns_spark and self.spark is not None:
             self.spark.stop()
             self.spark = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
 
 def check_destinations(config: Config) -> list[tuple[str, SinkError | None]]:

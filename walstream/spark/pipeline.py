@@ -237,6 +237,8 @@ class SinkProgress:
     batches: int = 0
     last_committed_us: int = 0
     last_batch_at: float = 0.0
+    #: Commit → delivered (s) of the newest change of the last batch that delivered any.
+    latency: float | None = None
 
 
 @dataclass
@@ -262,9 +264,12 @@ class Pipeline:
     skips: dict[str, int] = field(default_factory=dict)
     #: Places backfill chunks where the stream reaches their high watermark.
     backfills: BackfillMerge | None = None
+    #: Observes batch durations and latencies (walstream.server.metrics.Metrics).
+    metrics: Any = None
 
     def __post_init__(self) -> None:
         self.idle.set()
+        self._newest_us = 0  # the newest commit (µs) the current batch delivered
         # Stored with each dead letter; the config does not change while running.
         self.snapshots = {s.name: sink_snapshot(s) for s in self.sinks}
 
@@ -272,6 +277,8 @@ class Pipeline:
         if self.draining.is_set():
             raise Stopping(f"walstream is stopping; batch {batch_id} runs on the next start")
         self.idle.clear()
+        started, t0 = time.time(), time.monotonic()
+        self._newest_us = 0
         try:
             self._hold(batch_id)
             query_id = self.query_id()
@@ -294,6 +301,10 @@ class Pipeline:
             finally:
                 if cached:
                     df.unpersist()
+            if self.metrics is not None:
+                self.metrics.batch(
+                    self.source.name, started, time.monotonic() - t0, self._newest_us
+                )
         finally:
             self.idle.set()
 
@@ -407,6 +418,13 @@ class Pipeline:
             p.batches += 1
             p.last_committed_us = max([p.last_committed_us, *(s.max_committed_us for s in stats)])
             p.last_batch_at = time.time()
+        newest = max((s.max_committed_us for s in stats if s.delivered), default=0)
+        self._newest_us = max(self._newest_us, newest)
+        if newest:
+            with self.lock:
+                p.latency = max(0.0, time.time() - newest / 1e6)
+        if self.metrics is not None:
+            self.metrics.delivered(sink.name, newest)
         log.debug(
             "batch %d: sink %s delivered %d, skipped %d, in %.3fs (planning %.3fs) over %d partitions",
             batch_id, sink.name, sum(s.delivered for s in stats),

@@ -1,0 +1,107 @@
+"""The web console in Debian's headless Chromium (driven by Playwright): a live sink, a
+dead letter shown and retried from the page, a refused action explained. Screenshots
+are saved under $WALSTREAM_TEST_ARTIFACTS (default: test-artifacts/) as console-*.png."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import unique
+from tests.integration.test_server import TOKEN, health, insert, sink, write_config
+from walstream.config import load_config
+from walstream.runtime import Runtime
+from walstream.testing import wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+ARTIFACTS = Path(os.environ.get("WALSTREAM_TEST_ARTIFACTS", "test-artifacts"))
+
+
+@pytest.fixture
+def page():
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is missing: `bin/setup test` installs Debian's chromium package")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        finally:
+            browser.close()
+
+
+def test_console_shows_live_sinks_and_retries_a_dead_letter(spark, db, kafka, tmp_path, page):
+    table = unique("orders")
+    db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    switch = tmp_path / "refusing"
+    switch.touch()
+    cfg = load_config(write_config(tmp_path, db, kafka, table, switch))
+    runtime = Runtime(cfg, spark=spark).start()
+    assert runtime.server is not None
+    url = runtime.server.url
+    stop = threading.Event()
+    supervisor = threading.Thread(
+        target=runtime.supervise, kwargs={"stop": stop, "tick": 0.2}, daemon=True
+    )
+    supervisor.start()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        insert(db, table, range(20))
+        wait_until(
+            lambda: sink(health(url), "files")["delivered"] == 20
+            and sink(health(url), "picky")["dead_letters"] == 1,
+            120, message=lambda: f"health: {health(url)}",
+        )  # fmt: skip
+        (dead,) = httpx.get(f"{url}/api/dead-letters").json()["items"]
+        switch.unlink()  # the destination takes key 3 again: a retry will go through
+
+        page.goto(url)
+        files = page.get_by_test_id("sink-files")
+        files.get_by_test_id("sink-delivered").filter(has_text="20").wait_for(timeout=15_000)
+        assert files.get_by_test_id("sink-status").inner_text() == "ok"
+        picky = page.get_by_test_id("sink-picky")
+        assert picky.get_by_test_id("sink-status").inner_text() == "warning"
+        assert "1 dead letter(s)" in picky.inner_text()
+        row = page.get_by_test_id(f"dead-{dead['id']}")
+        row.wait_for(timeout=10_000)
+        assert "injected failure" in row.inner_text()
+        row.get_by_role("link", name=str(dead["id"])).click()
+        assert '"id":3' in page.get_by_test_id("dl-message").inner_text(timeout=10_000)
+        page.screenshot(path=str(ARTIFACTS / "console-dead-letter.png"), full_page=True)
+
+        # A wrong token: the page says why and nothing changes.
+        page.fill("#token", "wrong")
+        page.dispatch_event("#token", "change")
+        row.get_by_role("button", name="Retry").click()
+        page.locator("#notice.bad").filter(has_text="missing or wrong bearer token").wait_for(
+            timeout=10_000
+        )
+        assert httpx.get(f"{url}/api/dead-letters/{dead['id']}").json()["status"] == "dead"
+
+        # The right token: retried, delivered by the retrier, gone from the list.
+        page.fill("#token", TOKEN)
+        page.dispatch_event("#token", "change")
+        row.get_by_role("button", name="Retry").click()
+        page.locator("#notice").filter(has_text=f"retry {dead['id']}: done").wait_for(
+            timeout=10_000
+        )
+        wait_until(lambda: sink(health(url), "picky")["delivered"] == 20, 60,
+                   message=lambda: f"health: {health(url)}")  # fmt: skip
+        row.wait_for(state="detached", timeout=15_000)
+        picky.get_by_test_id("sink-status").filter(has_text="ok").wait_for(timeout=15_000)
+        page.get_by_test_id("overall").filter(has_text="ok").wait_for(timeout=15_000)
+        page.screenshot(path=str(ARTIFACTS / "console-after-retry.png"), full_page=True)
+    finally:
+        stop.set()
+        supervisor.join(10)
+        runtime.stop()
+    assert (ARTIFACTS / "console-after-retry.png").stat().st_size > 10_000

@@ -1,0 +1,301 @@
+"""The HTTP API of `walstream run` (FastAPI): health, metrics, management, the console.
+
+Read calls are open (bind the server to loopback or a private network). Write calls
+— pause, resume, dead-letter retry/discard, backfill start/cancel — need
+`Authorization: Bearer <token>` with the token of `server.token` (or
+`WALSTREAM_API_TOKEN`); without a configured token they are disabled (403). The
+token is compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from walstream.delivery.parking import DEAD, PARKED, Parked
+from walstream.errors import WalstreamError
+
+if TYPE_CHECKING:
+    from walstream.runtime import Runtime
+    from walstream.server.metrics import Metrics
+    from walstream.server.monitor import Monitor
+
+log = logging.getLogger(__name__)
+
+MAX_ID = 2**63 - 1
+SinkName = Annotated[
+    str, Path(min_length=1, max_length=200, pattern=r"^[^\x00]*$", description="A sink's name.")
+]
+MessageId = Annotated[int, Path(ge=1, le=MAX_ID, description="A dead letter's id.")]
+BackfillId = Annotated[int, Path(ge=1, le=MAX_ID, description="A backfill's id.")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="At most this many.")]
+NO_NUL = r"^[^\x00]*$"  # Postgres text holds no NUL character
+Filter = Annotated[str | None, Query(max_length=500, pattern=NO_NUL)]
+
+
+class PauseRequest(BaseModel):
+    reason: str | None = Field(
+        None, max_length=500, pattern=NO_NUL, description="Shown while the sink is paused."
+    )
+
+
+class BackfillRequest(BaseModel):
+    sink: str = Field(
+        min_length=1, max_length=200, pattern=NO_NUL, description="The sink that gets the rows."
+    )
+    tables: list[Annotated[str, Field(min_length=1, max_length=300, pattern=NO_NUL)]] = Field(
+        default_factory=list,
+        max_length=100,
+        description="schema.table names; empty: every table the sink selects.",
+    )
+    where: str | None = Field(
+        None, max_length=2000, pattern=NO_NUL, description="A SQL predicate on the rows."
+    )
+    chunk_size: int | None = Field(None, ge=1, le=1_000_000, description="First chunk's rows.")
+    target_seconds: float | None = Field(
+        None, ge=0, le=3600, description="Seconds per chunk to adapt toward (0: fixed size)."
+    )
+
+
+def _problem(status: int, detail: str, fix: str | None = None) -> HTTPException:
+    return HTTPException(status, {"problem": detail, "fix": fix} if fix else {"problem": detail})
+
+
+def parked_json(p: Parked, full: bool = False) -> dict[str, Any]:
+    last = p.errors[-1]["error"] if p.errors else None
+    out: dict[str, Any] = {
+        "id": p.id, "sink": p.sink, "status": p.status, "group": p.group,
+        "lsn": p.lsn, "seq": p.seq, "table": p.message.table, "action": p.message.action,
+        "attempts": p.attempts, "last_error": last,
+        "next_attempt_at": p.next_attempt_at.isoformat() if p.next_attempt_at else None,
+        "created_at": p.created_at.isoformat(),
+    }  # fmt: skip
+    if full:
+        value, key = p.message.value, p.message.key
+        out.update(
+            key=key.decode(errors="replace") if key is not None else None,
+            route=p.message.route,
+            idempotency_key=p.message.idempotency_key,
+            errors=p.errors,
+            message=value.decode(errors="replace") if value is not None else None,
+        )
+    return out
+
+
+def backfill_json(b: Any) -> dict[str, Any]:
+    return {
+        "id": b.id, "sink": b.sink, "source": b.source, "table": b.qualified, "where": b.where,
+        "status": b.status, "error": b.error, "rows_read": b.rows_read,
+        "rows_estimated": b.rows_estimated, "chunks": b.chunks,
+        "chunks_delivered": b.chunks_emitted, "chunk_size": b.chunk_size,
+        "rate_per_second": round(b.rate, 1) if b.rate is not None else None,
+        "eta_seconds": round(b.eta, 1) if b.eta is not None else None,
+        "created_at": b.created_at.isoformat(),
+        "finished_at": b.finished_at.isoformat() if b.finished_at else None,
+    }  # fmt: skip
+
+
+def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
+    from walstream import __version__
+
+    app = FastAPI(
+        title="walstream",
+        version=__version__,
+        description=(
+            "Health, metrics and management of a running `walstream run`. Write calls need "
+            "`Authorization: Bearer <server.token>`; without a configured token they are "
+            "disabled."
+        ),
+    )
+    sinks = {s.name: s for s in runtime.config.sinks}
+
+    def writer(request: Request) -> None:
+        token = runtime.config.server.api_token()
+        if token is None:
+            raise _problem(
+                403,
+                "write calls are disabled: no API token is configured",
+                "set server.token in walstream.yaml or WALSTREAM_API_TOKEN, then restart",
+            )
+        given = request.headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            value.strip().encode(), token.encode()
+        ):
+            raise HTTPException(
+                401,
+                {
+                    "problem": "missing or wrong bearer token",
+                    "fix": "send Authorization: Bearer <token>",
+                },
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    Write = Depends(writer)
+
+    def known_sink(name: str) -> None:
+        if name not in sinks:
+            raise _problem(404, f"no sink named {name!r}", f"sinks are: {', '.join(sinks)}")
+
+    def lot() -> Any:
+        if runtime.parking is None:
+            raise _problem(503, "walstream is starting", "try again in a moment")
+        return runtime.parking
+
+    def store() -> Any:
+        if runtime.backfills is None:
+            raise _problem(503, "walstream is starting", "try again in a moment")
+        return runtime.backfills
+
+    @app.exception_handler(WalstreamError)
+    async def _walstream_error(request: Request, exc: WalstreamError) -> JSONResponse:
+        return JSONResponse({"detail": {"problem": exc.problem, "fix": exc.fix}}, status_code=400)
+
+    # -- health and metrics ---------------------------------------------------------------
+    @app.get("/health", tags=["health"], summary="Status of every source and sink, and why")
+    def health() -> JSONResponse:
+        snap = monitor.snapshot()
+        code = 503 if snap.status == "error" else 200
+        return JSONResponse(snap.as_json(), status_code=code)
+
+    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response)
+    def prometheus() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    # -- sources and sinks ----------------------------------------------------------------
+    @app.get("/api/sources", tags=["sources"], summary="Sources with their status")
+    def list_sources() -> list[dict[str, Any]]:
+        return monitor.snapshot().sources
+
+    @app.get("/api/sinks", tags=["sinks"], summary="Sinks with their status")
+    def list_sinks() -> list[dict[str, Any]]:
+        return monitor.snapshot().sinks
+
+    @app.get("/api/sinks/{name}", tags=["sinks"], summary="One sink's status")
+    def get_sink(name: SinkName) -> dict[str, Any]:
+        known_sink(name)
+        return next(s for s in monitor.snapshot().sinks if s["name"] == name)
+
+    @app.post("/api/sinks/{name}/pause", tags=["sinks"], dependencies=[Write],
+              summary="Pause a sink (its source's batches wait, nothing is lost)")  # fmt: skip
+    def pause(
+        name: SinkName, body: Annotated[PauseRequest | None, Body()] = None
+    ) -> dict[str, Any]:
+        known_sink(name)
+        lot().set_paused(name, True, body.reason if body else None)
+        log.warning("sink %s paused through the API", name)
+        return {"sink": name, "paused": True}
+
+    @app.post("/api/sinks/{name}/resume", tags=["sinks"], dependencies=[Write],
+              summary="Resume a paused sink")  # fmt: skip
+    def resume(name: SinkName) -> dict[str, Any]:
+        known_sink(name)
+        lot().set_paused(name, False)
+        log.warning("sink %s resumed through the API", name)
+        return {"sink": name, "paused": False}
+
+    # -- parked messages and dead letters ---------------------------------------------------
+    def listing(status: str, sink: str | None, group: str | None, limit: int) -> dict[str, Any]:
+        if sink is not None:
+            known_sink(sink)
+        rows = lot().list(status, sink, group, limit)
+        counts = lot().counts()
+        total = sum(c.get(status, 0) for s, c in counts.items() if sink is None or s == sink)
+        return {"total": total, "items": [parked_json(p) for p in rows]}
+
+    @app.get("/api/dead-letters", tags=["dead letters"], summary="Dead letters, oldest first")
+    def dead_letters(
+        sink: Filter = None, group: Filter = None, limit: Limit = 100
+    ) -> dict[str, Any]:
+        return listing(DEAD, sink, group, limit)
+
+    @app.get("/api/parked", tags=["dead letters"], summary="Parked messages, oldest first")
+    def parked(sink: Filter = None, group: Filter = None, limit: Limit = 100) -> dict[str, Any]:
+        return listing(PARKED, sink, group, limit)
+
+    def one(id_: int) -> Parked:
+        p = lot().get(id_)
+        if p is None:
+            raise _problem(404, f"no parked message or dead letter with id {id_}")
+        return p
+
+    @app.get("/api/dead-letters/{id}", tags=["dead letters"],
+             summary="One dead letter or parked message, with its message and errors")  # fmt: skip
+    def dead_letter(id: MessageId) -> dict[str, Any]:
+        p = one(id)
+        return {**parked_json(p, full=True), "sink_config": lot().sink_config(id)}
+
+    @app.post("/api/dead-letters/{id}/retry", tags=["dead letters"], dependencies=[Write],
+              summary="Park a dead letter again, due now: the retrier delivers it")  # fmt: skip
+    def retry(id: MessageId) -> dict[str, Any]:
+        p = one(id)
+        if p.status != DEAD:
+            raise _problem(409, f"message {id} is {p.status}, not a dead letter")
+        n = lot().retry_dead([id])
+        log.warning("dead letter %d of sink %s retried through the API", id, p.sink)
+        return {"id": id, "retried": n == 1}
+
+    @app.post("/api/dead-letters/{id}/discard", tags=["dead letters"], dependencies=[Write],
+              summary="Delete a dead letter for good")  # fmt: skip
+    def discard(id: MessageId) -> dict[str, Any]:
+        p = one(id)
+        if p.status != DEAD:
+            raise _problem(409, f"message {id} is {p.status}, not a dead letter")
+        n = lot().discard_dead([id])
+        log.warning("dead letter %d of sink %s discarded through the API", id, p.sink)
+        return {"id": id, "discarded": n == 1}
+
+    # -- backfills --------------------------------------------------------------------------
+    @app.get("/api/backfills", tags=["backfills"], summary="Backfills, newest first")
+    def backfills(sink: Filter = None, active: bool = False) -> list[dict[str, Any]]:
+        return [backfill_json(b) for b in store().find(sink=sink, active_only=active)]
+
+    @app.get("/api/backfills/{id}", tags=["backfills"], summary="One backfill's progress")
+    def backfill(id: BackfillId) -> dict[str, Any]:
+        b = store().get(id)
+        if b is None:
+            raise _problem(404, f"no backfill {id}")
+        return backfill_json(b)
+
+    @app.post("/api/backfills", tags=["backfills"], dependencies=[Write], status_code=201,
+              summary="Start backfills of a sink's tables")  # fmt: skip
+    def start_backfill(body: BackfillRequest) -> list[dict[str, Any]]:
+        from walstream.backfill.coordinator import request
+
+        known_sink(body.sink)
+        created = request(
+            runtime.config, store(), body.sink, body.tables, body.where, body.chunk_size,
+            body.target_seconds,
+        )  # fmt: skip
+        for b in created:
+            log.warning(
+                "backfill %d of %s to sink %s started through the API", b.id, b.qualified, b.sink
+            )
+        return [backfill_json(b) for b in created]
+
+    @app.post("/api/backfills/{id}/cancel", tags=["backfills"], dependencies=[Write],
+              summary="Cancel a backfill (rows delivered stay delivered)")  # fmt: skip
+    def cancel_backfill(id: BackfillId) -> dict[str, Any]:
+        b = store().get(id)
+        if b is None:
+            raise _problem(404, f"no backfill {id}")
+        done = store().cancel([id])
+        if not done:
+            raise _problem(409, f"backfill {id} is {b.status} already")
+        return {"id": id, "cancelled": True}
+
+    # -- the console --------------------------------------------------------------------------
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def console() -> HTMLResponse:
+        from walstream.server.console import PAGE
+
+        return HTMLResponse(PAGE)
+
+    return app

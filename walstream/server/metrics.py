@@ -1,0 +1,152 @@
+"""Prometheus metrics of `walstream run` (served at `/metrics`).
+
+Counters and gauges are read from the running pipelines and the Monitor's snapshot
+when Prometheus scrapes; the latency and batch-duration histograms are observed by
+the pipelines as batches finish. Each Runtime has its own registry.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from walstream.server.monitor import Monitor
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
+STATUS_VALUES = ("ok", "warning", "error", "paused", "standby")
+
+
+class Metrics:
+    """The histograms pipelines observe, and the registry `/metrics` renders."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.batch_duration = Histogram(
+            "walstream_batch_duration_seconds",
+            "Wall time of a micro-batch in foreachBatch, every sink of the source included.",
+            ["source"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.ingestion_latency = Histogram(
+            "walstream_ingestion_latency_seconds",
+            "From the commit of a batch's newest change in Postgres to the start of the batch "
+            "that carries it.",
+            ["source"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.delivery_latency = Histogram(
+            "walstream_delivery_latency_seconds",
+            "From the commit of a batch's newest change in Postgres to its delivery to the sink.",
+            ["sink"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self._lock = threading.Lock()
+
+    def bind(self, monitor: Monitor) -> Metrics:
+        self.registry.register(_Collector(monitor))
+        return self
+
+    def batch(self, source: str, started: float, seconds: float, newest_commit_us: int) -> None:
+        """A batch of `source` finished: it started at `started` (epoch seconds)."""
+        self.batch_duration.labels(source).observe(seconds)
+        if newest_commit_us > 0:
+            self.ingestion_latency.labels(source).observe(
+                max(0.0, started - newest_commit_us / 1e6)
+            )
+
+    def delivered(self, sink: str, newest_commit_us: int) -> None:
+        if newest_commit_us > 0:
+            self.delivery_latency.labels(sink).observe(
+                max(0.0, time.time() - newest_commit_us / 1e6)
+            )
+
+    def render(self) -> bytes:
+        with self._lock:  # one scrape at a time: each reads the databases
+            return generate_latest(self.registry)
+
+
+class _Collector(Collector):
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+
+    def describe(self) -> list[Metric]:
+        return []  # collected at scrape time only (no database reads at registration)
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.monitor.snapshot()
+        rt = self.monitor.runtime
+
+        ingested = CounterMetricFamily(
+            "walstream_changes_ingested", "Changes read from the source into batches.", labels=["source"]
+        )  # fmt: skip
+        restarts = CounterMetricFamily(
+            "walstream_query_restarts", "Failures of a source's streaming query (each is restarted).",
+            labels=["source"],
+        )  # fmt: skip
+        lag = GaugeMetricFamily(
+            "walstream_replication_lag_bytes",
+            "WAL bytes between the server's current position and what the slot confirmed.",
+            labels=["source"],
+        )  # fmt: skip
+        retained = GaugeMetricFamily(
+            "walstream_slot_retained_wal_bytes",
+            "WAL bytes the server keeps for the slot (from its restart_lsn).",
+            labels=["source"],
+        )  # fmt: skip
+        up = GaugeMetricFamily(
+            "walstream_source_status", "1 for the source's current status.",
+            labels=["source", "status"],
+        )  # fmt: skip
+        for s in snap.sources:
+            ingested.add_metric([s["name"]], s["ingested"])
+            restarts.add_metric([s["name"]], _restarts(rt, s["name"]))
+            if s["lag_bytes"] is not None:
+                lag.add_metric([s["name"]], s["lag_bytes"])
+            if s["retained_wal_bytes"] is not None:
+                retained.add_metric([s["name"]], s["retained_wal_bytes"])
+            for v in STATUS_VALUES:
+                up.add_metric([s["name"], v], 1.0 if s["status"] == v else 0.0)
+        yield from (ingested, restarts, lag, retained, up)
+
+        delivered = CounterMetricFamily(
+            "walstream_messages_delivered", "Messages the sink accepted (retried ones included).",
+            labels=["sink"],
+        )  # fmt: skip
+        failures = CounterMetricFamily(
+            "walstream_delivery_failures",
+            "Messages a sink did not take: parked (for a retry), dead (refused for good), "
+            "discarded (past max_parked with on_full: discard).",
+            labels=["sink", "kind"],
+        )  # fmt: skip
+        parked = GaugeMetricFamily(
+            "walstream_parked_messages", "Messages waiting for a retry.", labels=["sink"]
+        )
+        dead = GaugeMetricFamily(
+            "walstream_dead_letters", "Dead letters kept for the operator.", labels=["sink"]
+        )
+        sink_up = GaugeMetricFamily(
+            "walstream_sink_status", "1 for the sink's current status.", labels=["sink", "status"]
+        )
+        progress = rt.progress()
+        for k in snap.sinks:
+            p = progress.get(k["name"])
+            delivered.add_metric([k["name"]], k["delivered"])
+            for kind, n in (
+                ("parked", p.parked if p else 0),
+                ("dead", p.dead if p else 0),
+                ("discarded", p.discarded if p else 0),
+            ):
+                failures.add_metric([k["name"], kind], n)
+            parked.add_metric([k["name"]], k["parked"])
+            dead.add_metric([k["name"]], k["dead_letters"])
+            for v in STATUS_VALUES:
+                sink_up.add_metric([k["name"], v], 1.0 if k["status"] == v else 0.0)
+        yield from (delivered, failures, parked, dead, sink_up)
+
+
+def _restarts(rt: Any, source: str) -> int:
+    return sum(sq.restarts for sq in rt.queries if sq.source.name == source)

@@ -1,0 +1,255 @@
+"""What `/health`, the API and the console report: each source and sink, its status and why.
+
+A status is one of `ok`, `warning`, `error`, `paused` or `standby`, with the reasons
+that made it so. The facts come from the running pipelines (batches, counts, the
+last failure), the state database (parked messages, dead letters, pauses) and the
+source databases (the slot: active or not, how far behind, how much WAL it holds;
+the replication connection's last status report).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from walstream.delivery.parking import DEAD, PARKED
+
+if TYPE_CHECKING:
+    from walstream.runtime import Runtime, SourceQuery
+
+log = logging.getLogger(__name__)
+
+OK, WARNING, ERROR, PAUSED, STANDBY = "ok", "warning", "error", "paused", "standby"
+_RANK = {OK: 0, STANDBY: 1, PAUSED: 2, WARNING: 3, ERROR: 4}
+
+#: A replication connection that reported nothing for this long is stale (walstream
+#: reports every 5 s while connected).
+STALE_REPLY_SECONDS = 30.0
+#: A slot this far behind the server's WAL is a warning.
+LAG_WARNING_BYTES = 1 << 30
+
+_SLOT_QUERY = """
+SELECT s.active,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
+       s.confirmed_flush_lsn::text,
+       extract(epoch FROM now() - r.reply_time)::float8,
+       s.wal_status
+FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+WHERE s.slot_name = %s
+"""
+
+
+def worst(statuses: list[str]) -> str:
+    return max(statuses, key=lambda s: _RANK[s], default=OK)
+
+
+@dataclass
+class SlotState:
+    reachable: bool
+    exists: bool = False
+    active: bool = False
+    lag_bytes: int | None = None
+    retained_wal_bytes: int | None = None
+    confirmed_lsn: str | None = None
+    reply_age_seconds: float | None = None
+    wal_status: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Snapshot:
+    """One look at everything, shared by /health, /metrics and the console."""
+
+    at: float
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    sinks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return worst([s["status"] for s in self.sources + self.sinks])
+
+    def as_json(self) -> dict[str, Any]:
+        return {"status": self.status, "sources": self.sources, "sinks": self.sinks}
+
+
+def slot_state(dsn: str, slot: str, timeout: float = 3.0) -> SlotState:
+    from walstream.postgres.replication import connect
+
+    try:
+        with connect(dsn, autocommit=True, connect_timeout=max(1, int(timeout))) as conn:
+            conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
+            row = conn.execute(_SLOT_QUERY, (slot,)).fetchone()
+    except Exception as exc:  # unreachable, refused, timed out: reported, never raised
+        return SlotState(reachable=False, error=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+    if row is None:
+        return SlotState(reachable=True)
+    active, lag, retained, confirmed, reply_age, wal_status = row
+    return SlotState(
+        True, True, bool(active), None if lag is None else int(lag),
+        None if retained is None else int(retained), confirmed,
+        None if reply_age is None else float(reply_age), wal_status,
+    )  # fmt: skip
+
+
+class Monitor:
+    """Builds Snapshots of a Runtime (cached for `ttl` seconds: scrapes and page loads
+    may come often, and each look queries the databases)."""
+
+    def __init__(self, runtime: Runtime, ttl: float = 1.0) -> None:
+        self.runtime = runtime
+        self.ttl = ttl
+        self._last: Snapshot | None = None
+
+    def snapshot(self, fresh: bool = False) -> Snapshot:
+        last = self._last
+        if not fresh and last is not None and time.monotonic() - last.at < self.ttl:
+            return last
+        snap = self._build()
+        self._last = snap
+        return snap
+
+    def _build(self) -> Snapshot:
+        rt = self.runtime
+        snap = Snapshot(time.monotonic())
+        counts: dict[str, dict[str, int]] = {}
+        paused: dict[str, str | None] = {}
+        state_error = None
+        if rt.parking is not None:
+            try:
+                counts = rt.parking.counts()
+                paused = rt.parking.paused()
+            except Exception as exc:
+                state_error = f"the state database is unreachable: {type(exc).__name__}: {exc}"
+        progress = rt.progress()
+        failing: dict[str, str] = {}
+        for sq in rt.queries:
+            source = self._source(sq)
+            if state_error:
+                source["reasons"].append(state_error)
+                source["status"] = ERROR
+            snap.sources.append(source)
+            if sq.last_error and sq.query is None:
+                failing[sq.source.name] = sq.last_error
+        for sink in rt.config.sinks:
+            p = progress.get(sink.name)
+            c = counts.get(sink.name, {})
+            reasons: list[str] = []
+            status = OK
+            holding = next(
+                (sq.pipeline.holding.get(sink.name) for sq in rt.queries
+                 if sq.source.name == sink.source and sink.name in sq.pipeline.holding),
+                None,
+            )  # fmt: skip
+            if sink.name in paused:
+                status = PAUSED
+                why = paused[sink.name]
+                reasons.append(f"paused{f': {why}' if why else ''}; resume to go on")
+            elif holding:
+                status = WARNING
+                reasons.append(holding)
+            error = failing.get(sink.source)
+            if error and f"sink {sink.name}" in error:
+                status = ERROR
+                reasons.append(error)
+            if c.get(PARKED):
+                status = worst([status, WARNING])
+                reasons.append(f"{c[PARKED]:,} parked message(s) waiting for a retry")
+            if c.get(DEAD):
+                status = worst([status, WARNING])
+                reasons.append(f"{c[DEAD]:,} dead letter(s): retry or discard them")
+            source_state = next((s for s in snap.sources if s["name"] == sink.source), None)
+            if source_state is not None and source_state["status"] == STANDBY:
+                status = STANDBY
+            snap.sinks.append({
+                "name": sink.name,
+                "source": sink.source,
+                "type": sink.destination.type,
+                "status": status,
+                "reasons": reasons,
+                "delivered": p.delivered + p.retried if p else 0,
+                "retried": p.retried if p else 0,
+                "skipped": p.skipped if p else 0,
+                "discarded": p.discarded if p else 0,
+                "batches": p.batches if p else 0,
+                "rate_per_second": round(rt.rates.get(sink.name, 0.0), 1),
+                "parked": c.get(PARKED, 0),
+                "dead_letters": c.get(DEAD, 0),
+                "last_batch_age_seconds": _age(p.last_batch_at) if p and p.last_batch_at else None,
+                # commit → delivered, of the newest change of the last batch that had one
+                "latency_seconds": round(p.latency, 3) if p and p.latency is not None else None,
+                "last_commit_age_seconds": (
+                    _age(p.last_committed_us / 1e6) if p and p.last_committed_us else None
+                ),
+            })  # fmt: skip
+        return snap
+
+    def _source(self, sq: SourceQuery) -> dict[str, Any]:
+        s = sq.source
+        reasons: list[str] = []
+        status = OK
+        leader = getattr(sq, "leader", True)
+        if not leader:
+            status = STANDBY
+            reasons.append(
+                "standby: another walstream holds this source; taking over when it stops"
+            )
+        slot = slot_state(s.dsn.get_secret_value(), s.slot_name)
+        running = sq.query is not None and sq.query.isActive
+        if leader:
+            if not running:
+                status = ERROR
+                reasons.append(
+                    f"not streaming: {sq.last_error}" if sq.last_error else "not streaming"
+                )
+            if not slot.reachable:
+                status = ERROR
+                reasons.append(f"cannot reach the source database: {slot.error}")
+            elif not slot.exists:
+                status = ERROR
+                reasons.append(f"replication slot {s.slot_name} does not exist")
+            else:
+                if not slot.active:
+                    status = worst([status, WARNING])
+                    reasons.append(f"replication slot {s.slot_name} has no connection")
+                elif (slot.reply_age_seconds or 0) > STALE_REPLY_SECONDS:
+                    status = worst([status, WARNING])
+                    reasons.append(
+                        f"no status report from the replication connection for "
+                        f"{slot.reply_age_seconds:.0f}s"
+                    )
+                if slot.lag_bytes is not None and slot.lag_bytes > LAG_WARNING_BYTES:
+                    status = worst([status, WARNING])
+                    reasons.append(f"the slot is {slot.lag_bytes / (1 << 20):,.0f} MiB behind")
+                if slot.wal_status == "lost":
+                    status = ERROR
+                    reasons.append("the slot lost WAL it needed (wal_status lost): take a backfill")
+            if sq.failures and running:
+                status = worst([status, WARNING])
+                reasons.append(f"restarted after {sq.failures} failure(s); last: {sq.last_error}")
+        return {
+            "name": s.name,
+            "status": status,
+            "reasons": reasons,
+            "role": "leader" if leader else "standby",
+            "streaming": running,
+            "slot": s.slot_name,
+            "slot_active": slot.active,
+            "lag_bytes": slot.lag_bytes,
+            "retained_wal_bytes": slot.retained_wal_bytes,
+            "confirmed_lsn": slot.confirmed_lsn,
+            "last_report_age_seconds": (
+                None if slot.reply_age_seconds is None else round(slot.reply_age_seconds, 1)
+            ),
+            "ingested": sq.ingested,
+            "batches": sq.batches,
+            "last_batch_age_seconds": _age(sq.last_batch_at) if sq.last_batch_at else None,
+            "failures": sq.failures,
+            "last_error": sq.last_error,
+        }
+
+
+def _age(epoch_seconds: float) -> float:
+    return round(max(0.0, time.time() - epoch_seconds), 1)
