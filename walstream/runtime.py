@@ -29,6 +29,7 @@ from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.retrier import Retrier
 from walstream.errors import ConfigError, SetupError, SinkError, WalstreamError
+from walstream.leadership import Leadership
 from walstream.postgres.prepare import prepare_capture
 from walstream.server import Server
 from walstream.server.metrics import Metrics
@@ -128,6 +129,7 @@ class SourceQuery:
     batches: int = 0
     last_batch_at: float = 0.0
     seen_batch: int = -1
+    lock: Leadership | None = None
 
 
 class Runtime:
@@ -188,12 +190,53 @@ class Runtime:
                 metrics=self.metrics,
             )  # fmt: skip
             self.queries.append(sq)
-            self._start_query(sq)
-        self.retrier = Retrier(cfg.sinks, parking, on_delivered=self._retried).start()
-        self.coordinator = Coordinator(cfg, self.spark, backfills).start()
+            sq.lock = Leadership(source.dsn.get_secret_value(), source.name, source.slot_name)
+            if sq.lock.try_acquire():
+                self._start_query(sq)
+            else:
+                sq.leader = False
+                log.warning(
+                    "source %s: another walstream leads it (advisory lock %d); standing by to "
+                    "take over", source.name, sq.lock.key,
+                )  # fmt: skip
+        self.retrier = Retrier(
+            cfg.sinks, parking, on_delivered=self._retried, leads=self.leads
+        ).start()
+        self.coordinator = Coordinator(cfg, self.spark, backfills, leads=self.leads).start()
         if cfg.server.enabled:
             self.server = Server(self, self.monitor, self.metrics).start()
         return self
+
+    def leads(self, source: str) -> bool:
+        """Whether this process leads `source` now (streams it, retries, backfills)."""
+        return any(sq.leader for sq in self.queries if sq.source.name == source)
+
+    def _check_leadership(self, sq: SourceQuery) -> None:
+        """A leader that lost its lock stops at once; a standby takes a free lock over."""
+        if sq.lock is None:
+            return
+        if sq.leader:
+            if sq.lock.holds():
+                return
+            sq.leader = False
+            log.error(
+                "source %s: lost the leader lock; stopping its query so that two walstreams "
+                "never lead it at once (standing by to take over again)", sq.source.name,
+            )  # fmt: skip
+            q, sq.query = sq.query, None
+            if q is not None:
+                try:
+                    q.stop()
+                except Exception as exc:
+                    log.warning("source %s: stop: %s", sq.source.name, exc)
+        elif sq.lock.try_acquire():
+            sq.leader = True
+            sq.failures = 0
+            log.warning("source %s: this walstream leads it now; starting", sq.source.name)
+            sq.pipeline.draining.clear()
+            self._start_query(sq)
+            if self.coordinator is not None:
+                self.coordinator.take_over(sq.source.name)
 
     def _backfills_on_create(self, store: BackfillStore) -> None:
         """`backfill: on_create`: a sink that never had a backfill gets one of its tables."""
@@ -255,6 +298,9 @@ class Runtime:
             return
         now = time.monotonic()
         for sq in self.queries:
+            self._check_leadership(sq)
+            if not sq.leader:
+                continue
             q = sq.query
             if q is not None and q.isActive:
                 continue
@@ -390,6 +436,9 @@ class Runtime:
         if self.owns_spark and self.spark is not None:
             self.spark.stop()
             self.spark = None
+        for sq in self.queries:
+            if sq.lock is not None:
+                sq.lock.release()
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -179,9 +179,16 @@ class Coordinator:
     """Plans and reads the chunks of this config's backfills (one thread in the driver)."""
 
     def __init__(
-        self, config: Config, spark: Any, store: BackfillStore, parallelism: int | None = None
+        self,
+        config: Config,
+        spark: Any,
+        store: BackfillStore,
+        parallelism: int | None = None,
+        leads: Callable[[str], bool] | None = None,
     ) -> None:
         self.config = config
+        #: Whether this process leads a source (high availability): a standby reads nothing.
+        self.leads = leads or (lambda source: True)
         self.spark = spark
         self.store = store
         self.sources: dict[str, SourceConfig] = {s.name: s for s in config.sources}
@@ -194,14 +201,22 @@ class Coordinator:
         self._group = f"walstream-backfill-{id(self)}"
 
     def start(self) -> Coordinator:
-        mine = [b.id for b in self.store.find(active_only=True) if b.sink in self.sinks]
+        self.take_over()
+        self.thread.start()
+        return self
+
+    def take_over(self, source: str | None = None) -> None:
+        """Reads of chunks this process now leads that a stop (or a dead leader) cut short
+        are read again. `source`: only its backfills (this process just became its leader)."""
+        mine = [
+            b.id for b in self.store.find(active_only=True)
+            if b.sink in self.sinks and self.leads(b.source) and source in (None, b.source)
+        ]  # fmt: skip
         again = self.store.requeue_reading(mine)
         if again:
             log.warning(
                 "backfill: %d chunk read(s) interrupted by the last stop are read again", again
             )
-        self.thread.start()
-        return self
 
     def stop(self) -> None:
         self.stopping.set()
@@ -226,7 +241,10 @@ class Coordinator:
                 self.stopping.wait(0.5)
 
     def _mine(self) -> list[Backfill]:
-        return [b for b in self.store.find(active_only=True) if b.sink in self.sinks]
+        return [
+            b for b in self.store.find(active_only=True)
+            if b.sink in self.sinks and self.leads(b.source)
+        ]  # fmt: skip
 
     def step(self) -> bool:
         """Start pending backfills, read the next chunks; False when there was nothing to read."""

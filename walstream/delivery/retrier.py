@@ -35,8 +35,11 @@ class Retrier:
         parking: ParkingLot,
         on_delivered: Callable[[str, int], Any] | None = None,
         interval: float = 1.0,
+        leads: Callable[[str], bool] | None = None,
     ) -> None:
         self.sinks = [s for s in sinks if not sink_for(s.destination).replaces_batches]
+        #: Whether this process leads a source (high availability): only the leader retries.
+        self.leads = leads or (lambda source: True)
         self.parking = parking
         self.on_delivered = on_delivered
         self.interval = interval
@@ -77,6 +80,8 @@ class Retrier:
         paused = self.parking.paused()
         for sink in self.sinks:
             if sink.name in paused:  # a paused sink delivers nothing, parked messages included
+                continue
+            if not self.leads(sink.source):  # a standby leaves them to the leader
                 continue
             for group in self.parking.due_groups(sink.name):
                 if self._stop.is_set():
