@@ -247,7 +247,12 @@ def _progress_table(runtime: object) -> Table:
     if held:
         table.caption = f"[yellow]{escape('; '.join(held))}[/]"
     for sq in runtime.queries:
-        if sq.last_error and sq.query is None:
+        if not sq.leader:
+            table.caption = (
+                f"[dim]source {escape(sq.source.name)}: standby — another walstream leads it; "
+                "this one takes over when it stops[/]"
+            )
+        elif sq.last_error and sq.query is None:
             table.caption = f"[red]source {sq.source.name}: {escape(sq.last_error)}[/]"
     return table
 

@@ -218,7 +218,7 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
         # schemathesis: generated calls over the OpenAPI spec find no server error.
         run = subprocess.run(
             [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json",
-             "--checks", "not_a_server_error", "--max-examples", "10", "--max-time", "90",
+             "--checks", "not_a_server_error", "--max-examples", "10", "--max-time", "45",
              "--header", f"Authorization: Bearer {TOKEN}", "--no-color"],
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip

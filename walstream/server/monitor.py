@@ -190,7 +190,7 @@ class Monitor:
         s = sq.source
         reasons: list[str] = []
         status = OK
-        leader = getattr(sq, "leader", True)
+        leader = sq.leader
         if not leader:
             status = STANDBY
             reasons.append(
