@@ -296,7 +296,7 @@ def run(
 
     cfg = load_config(config)
     if port is not None:
-        cfg.server.port = port
+        cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"port": port})})
     for name, problem in check_destinations(cfg):
         if problem is not None:
             err_console.print(f"[yellow]warning:[/] sink {name}: {escape(problem.problem)}")

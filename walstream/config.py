@@ -14,6 +14,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -95,6 +96,21 @@ class ServerConfig(Model):
         if self.token is not None and self.token.get_secret_value():
             return self.token.get_secret_value()
         return os.environ.get("WALSTREAM_API_TOKEN") or None
+
+
+class EventsConfig(Model):
+    """The event ingestion API (`POST /v1/events`): an outbox table in a source database."""
+
+    source: str  # the source whose database holds the outbox (`<state schema>.events`)
+    #: Producers' bearer token. Unset: `WALSTREAM_EVENTS_TOKEN`; neither: ingestion is off.
+    token: SecretStr | None = None
+    max_bytes: int = Field(262_144, ge=64, le=64 << 20)  # a request body, at most
+    retention: Duration = 7 * 86400.0  # events older than this are deleted (with their keys)
+
+    def producer_token(self) -> str | None:
+        if self.token is not None and self.token.get_secret_value():
+            return self.token.get_secret_value()
+        return os.environ.get("WALSTREAM_EVENTS_TOKEN") or None
 
 
 def _absolute(value: Any) -> Any:
@@ -397,7 +413,12 @@ class SinkConfig(Model):
     on_full: Literal["pause", "discard"] = "pause"  # when max_parked is reached
     #: on_create: the first `walstream run` that has this sink backfills its tables.
     backfill: Literal["on_create"] | None = None
+    #: A subscription to ingested events of these types (the outbox table's inserts).
+    event_types: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
     destination: Destination
+    #: `(schema, table)` of the outbox when events are on (set by Config): sinks without
+    #: event_types and without tables leave it out.
+    _outbox: tuple[str, str] | None = PrivateAttr(None)
 
     _name = field_validator("name")(_check_name)
 
@@ -459,6 +480,7 @@ class Config(Model):
     state: StateConfig = StateConfig.model_validate({})
     spark: SparkConfig = Field(default_factory=lambda: SparkConfig.model_validate({}))
     server: ServerConfig = Field(default_factory=lambda: ServerConfig.model_validate({}))
+    events: EventsConfig | None = None
     sources: list[SourceConfig] = Field(min_length=1)
     sinks: list[SinkConfig] = Field(min_length=1)
 
@@ -494,7 +516,39 @@ class Config(Model):
                 raise ValueError(
                     f"sinks[{i}].source: {sink.source!r} is not a source; sources are {known}"
                 )
+        self._events()
         return self
+
+    def _events(self) -> None:
+        """Event subscriptions read the outbox's inserts; other sinks leave the outbox out."""
+        ev = self.events
+        names = [s.name for s in self.sources]
+        if ev is not None and ev.source not in names:
+            raise ValueError(f"events.source: {ev.source!r} is not a source; sources are {names}")
+        outbox = (self.state.schema_, "events")
+        for i, sink in enumerate(self.sinks):
+            if sink.event_types is None:
+                if ev is not None and sink.source == ev.source:
+                    sink._outbox = outbox
+                continue
+            if ev is None or sink.source != ev.source:
+                raise ValueError(
+                    f"sinks[{i}].event_types: events come from the outbox of events.source; "
+                    + ("add an events: section" if ev is None else f"set source: {ev.source}")
+                )
+            update: dict[str, Any] = {}
+            if not sink.tables:
+                update["tables"] = [f"{outbox[0]}.{outbox[1]}"]
+            if "actions" not in sink.model_fields_set:
+                update["actions"] = ["insert"]
+            if "format" not in sink.model_fields_set:
+                update["format"] = "record"  # the event itself: id, event_type, payload, ...
+            self.sinks[i] = sink.model_copy(update=update)
+        if ev is not None:
+            source = self.source(ev.source)
+            name = f"{outbox[0]}.{outbox[1]}"
+            if source.tables and not any(fnmatch.fnmatchcase(name, t) for t in source.tables):
+                source.tables.append(name)
 
     def source(self, name: str) -> SourceConfig:
         return next(s for s in self.sources if s.name == name)

@@ -29,6 +29,7 @@ from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.retrier import Retrier
 from walstream.errors import ConfigError, SetupError, SinkError, WalstreamError
+from walstream.events import Outbox, ensure_outbox
 from walstream.leadership import Leadership
 from walstream.postgres.prepare import prepare_capture
 from walstream.server import Server
@@ -153,10 +154,16 @@ class Runtime:
         self.monitor = Monitor(self)
         self.metrics.bind(self.monitor)
         self.server: Server | None = None
+        self.outbox: Outbox | None = None
+        self._expired_at = 0.0
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> Runtime:
         cfg = self.config
+        if cfg.events is not None:  # the outbox exists (and is published) before the slot
+            source = cfg.source(cfg.events.source)
+            ensure_outbox(source.dsn.get_secret_value(), cfg.state.schema_, source.publication_name)
+            self.outbox = Outbox(source.dsn.get_secret_value(), cfg.state.schema_)
         # Slots first: every change committed after start() returns is kept for us.
         for source in cfg.sources:
             prepare_capture(
@@ -338,6 +345,23 @@ class Runtime:
         if sq.failures and sq.query is not None and sq.query.lastProgress:
             sq.failures = 0
 
+    def _expire_events(self, every: float = 600.0) -> None:
+        """The leader of the events source deletes events past `events.retention`."""
+        ev = self.config.events
+        if ev is None or self.outbox is None or not self.leads(ev.source):
+            return
+        now = time.monotonic()
+        if now - self._expired_at < every:
+            return
+        self._expired_at = now
+        try:
+            n = self.outbox.expire(ev.retention)
+        except Exception as exc:  # the database is away: next time
+            log.warning("events: cannot delete expired events: %s", exc)
+            return
+        if n:
+            log.info("events: deleted %d event(s) older than the retention", n)
+
     def _collect_progress(self, sq: SourceQuery) -> None:
         """Count the changes of batches the query reported since the last look (it keeps
         the last 100 reports, far more than a tick sees)."""
@@ -392,6 +416,7 @@ class Runtime:
                 self.healthy_since_restart(sq)
                 self._collect_progress(sq)
             self._update_rates()
+            self._expire_events()
             if on_tick is not None:
                 on_tick(self)
             (stop or self.stopping).wait(tick)

@@ -329,6 +329,7 @@ def _deliver_chunk(
     # the chunk may have later messages the sink did accept: they are delivered, not parked.
     was_blocked = set(blocked)
     out: list[ParkEntry] = []
+    refused: dict[str, Message] = {}  # per group, the message refused for good in this chunk
     for m in chunk:
         if id(m) in poison:
             out.append((m, DEAD, m.error, 0, None))
@@ -341,7 +342,12 @@ def _deliver_chunk(
             elif exc.retryable:
                 blocked.add(m.group)
                 out.append((m, PARKED, exc.problem, 1, plan.backoff.delay(1, exc.retry_after)))
+            elif m.group in refused:  # sinks stop a group at its first refusal
+                head = refused[m.group]
+                out.append((m, DEAD, f"behind {head.lsn}:{head.seq} of its group, which was "
+                            f"refused for good: {exc.problem}", 0, None))  # fmt: skip
             else:
+                refused[m.group] = m
                 out.append((m, DEAD, exc.problem, 1, None))
     if out:
         log.warning(

@@ -13,7 +13,7 @@ import hmac
 import logging
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
@@ -44,6 +44,15 @@ class PauseRequest(BaseModel):
     )
 
 
+class EventIn(BaseModel):
+    event_type: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
+    payload: dict[str, Any] = Field(description="A JSON object.")
+    ordering_key: str | None = Field(
+        None, min_length=1, max_length=500, pattern=NO_NUL,
+        description="Events with the same key are delivered in order.",
+    )  # fmt: skip
+
+
 class BackfillRequest(BaseModel):
     sink: str = Field(
         min_length=1, max_length=200, pattern=NO_NUL, description="The sink that gets the rows."
@@ -64,6 +73,17 @@ class BackfillRequest(BaseModel):
 
 def _problem(status: int, detail: str, fix: str | None = None) -> HTTPException:
     return HTTPException(status, {"problem": detail, "fix": fix} if fix else {"problem": detail})
+
+
+def _has_nul(value: Any) -> bool:
+    """A NUL character anywhere in a JSON value (Postgres jsonb cannot store it)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def parked_json(p: Parked, full: bool = False) -> dict[str, Any]:
@@ -289,7 +309,80 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         done = store().cancel([id])
         if not done:
             raise _problem(409, f"backfill {id} is {b.status} already")
+        log.warning(
+            "backfill %d of %s to sink %s cancelled through the API", id, b.qualified, b.sink
+        )
         return {"id": id, "cancelled": True}
+
+    # -- event ingestion ----------------------------------------------------------------------
+    def producer(request: Request) -> None:
+        ev = runtime.config.events
+        token = ev.producer_token() if ev is not None else None
+        if ev is None or token is None:
+            raise _problem(
+                403,
+                "event ingestion is off" if ev is None else "event ingestion has no producer token",
+                "add an events: section with a token (or WALSTREAM_EVENTS_TOKEN) to walstream.yaml",
+            )
+        given = request.headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            value.strip().encode(), token.encode()
+        ):
+            raise HTTPException(
+                401,
+                {
+                    "problem": "missing or wrong producer token",
+                    "fix": "send Authorization: Bearer <token>",
+                },
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    @app.post(
+        "/v1/events", tags=["events"], status_code=202, dependencies=[Depends(producer)],
+        summary="Ingest an event: stored in the outbox, delivered to the subscriptions of its type",
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": EventIn.model_json_schema()}}}},
+    )  # fmt: skip
+    async def ingest(
+        request: Request,
+        idempotency_key: Annotated[
+            str | None,
+            Header(alias="Idempotency-Key", min_length=1, max_length=500, pattern=NO_NUL),
+        ] = None,
+    ) -> JSONResponse:
+        import anyio
+        from pydantic import ValidationError
+
+        ev = runtime.config.events
+        assert ev is not None
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > ev.max_bytes:
+            raise _problem(413, f"the event is over {ev.max_bytes:,} bytes", "send smaller events")
+        raw = await request.body()
+        if len(raw) > ev.max_bytes:
+            raise _problem(413, f"the event is over {ev.max_bytes:,} bytes", "send smaller events")
+        try:
+            event = EventIn.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise HTTPException(
+                422,
+                {
+                    "problem": f"{where}: {first['msg']}",
+                    "fix": 'send {"event_type": "...", "payload": {...}, "ordering_key": "..."}',
+                },
+            ) from None
+        if _has_nul(event.payload):
+            raise _problem(422, "payload: a NUL character (\\u0000) cannot be stored", "remove it")
+        outbox = runtime.outbox
+        if outbox is None:
+            raise _problem(503, "walstream is starting", "try again in a moment")
+        accepted = await anyio.to_thread.run_sync(
+            outbox.publish, event.event_type, event.payload, event.ordering_key, idempotency_key
+        )
+        return JSONResponse({"id": accepted.id, "duplicate": accepted.duplicate}, status_code=202)
 
     # -- the console --------------------------------------------------------------------------
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

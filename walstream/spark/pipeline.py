@@ -58,6 +58,11 @@ def group_expr(items: list[str] | None) -> str:
     for item in items:
         if item == "pk":
             parts.append("concat_ws(',', pk)")
+        elif item == "ordering_key":  # ingested events: their ordering key, else each its own
+            parts.append(
+                "coalesce(get_json_object(record, '$.ordering_key'), "
+                "get_json_object(record, '$.id'))"
+            )
         elif item in CHANGE_COLUMNS:
             parts.append(f"CAST(`{item}` AS STRING)")
         elif (
@@ -80,6 +85,12 @@ def selection_expr(sink: SinkConfig) -> str:
             + " OR ".join(f"concat(`schema`, '.', `table`) RLIKE {_quote(r)}" for r in regexes)
             + ")"
         )
+    elif sink._outbox is not None:  # every table but the event outbox
+        schema, table = sink._outbox
+        conds.append(f"NOT (`schema` = {_quote(schema)} AND `table` = {_quote(table)})")
+    if sink.event_types:
+        types = ", ".join(_quote(t) for t in sink.event_types)
+        conds.append(f"get_json_object(record, '$.event_type') IN ({types})")
     if sink.filter:
         conds.append(f"({sink.filter})")
     return " AND ".join(conds)
