@@ -4,7 +4,8 @@ Read calls are open (bind the server to loopback or a private network). Write ca
 — pause, resume, dead-letter retry/discard, backfill start/cancel — need
 `Authorization: Bearer <token>` with the token of `server.token` (or
 `WALSTREAM_API_TOKEN`); without a configured token they are disabled (403). The
-token is compared in constant time and never logged.
+token is compared in constant time and never logged. `POST /v1/events` (event
+ingestion) takes the producers' token of `events.token` instead.
 """
 
 from __future__ import annotations
