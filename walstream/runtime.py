@@ -239,11 +239,14 @@ class Runtime:
         elif sq.lock.try_acquire():
             sq.leader = True
             sq.failures = 0
+            sq.restart_at = 0.0  # poll() starts the query now (and retries it if that fails)
             log.warning("source %s: this walstream leads it now; starting", sq.source.name)
             sq.pipeline.draining.clear()
-            self._start_query(sq)
             if self.coordinator is not None:
-                self.coordinator.take_over(sq.source.name)
+                try:
+                    self.coordinator.take_over(sq.source.name)
+                except Exception as exc:  # the state database is away: reads resume later
+                    log.warning("source %s: backfill take-over: %s", sq.source.name, exc)
 
     def _backfills_on_create(self, store: BackfillStore) -> None:
         """`backfill: on_create`: a sink that never had a backfill gets one of its tables."""
