@@ -76,6 +76,19 @@ def _problem(status: int, detail: str, fix: str | None = None) -> HTTPException:
     return HTTPException(status, {"problem": detail, "fix": fix} if fix else {"problem": detail})
 
 
+def _check_bearer(request: Request, token: str, what: str) -> None:
+    """401 unless the request carries `Authorization: Bearer <token>` (constant-time)."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        value.strip().encode(), token.encode()
+    ):
+        raise HTTPException(
+            401,
+            {"problem": f"missing or wrong {what}", "fix": "send Authorization: Bearer <token>"},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
 def _has_nul(value: Any) -> bool:
     """A NUL character anywhere in a JSON value (Postgres jsonb cannot store it)."""
     if isinstance(value, str):
@@ -143,19 +156,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
                 "write calls are disabled: no API token is configured",
                 "set server.token in walstream.yaml or WALSTREAM_API_TOKEN, then restart",
             )
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), token.encode()
-        ):
-            raise HTTPException(
-                401,
-                {
-                    "problem": "missing or wrong bearer token",
-                    "fix": "send Authorization: Bearer <token>",
-                },
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        _check_bearer(request, token, "bearer token")
 
     Write = Depends(writer)
 
@@ -325,19 +326,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
                 "event ingestion is off" if ev is None else "event ingestion has no producer token",
                 "add an events: section with a token (or WALSTREAM_EVENTS_TOKEN) to walstream.yaml",
             )
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), token.encode()
-        ):
-            raise HTTPException(
-                401,
-                {
-                    "problem": "missing or wrong producer token",
-                    "fix": "send Authorization: Bearer <token>",
-                },
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        _check_bearer(request, token, "producer token")
 
     @app.post(
         "/v1/events", tags=["events"], status_code=202, dependencies=[Depends(producer)],

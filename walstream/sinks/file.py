@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,14 +48,19 @@ class FileSink(Sink):
         self._writer: Any = None  # parquet: one row group per delivered chunk
 
     def deliver(self, messages: Sequence[Message]) -> None:
-        try:
+        with self._writing():
             if self.config.format == "parquet":
                 self._write_row_group(messages)
             else:
-                if self._file is None:
-                    self.path.mkdir(parents=True, exist_ok=True)
-                    self._file = self.tmp.open("wb")
-                self._file.write(b"".join(m.value + b"\n" for m in messages if m.value is not None))
+                self._write_lines(
+                    b"".join(m.value + b"\n" for m in messages if m.value is not None)
+                )
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """An OSError while writing is a retryable SinkError naming the file."""
+        try:
+            yield
         except OSError as exc:
             raise SinkError(
                 f"cannot write {self.tmp}: {exc}",
@@ -63,13 +68,19 @@ class FileSink(Sink):
                 retryable=True,
             ) from exc
 
+    def _write_lines(self, data: bytes) -> None:
+        if self._file is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._file = self.tmp.open("wb")
+        self._file.write(data)
+
     def deliver_columns(self, batch: Any) -> None:
         """Messages formatted by Spark, written column by column (no step per message)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         col = dict(zip(batch.schema.names, batch.columns, strict=True))
-        try:
+        with self._writing():
             if self.config.format == "parquet":
                 self._open_parquet()
                 table = pc.binary_join_element_wise(col["schema"], col["table"], ".")
@@ -83,17 +94,7 @@ class FileSink(Sink):
                     pa.RecordBatch.from_arrays(arrays, schema=_parquet_schema(pa))
                 )
             else:
-                if self._file is None:
-                    self.path.mkdir(parents=True, exist_ok=True)
-                    self._file = self.tmp.open("wb")
-                lines = col["_message"].to_pylist()
-                self._file.write(("\n".join(lines) + "\n").encode())
-        except OSError as exc:
-            raise SinkError(
-                f"cannot write {self.tmp}: {exc}",
-                "check that the directory is writable and the disk has space",
-                retryable=True,
-            ) from exc
+                self._write_lines(("\n".join(col["_message"].to_pylist()) + "\n").encode())
 
     def _open_parquet(self) -> None:
         import pyarrow as pa
