@@ -6,6 +6,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,8 +87,9 @@ class TestDatabase:
         return list(read_messages(self.dsn, slot, publication, until_lsn=until, **kw))
 
 
-@pytest.fixture
-def db(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
+@contextmanager
+def fresh_database(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
+    """A new database in the shared server; dropped (with its slots) afterwards."""
     name = unique("db")
     with connect(pg.dsn(), autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {name}")
@@ -101,6 +103,19 @@ def db(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
         conn.close()
         with connect(pg.dsn(), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def db(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
+    with fresh_database(pg) as tdb:
+        yield tdb
+
+
+@pytest.fixture
+def other_db(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
+    """A second database, for a second source."""
+    with fresh_database(pg) as tdb:
+        yield tdb
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _SECRET_WORDS = ("password", "secret", "token", "credential")
 
 
-def _duration(value: Any) -> Any:
+def parse_duration(value: Any) -> Any:
     """'500ms', '5s', '2m', '1h' or a number of seconds -> seconds as float."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
@@ -45,7 +45,27 @@ def _duration(value: Any) -> Any:
     )
 
 
-Duration = Annotated[float, BeforeValidator(_duration), Field(ge=0)]
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
+_SIZE_UNITS = {
+    "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+}  # fmt: skip
+
+
+def _size(value: Any) -> Any:
+    """'512MiB', '1GB', '4096' or a number of bytes -> bytes as int."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or "B"])
+    raise ValueError(f"{value!r} is not a size: write e.g. 512MiB, 1GiB or a number of bytes")
+
+
+Size = Annotated[int, BeforeValidator(_size), Field(ge=0)]
 
 
 def _check_dsn(value: SecretStr) -> SecretStr:
@@ -340,10 +360,39 @@ class PostgresDestination(DestinationModel):
         return ["schema", "table"]  # a table's changes in one partition, in WAL order
 
 
+class StreamDestination(DestinationModel):
+    """Messages kept in the state database for pull consumers (`GET /v1/streams/{stream}`).
+
+    Several sinks, each of another source, may feed one stream: consumers read one merged
+    stream whose progress markers carry every source's position. Messages are kept for
+    `retention` and while the stream holds at most `max_bytes`; a consumer behind by more
+    than `catch_up_threshold` messages may ask for coalesced changes.
+    """
+
+    type: Literal["stream"]
+    stream: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")
+    retention: Duration = 3600.0
+    max_bytes: Size = 1 << 30
+    catch_up_threshold: int = Field(10_000, ge=1)
+    #: Consumers' bearer token. Unset: `WALSTREAM_STREAMS_TOKEN`; neither: the stream's
+    #: read API is off (403).
+    token: SecretStr | None = None
+    # Filled in by Config: the sink's source, and where the state database is.
+    _source: str = PrivateAttr("")
+    _dsn: str = PrivateAttr("")
+    _schema: str = PrivateAttr("walstream")
+
+    def consumer_token(self) -> str | None:
+        if self.token is not None and self.token.get_secret_value():
+            return self.token.get_secret_value()
+        return os.environ.get("WALSTREAM_STREAMS_TOKEN") or None
+
+
 Inner = Annotated[
     Union[
         KafkaDestination, FileDestination, RedisStreamDestination, NatsDestination,
-        RabbitMqDestination, WebhookDestination, PostgresDestination, "FaultyDestination",
+        RabbitMqDestination, WebhookDestination, PostgresDestination, StreamDestination,
+        "FaultyDestination",
     ],
     Field(discriminator="type"),
 ]  # fmt: skip
@@ -382,7 +431,8 @@ FaultyDestination.model_rebuild()  # `inner` may be faulty too: two failure rule
 
 Destination = Annotated[
     KafkaDestination | FileDestination | RedisStreamDestination | NatsDestination
-    | RabbitMqDestination | WebhookDestination | PostgresDestination | FaultyDestination,
+    | RabbitMqDestination | WebhookDestination | PostgresDestination | StreamDestination
+    | FaultyDestination,
     Field(discriminator="type"),
 ]  # fmt: skip
 
@@ -517,7 +567,44 @@ class Config(Model):
                     f"sinks[{i}].source: {sink.source!r} is not a source; sources are {known}"
                 )
         self._events()
+        self._streams()
         return self
+
+    def _streams(self) -> None:
+        """Stream sinks learn their source and the state database; the sinks feeding one
+        stream come from different sources and agree on its settings."""
+        seen: dict[str, tuple[int, SinkConfig]] = {}
+        for i, sink in enumerate(self.sinks):
+            dest = sink.destination
+            if not isinstance(dest, StreamDestination):
+                continue
+            dest._source, dest._dsn, dest._schema = sink.source, self.state_dsn, self.state.schema_
+            if dest.stream not in seen:
+                seen[dest.stream] = (i, sink)
+                continue
+            j, first = seen[dest.stream]
+            if first.source == sink.source:
+                raise ValueError(
+                    f"sinks[{i}].destination.stream: sinks[{j}] ({first.name}) already feeds "
+                    f"stream {dest.stream!r} from source {sink.source!r}; one sink per source "
+                    "and stream (merge their tables and filters into one sink)"
+                )
+            other = first.destination
+            assert isinstance(other, StreamDestination)
+            for key in ("retention", "max_bytes", "catch_up_threshold", "token"):
+                if getattr(dest, key) != getattr(other, key):
+                    raise ValueError(
+                        f"sinks[{i}].destination.{key}: differs from sinks[{j}] ({first.name}), "
+                        f"which feeds the same stream {dest.stream!r}; give both the same {key}"
+                    )
+
+    def streams(self) -> dict[str, list[SinkConfig]]:
+        """Each stream (`type: stream` destinations) and the sinks feeding it."""
+        out: dict[str, list[SinkConfig]] = {}
+        for sink in self.sinks:
+            if isinstance(sink.destination, StreamDestination):
+                out.setdefault(sink.destination.stream, []).append(sink)
+        return out
 
     def _events(self) -> None:
         """Event subscriptions read the outbox's inserts; other sinks leave the outbox out."""
@@ -609,12 +696,17 @@ def interpolate(data: Any, path: str = "") -> Any:
     return data
 
 
+_DESTINATION_TYPES = (
+    "kafka", "file", "redis_stream", "nats", "rabbitmq", "webhook", "postgres", "stream", "faulty",
+)  # fmt: skip
+
+
 def _where(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("kafka", "file") and out.endswith("destination"):
+        elif part in _DESTINATION_TYPES and out.endswith(("destination", "inner")):
             continue  # pydantic names the union member; the user wrote `destination`
         else:
             out += f".{part}" if out else str(part)

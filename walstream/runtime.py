@@ -37,6 +37,7 @@ from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
 from walstream.spark.checkpoint import remove_partial_writes
 from walstream.spark.pipeline import Pipeline, SinkProgress, validate
+from walstream.streams.store import StreamStore
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,8 @@ class Runtime:
         self.server: Server | None = None
         self.outbox: Outbox | None = None
         self._expired_at = 0.0
+        self.streams: StreamStore | None = None  # pull subscriptions' messages
+        self._streams_expired_at: dict[str, float] = {}
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -176,6 +179,9 @@ class Runtime:
         parking.ensure()
         self.backfills = backfills = BackfillStore(cfg.state_dsn, cfg.state.schema_)
         backfills.ensure()
+        if cfg.streams():
+            self.streams = StreamStore(cfg.state_dsn, cfg.state.schema_)
+            self.streams.ensure()
         self._backfills_on_create(backfills)
         if self.spark is None:
             self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
@@ -288,6 +294,8 @@ class Runtime:
         )
         if s.tables:
             reader = reader.option("tables", ",".join(s.tables))
+        if self.config.state_dsn == s.dsn.get_secret_value():  # walstream's state is here
+            reader = reader.option("internalSchema", self.config.state.schema_)
         interval = self.config.spark.trigger_interval
         sq.query = (
             reader.load()
@@ -365,6 +373,31 @@ class Runtime:
         if n:
             log.info("events: deleted %d event(s) older than the retention", n)
 
+    def _expire_streams(self) -> None:
+        """Delete stream messages past retention or max_bytes: done by a process that leads
+        one of the stream's sources, every quarter of the retention (1 s to 30 s)."""
+        if self.streams is None:
+            return
+        now = time.monotonic()
+        for name, sinks in self.config.streams().items():
+            dest = sinks[0].destination
+            every = min(30.0, max(1.0, dest.retention / 4))  # type: ignore[union-attr]
+            if now - self._streams_expired_at.get(name, 0.0) < every:
+                continue
+            if not any(self.leads(s.source) for s in sinks):
+                continue
+            self._streams_expired_at[name] = now
+            try:
+                n = self.streams.expire(name, dest.retention, dest.max_bytes)  # type: ignore[union-attr]
+                kept, size, _ = self.streams.stats(name)
+            except Exception as exc:  # the state database is away: next time
+                log.warning("stream %s: cannot delete expired messages: %s", name, exc)
+                continue
+            self.metrics.stream_kept.labels(name).set(kept)
+            self.metrics.stream_kept_bytes.labels(name).set(size)
+            if n:
+                log.info("stream %s: deleted %d message(s) past its retention", name, n)
+
     def _collect_progress(self, sq: SourceQuery) -> None:
         """Count the changes of batches the query reported since the last look (it keeps
         the last 100 reports, far more than a tick sees)."""
@@ -420,6 +453,7 @@ class Runtime:
                 self._collect_progress(sq)
             self._update_rates()
             self._expire_events()
+            self._expire_streams()
             if on_tick is not None:
                 on_tick(self)
             (stop or self.stopping).wait(tick)

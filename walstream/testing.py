@@ -11,10 +11,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from walstream.errors import MissingDependency, SetupError
 from walstream.postgres.embedded import free_port
@@ -42,6 +44,23 @@ def wait_until(
             text = message() if callable(message) else message
             raise TimeoutError(f"after {timeout:.1f}s: {text}")
         time.sleep(interval)
+
+
+@contextmanager
+def supervised(runtime: Any, tick: float = 0.2) -> Iterator[Any]:
+    """A started `walstream.runtime.Runtime` supervised in a thread (queries restarted,
+    retention applied ...) for the block; stopped after it, even when the block fails."""
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=runtime.supervise, kwargs={"stop": stop, "tick": tick}, daemon=True
+    )
+    thread.start()
+    try:
+        yield runtime
+    finally:
+        stop.set()
+        thread.join(10)
+        runtime.stop()
 
 
 def _port_open(port: int) -> bool:

@@ -31,7 +31,7 @@ _LOCK = threading.Lock()
 Cursor = tuple[int, int]
 
 
-def _connection(dsn: str) -> psycopg.Connection[Any]:
+def state_connection(dsn: str) -> psycopg.Connection[Any]:
     """One autocommit connection per state database per thread (executors reuse workers).
 
     Per thread: the driver's retrier runs transactions while the batch thread writes
@@ -60,7 +60,7 @@ def execute(dsn: str, query: sql.Composed | sql.SQL, params: Any = None) -> list
     (half a transaction is never replayed).
     """
     for attempt in (1, 2):
-        conn = _connection(dsn)
+        conn = state_connection(dsn)
         in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         try:
             cur = conn.execute(query, params)

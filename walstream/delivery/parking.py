@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from walstream.delivery.ledger import _connection, execute
+from walstream.delivery.ledger import execute, state_connection
 from walstream.sinks.base import Message
 
 PARKED, DEAD = "parked", "dead"
@@ -113,7 +113,7 @@ class ParkingLot:
         self.__init__(state["dsn"], state["schema"])  # type: ignore[misc]
 
     def _conn(self) -> psycopg.Connection[Any]:
-        return _connection(self.dsn)
+        return state_connection(self.dsn)
 
     def _exec(self, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
         return execute(self.dsn, query, params)

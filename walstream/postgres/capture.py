@@ -90,6 +90,9 @@ class Piece:
 _WATERMARK = WATERMARK_PREFIX.encode() + b"\0"
 
 
+_OID = struct.Struct("!I")
+
+
 def row_count(raw: bytes) -> int:
     """Rows a raw message yields: 1 for Insert/Update/Delete, N for a Truncate of N tables,
     1 for a transactional backfill watermark (a Message: kind, flags, LSN, prefix)."""
@@ -117,8 +120,13 @@ class Capture:
         max_buffer_bytes: int = 128 << 20,
         status_interval: float = 5.0,
         connect_retries: int = 20,
+        internal_schema: str | None = None,
     ) -> None:
         self.dsn = dsn
+        #: Tables of this schema but `events` are walstream's state: their changes are
+        #: dropped as they arrive (they are not rows of any batch).
+        self.internal_schema = internal_schema
+        self._internal: set[int] = set()  # their relation oids
         self.slot = slot
         self.publication = publication
         self.primary_keys = dict(primary_keys or {})
@@ -282,6 +290,8 @@ class Capture:
             return
         if txn is None:
             return  # Origin, Type, or a message outside a transaction
+        if self._internal and kind in b"IUD" and _OID.unpack_from(raw, 1)[0] in self._internal:
+            return  # walstream's own state (ledger, parking, streams ...)
         if kind == b"M":
             msg = self._parser.parse(raw)
             assert isinstance(msg, po.Message)
@@ -323,6 +333,10 @@ class Capture:
         assert isinstance(rel, po.Relation)
         info = RelationInfo.from_message(rel, self.primary_keys.get((rel.schema, rel.name)))
         self.relations = {**self.relations, rel.oid: info}  # copy on write: pieces keep theirs
+        if rel.schema == self.internal_schema and rel.name != "events":
+            self._internal.add(rel.oid)
+        else:
+            self._internal.discard(rel.oid)
 
     def _drop_txn(self, txn: Txn) -> None:
         try:

@@ -374,6 +374,10 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         )
         return JSONResponse({"id": accepted.id, "duplicate": accepted.duplicate}, status_code=202)
 
+    from walstream.server.streams import stream_routes
+
+    app.include_router(stream_routes(runtime, metrics))
+
     # -- the console --------------------------------------------------------------------------
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def console() -> HTMLResponse:

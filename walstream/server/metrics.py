@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -43,6 +43,27 @@ class Metrics:
             "walstream_delivery_latency_seconds",
             "From the commit of a batch's newest change in Postgres to its delivery to the sink.",
             ["sink"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.stream_gaps = Counter(
+            "walstream_stream_gaps",
+            "Reads of a stream refused with 410: the consumer's position was deleted by "
+            "retention (or is past what the stream holds); it has a gap and must rebuild.",
+            ["stream"], registry=self.registry,
+        )  # fmt: skip
+        self.stream_served = Counter(
+            "walstream_stream_messages_served",
+            "Messages (coalesced entries count once) pull consumers received.",
+            ["stream"], registry=self.registry,
+        )  # fmt: skip
+        self.stream_kept = Gauge(
+            "walstream_stream_kept_messages",
+            "Messages a stream keeps for its consumers (as of the last retention pass).",
+            ["stream"], registry=self.registry,
+        )  # fmt: skip
+        self.stream_kept_bytes = Gauge(
+            "walstream_stream_kept_bytes",
+            "Bytes of the messages a stream keeps (as of the last retention pass).",
+            ["stream"], registry=self.registry,
         )  # fmt: skip
         self._lock = threading.Lock()
 

@@ -112,6 +112,13 @@ class Sink(ABC):
     def prepare_batch(self, sink: str, batch_id: int, partitions: int) -> None:  # noqa: B027
         """Get ready for a batch (e.g. remove what an earlier, differently split run wrote)."""
 
+    # Driver side, once per micro-batch after every partition finished.
+    def batch_delivered(  # noqa: B027
+        self, sink: str, batch_id: int, last: tuple[int, int] | None
+    ) -> None:
+        """Every partition of the batch delivered; `last`: its greatest cursor (None: no
+        message). Called before the batch's commit, so it may run again on a replay."""
+
 
 def url_for_messages(url: str, default_port: int | None = None) -> str:
     """A destination URL fit for errors and logs: no user, password or query string."""

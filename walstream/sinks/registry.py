@@ -38,6 +38,10 @@ def sink_for(destination: Any) -> Sink:
         from walstream.sinks.postgres import PostgresSink
 
         return PostgresSink(destination)
+    if kind == "stream":
+        from walstream.sinks.stream import StreamSink
+
+        return StreamSink(destination)
     if kind == "faulty":
         from walstream.sinks.faulty import FaultySink
 

@@ -21,6 +21,10 @@ class SourceOptions:
     max_buffer_bytes: int
     partition_bytes: int
     replay_timeout: float
+    #: walstream's state schema when the state database is this source's: changes of its
+    #: tables (ledger, parking, streams ...) are walstream's own and never captured; the
+    #: event outbox (`<schema>.events`) is.
+    internal_schema: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -51,6 +55,7 @@ class SourceOptions:
             max_buffer_bytes=int(_number(opts, "maxbufferbytes", 128 << 20, minimum=1 << 20)),
             partition_bytes=int(_number(opts, "partitionbytes", 4 << 20, minimum=64 << 10)),
             replay_timeout=_number(opts, "replaytimeout", 300.0, minimum=1.0),
+            internal_schema=opts.get("internalschema", "").strip() or None,
         )
 
 

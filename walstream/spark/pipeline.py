@@ -419,6 +419,8 @@ class Pipeline:
         t_plan = time.monotonic() - t0
         out = job.collect()
         stats = [Stats(**r.asDict()) for r in out]
+        last = max(((s.last_lsn, s.last_seq) for s in stats if s.last_lsn >= 0), default=None)
+        driver_sink.batch_delivered(sink.name, batch_id, last)
         with self.lock:
             p = self.progress.setdefault(sink.name, SinkProgress())
             p.delivered += sum(s.delivered for s in stats)

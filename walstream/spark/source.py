@@ -116,6 +116,7 @@ class WalstreamStreamReader(DataSourceStreamReader):
         capture = Capture(
             o.dsn, o.slot, o.publication, floor,
             primary_keys=meta.primary_keys, max_buffer_bytes=o.max_buffer_bytes,
+            internal_schema=o.internal_schema,
         ).start()  # fmt: skip
         heartbeat = (
             Heartbeat(o.dsn, o.slot, o.heartbeat_interval).start() if o.heartbeat_interval else None

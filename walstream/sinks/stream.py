@@ -1,0 +1,84 @@
+"""Pull subscriptions' sink: messages kept in the state database for consumers to pull.
+
+Each chunk is written in one transaction (`ON CONFLICT DO NOTHING`: a replayed batch
+writes nothing twice). Like the file sink it replaces batches: no ledger, no parking —
+a failure fails the batch, which Spark replays. After every partition of a batch has
+written, the driver makes the batch's messages visible to readers
+(`batch_delivered`), so readers never see a later message of a source before an
+earlier one. See walstream/streams/store.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import psycopg
+
+from walstream.config import StreamDestination
+from walstream.errors import SinkError
+from walstream.sinks.base import Message, Sink
+from walstream.streams.store import Row, StreamStore
+
+
+class StreamSink(Sink):
+    replaces_batches: ClassVar[bool] = True
+    columnar: ClassVar[bool] = True
+
+    def __init__(self, config: StreamDestination) -> None:
+        super().__init__(config)
+        self.store = StreamStore(config._dsn, config._schema)
+        self.stream, self.source = config.stream, config._source
+
+    def deliver(self, messages: Sequence[Message]) -> None:
+        rows: list[Row] = []
+        for m in messages:
+            value = m.value.decode() if m.value is not None else None
+            key = m.key.decode() if m.key else None  # no key (truncate, no primary key): NULL
+            rows.append((
+                self.stream, self.source, m.lsn, m.seq, m.table, m.action, key,
+                m.idempotency_key, value, len(m.value or b""),
+            ))  # fmt: skip
+        self._write(rows)
+
+    def deliver_columns(self, batch: Any) -> None:
+        col = dict(zip(batch.schema.names, batch.columns, strict=True))
+        n = batch.num_rows
+        stream, source = [self.stream] * n, [self.source] * n
+        tables = [
+            f"{s}.{t}"
+            for s, t in zip(col["schema"].to_pylist(), col["table"].to_pylist(), strict=True)
+        ]
+        keys = [k or None for k in col["_key"].to_pylist()]
+        values = col["_message"].to_pylist()
+        sizes = [len(v.encode()) for v in values]
+        self._write(list(zip(
+            stream, source, col["lsn"].to_pylist(), col["seq"].to_pylist(), tables,
+            col["action"].to_pylist(), keys, col["_ikey"].to_pylist(), values, sizes,
+            strict=True,
+        )))  # fmt: skip
+
+    def _write(self, rows: list[Row]) -> None:
+        try:
+            self.store.write(rows)
+        except psycopg.Error as exc:
+            raise SinkError(
+                f"stream {self.stream}: cannot keep messages in the state database: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+                "check that the state database (state.dsn) is up and has room",
+                retryable=isinstance(exc, psycopg.OperationalError),
+            ) from exc
+
+    def batch_delivered(self, sink: str, batch_id: int, last: tuple[int, int] | None) -> None:
+        if last is not None:
+            self.store.make_visible(self.stream, self.source, last)
+
+    def test_connection(self) -> None:
+        try:
+            self.store.ensure()
+        except Exception as exc:
+            raise SinkError(
+                f"stream {self.stream}: the state database is not reachable or writable: {exc}",
+                "check state.dsn (default: the first source's dsn) and its permissions",
+                retryable=True,
+            ) from exc
