@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from bench.backlog import GROUPS, jvm_live_heap_mb, rss_by_group
+from bench.results import figure
 from bench.stream import TABLE
 from walstream.backfill.coordinator import request
 from walstream.backfill.store import DONE, BackfillStore
@@ -141,11 +142,14 @@ def main() -> None:
           f"{read_done or elapsed:.1f}s ({args.rows / (read_done or elapsed):,.0f} rows/s)")  # fmt: skip
     print(f"COPY:     {copy:,.0f} rows/s")
     print(f"ratio:    {rate / copy:.2f}x of COPY (target >= 0.5)")
+    figure("backfill", "backfill (rows/s)", rate, "/s", reference="COPY TO STDOUT",
+           reference_value=copy, target=">= 0.5x")  # fmt: skip
     early = next(m for n, m in samples if n >= args.rows * 0.2)
     late = samples[-1][1]
     print(f"{'process group':<30}{'at 20%':>10}{'at 100%':>10}{'growth':>10}")
     for g in GROUPS:
         print(f"{g:<30}{early[g]:>7,.0f} MB{late[g]:>7,.0f} MB{late[g] - early[g]:>+7,.0f} MB")
+    figure("backfill", "peak RSS, all processes", max(sum(m.values()) for _, m in samples), "MB")
     print("driver JVM live heap after GC: "
           + ", ".join(f"{k} {v:,.0f} MB" if v else f"{k} n/a" for k, v in heap.items()))  # fmt: skip
 

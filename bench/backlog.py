@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.results import figure
 from bench.stream import TABLE
 from walstream.config import parse_config
 from walstream.postgres.embedded import EmbeddedPostgres
@@ -300,6 +301,10 @@ def report(
         f"{total_late - total_early:>+7,.0f} MB{max(sum(r[2].values()) for r in rows):>7,.0f} MB"
     )
 
+    figure("backlog", f"drain of a {changes:,}-change backlog (changes/s)", changes / elapsed, "/s")
+    figure("backlog", "resident memory growth, 20% → 100% of the drain",
+           total_late - total_early, "MB", target="flat")  # fmt: skip
+    figure("backlog", "peak RSS, all processes", max(sum(r[2].values()) for r in rows), "MB")
     early_heap, late_heap = heap.get("at 20%"), heap.get("at 100%")
     if early_heap is None or late_heap is None:
         print("driver JVM live heap after GC: n/a (jcmd not found: install a JDK to see it)")

@@ -17,6 +17,7 @@ import resource
 import subprocess
 import time
 
+from bench.results import figure
 from walstream.change import format_lsn, parse_lsn
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder
@@ -169,6 +170,12 @@ def main() -> None:
     print(f"{'decode to canonical rows (1 core)':<38}{dec_rate:>12,.0f}")
     print(f"{'ratio decode / receive':<38}{dec_rate / rx_rate:>12.2f}x")
     print(f"{'peak RSS of this process':<38}{peak_mb:>10,.0f} MB")
+    figure("decode", "raw pgoutput receive, psycopg2 (changes/s)", rx_rate, "/s",
+           reference="pg_recvlogical to /dev/null" if best_c else None,
+           reference_value=changes / best_c if best_c else None)  # fmt: skip
+    figure("decode", "decode to canonical rows, 1 core (changes/s)", dec_rate, "/s",
+           reference="raw pgoutput receive", reference_value=rx_rate, target=">= 1.0x")  # fmt: skip
+    figure("decode", "peak RSS of the decoding process", peak_mb, "MB")
 
 
 if __name__ == "__main__":

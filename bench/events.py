@@ -22,6 +22,7 @@ import uuid
 
 import httpx
 
+from bench.results import figure
 from walstream.config import parse_config
 from walstream.events import Outbox, ensure_outbox
 from walstream.postgres.embedded import EmbeddedPostgres
@@ -117,6 +118,11 @@ def main() -> None:
             elapsed = time.perf_counter() - t0
             print(f"POST /v1/events, {args.threads} clients: {len(lat) / elapsed:,.0f} requests/s, "
                   f"p50 {pct(lat, 50):.2f} ms, p99 {pct(lat, 99):.2f} ms")  # fmt: skip
+            figure("events", "POST /v1/events p50, one client", statistics.median(one) * 1000,
+                   "ms", reference="bare INSERT p50", reference_value=statistics.median(bare) * 1000,
+                   target="< 50 ms")  # fmt: skip
+            figure("events", f"POST /v1/events, {args.threads} clients (requests/s)",
+                   len(lat) / elapsed, "/s")  # fmt: skip
             print(f"ratio: API p50 / bare INSERT p50 = "
                   f"{statistics.median(one) / statistics.median(bare):.1f}x")  # fmt: skip
         finally:

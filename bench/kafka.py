@@ -27,6 +27,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from bench.results import figure
 from bench.stream import TABLE, peak_rss_mb, recvlogical, write
 from walstream.change import parse_lsn
 from walstream.config import parse_config
@@ -186,6 +187,15 @@ def main() -> None:
     print(f"{'messages measured for latency':<56}{len(lat):>14,}")
     for k, v in rss.items():
         print(f"{'peak RSS ' + k:<56}{v:>11,.0f} MB")
+    ref = "pg_recvlogical to /dev/null"
+    figure("kafka", "walstream run → Kafka (changes/s)", steady, "/s", reference=ref,
+           reference_value=ref_rate, target=">= 0.35x")  # fmt: skip
+    figure(
+        "kafka", f"latency commit → Kafka at {args.rate:,}/s, p50", p50, "ms", target="<= 300 ms"
+    )
+    figure("kafka", "latency commit → Kafka, p99", p99, "ms", target="<= 1000 ms")
+    for k, v in rss.items():
+        figure("kafka", f"peak RSS {k}", v, "MB")
 
 
 if __name__ == "__main__":

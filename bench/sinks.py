@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from bench.results import figure
 from walstream.change import idempotency_key
 from walstream.config import Destination
 from walstream.postgres.embedded import free_port
@@ -159,6 +160,7 @@ def main() -> None:
             for name, dest in runs.items():
                 took = deliver(dest, msgs, args.chunk)
                 results.append((name, args.messages / took, ""))
+                figure("sinks", f"{name} (messages/s)", args.messages / took, "/s")
                 print(f"  {name:<40}{args.messages / took:>10,.0f}/s", flush=True)
             ch = conn.channel()
             ch.queue_delete(f"bench{tag}")
@@ -183,6 +185,8 @@ def main() -> None:
                 results.append(
                     (f"webhook, concurrency {c}", got, f"{got / ref:.2f}x of {ref:,.0f}/s")
                 )
+                figure("sinks", f"webhook, concurrency {c} (messages/s)", got, "/s",
+                       reference=f"local receiver ceiling, {c} clients", reference_value=ref)  # fmt: skip
                 print(
                     f"  webhook concurrency {c:<3} {got:>10,.0f}/s  ceiling {ref:,.0f}/s",
                     flush=True,

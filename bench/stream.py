@@ -23,6 +23,7 @@ import time
 from datetime import UTC
 from pathlib import Path
 
+from bench.results import figure
 from walstream.change import format_lsn, parse_lsn
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
@@ -248,6 +249,16 @@ def main() -> None:
     print(f"{'changes measured for latency':<52}{len(lat):>14,}")
     for k, v in rss.items():
         print(f"{'peak RSS ' + k:<52}{v:>11,.0f} MB")
+    ref = "pg_recvlogical to /dev/null"
+    figure("stream", "Spark source catch-up (changes/s)", steady_rate, "/s", reference=ref,
+           reference_value=ref_rate, target=">= 0.5x")  # fmt: skip
+    figure("stream", "Spark source live (changes/s)", live_rate, "/s", reference=ref,
+           reference_value=ref_rate)  # fmt: skip
+    figure("stream", f"latency commit → sink at {args.rate:,}/s, p50", p50, "ms",
+           target="<= 250 ms")  # fmt: skip
+    figure("stream", "latency commit → sink, p99", p99, "ms", target="<= 1000 ms")
+    for k, v in rss.items():
+        figure("stream", f"peak RSS {k}", v, "MB")
 
 
 if __name__ == "__main__":
