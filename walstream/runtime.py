@@ -86,7 +86,29 @@ def build_spark(config: Config, quiet: bool = True) -> Any:
     spark = builder.getOrCreate()
     if not quiet:
         spark.sparkContext.setLogLevel("WARN")
+    if not config.spark.master.startswith("local"):
+        ship_package(spark)
     return spark
+
+
+def ship_package(spark: Any) -> Path:
+    """Send this walstream to the executors (`addPyFile` of a zip of the package), so they
+    run the driver's code whatever they have installed. Its dependencies (psycopg,
+    pyarrow, the sinks' clients) must be on the executors' Python already."""
+    import tempfile
+    import zipfile
+
+    import walstream
+
+    root = Path(walstream.__file__).parent
+    target = Path(tempfile.mkdtemp(prefix="walstream-ship-")) / "walstream.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                z.write(f, Path("walstream") / f.relative_to(root))
+    spark.sparkContext.addPyFile(str(target))
+    log.info("shipped walstream to the executors (%s)", target)
+    return target
 
 
 def database_name(dsn: str) -> str:

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -141,6 +141,115 @@ class TansuBroker:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> TansuBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def spark_home() -> Path:
+    """PySpark's own Spark distribution (bin/spark-class, jars/)."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+class SparkStandalone:
+    """A Spark standalone cluster on loopback: one master and `workers` workers with
+    `cores` cores each, started from PySpark's own `bin/spark-class` (no download).
+
+    For tests and trials of `spark.master: spark://...`; `kill_worker(i)` kills a
+    worker and its executors with SIGKILL, as when a machine dies.
+    """
+
+    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g") -> None:
+        self.workers, self.cores, self.memory = workers, cores, memory
+        self.port, self.ui_port = free_port(), free_port()
+        self._dir = Path(tempfile.mkdtemp(prefix="walstream-spark-"))
+        self.master: subprocess.Popen[bytes] | None = None
+        self.worker_procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        home = spark_home()
+        env = {
+            **os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self._dir), "SPARK_WORKER_DIR": str(self._dir / "work"),
+        }  # fmt: skip
+        log = (self._dir / f"{name}.log").open("wb")
+        return subprocess.Popen(
+            [str(home / "bin" / "spark-class"), *args],
+            stdout=log, stderr=subprocess.STDOUT, cwd=self._dir, env=env,
+            start_new_session=True,  # its own process group: kill_worker takes executors too
+        )  # fmt: skip
+
+    def log(self, name: str) -> str:
+        path = self._dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def start(self, timeout: float = 90.0) -> SparkStandalone:
+        self.master = self._spawn("master", [
+            "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+            "--port", str(self.port), "--webui-port", str(self.ui_port),
+        ])  # fmt: skip
+        for i in range(self.workers):
+            self.worker_procs.append(self._spawn(f"worker-{i}", [
+                "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                "--cores", str(self.cores), "--memory", self.memory, "--webui-port", "0",
+                "--work-dir", str(self._dir / f"work-{i}"), self.master_url,
+            ]))  # fmt: skip
+        wait_until(
+            lambda: self.alive_workers() == self.workers, timeout, interval=0.5,
+            message=lambda: f"the Spark cluster did not come up; master log:\n"
+            f"{self.log('master')[-2000:]}",
+        )  # fmt: skip
+        return self
+
+    def alive_workers(self) -> int:
+        import json
+        import urllib.request
+
+        if self.master is not None and self.master.poll() is not None:
+            raise SetupError(
+                f"the Spark master exited with {self.master.returncode}: "
+                f"{self.log('master')[-2000:]}",
+                "see the master log above (is Java 17+ installed?)",
+            )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
+                state = json.load(r)
+        except OSError:
+            return 0
+        return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL worker i and its executors (its whole process group)."""
+        import signal
+
+        proc = self.worker_procs[i]
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def stop(self) -> None:
+        import signal
+
+        for proc in [*self.worker_procs, *([self.master] if self.master else [])]:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(15)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    with suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+        self.worker_procs, self.master = [], None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> SparkStandalone:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
