@@ -36,6 +36,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("backlog", ["--changes", "2000000"]),
     ("backfill", ["--rows", "2000000"]),
     ("events", ["--requests", "2000", "--threads", "8"]),
+    ("shards", ["--changes", "500000"]),
 ]
 #: Arguments that are sizes (scaled by --scale).
 SIZES = {"--rows", "--changes", "--messages", "--requests"}

@@ -169,9 +169,20 @@ class SourceConfig(Model):
     heartbeat_interval: Duration = 5.0
     max_changes_per_batch: int = Field(50_000, ge=1)
     partition_bytes: int = Field(4 << 20, ge=64 << 10)  # raw WAL bytes per Spark task
+    #: Split the source into slot/publication pairs by table, each its own query: the
+    #: source runs as `<name>-1` ... `<name>-N` (see Config._shards).
+    shards: list[Annotated[list[str], Field(min_length=1)]] | None = Field(None, min_length=2)
 
     _name = field_validator("name")(_check_name)
     _dsn = field_validator("dsn")(_check_dsn)
+
+    @model_validator(mode="after")
+    def _tables_or_shards(self) -> SourceConfig:
+        if self.shards and self.tables:
+            raise ValueError(
+                "tables and shards: give one; with shards, each shard lists its own tables"
+            )
+        return self
 
     @property
     def slot_name(self) -> str:
@@ -515,6 +526,16 @@ class SinkConfig(Model):
         )
 
 
+def _for_shard(dest: Any, i: int) -> Any:
+    """A sink's destination for shard i: file sinks write under `shard-<i>` (batch ids of
+    the shards' queries overlap); the others are shared."""
+    if isinstance(dest, FileDestination):
+        return dest.model_copy(update={"path": dest.path / f"shard-{i}"})
+    if isinstance(dest, FaultyDestination):
+        return dest.model_copy(update={"inner": _for_shard(dest.inner, i)})
+    return dest.model_copy()  # its own object: Config fills stream sinks' source into it
+
+
 def _fill_source_dsn(dest: Any, dsn: Any) -> Any:
     """A postgres destination (also inside faulty ones) reads table definitions from its source."""
     if not isinstance(dest, dict):
@@ -552,6 +573,7 @@ class Config(Model):
 
     @model_validator(mode="after")
     def _references(self) -> Config:
+        self._shards()
         for kind, names in (
             ("sources", [s.name for s in self.sources]),
             ("sinks", [s.name for s in self.sinks]),
@@ -605,6 +627,38 @@ class Config(Model):
             if isinstance(sink.destination, StreamDestination):
                 out.setdefault(sink.destination.stream, []).append(sink)
         return out
+
+    def _shards(self) -> None:
+        """A sharded source becomes one source per shard, `<name>-<i>` (slot and publication
+        `<slot>_<i>`, `<publication>_<i>`, the shard's tables), and each of its sinks one
+        sink per shard, `<sink>-<i>` (a file sink writes under `<path>/shard-<i>`)."""
+        sharded = {s.name: s for s in self.sources if s.shards}
+        if not sharded:
+            return
+        sources: list[SourceConfig] = []
+        for s in self.sources:
+            if not s.shards:
+                sources.append(s)
+                continue
+            for i, tables in enumerate(s.shards, 1):
+                sources.append(s.model_copy(update={
+                    "name": f"{s.name}-{i}", "slot": f"{s.slot_name}_{i}",
+                    "publication": f"{s.publication_name}_{i}", "tables": list(tables),
+                    "shards": None,
+                }))  # fmt: skip
+        sinks: list[SinkConfig] = []
+        for k in self.sinks:
+            parent = sharded.get(k.source)
+            if parent is None or parent.shards is None:
+                sinks.append(k)
+                continue
+            for i in range(1, len(parent.shards) + 1):
+                sinks.append(k.model_copy(update={
+                    "name": f"{k.name}-{i}", "source": f"{parent.name}-{i}",
+                    "destination": _for_shard(k.destination, i),
+                }))  # fmt: skip
+        self.sources[:] = sources
+        self.sinks[:] = sinks
 
     def _events(self) -> None:
         """Event subscriptions read the outbox's inserts; other sinks leave the outbox out."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ from tests.conftest import unique
 from tests.integration.test_server import TOKEN, health, insert, sink, write_config
 from walstream.config import load_config
 from walstream.runtime import Runtime
-from walstream.testing import wait_until
+from walstream.testing import supervised, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -48,13 +47,8 @@ def test_console_shows_live_sinks_and_retries_a_dead_letter(spark, db, kafka, tm
     runtime = Runtime(cfg, spark=spark).start()
     assert runtime.server is not None
     url = runtime.server.url
-    stop = threading.Event()
-    supervisor = threading.Thread(
-        target=runtime.supervise, kwargs={"stop": stop, "tick": 0.2}, daemon=True
-    )
-    supervisor.start()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    try:
+    with supervised(runtime):
         insert(db, table, range(20))
         wait_until(
             lambda: sink(health(url), "files")["delivered"] == 20
@@ -100,8 +94,4 @@ def test_console_shows_live_sinks_and_retries_a_dead_letter(spark, db, kafka, tm
         picky.get_by_test_id("sink-status").filter(has_text="ok").wait_for(timeout=15_000)
         page.get_by_test_id("overall").filter(has_text="ok").wait_for(timeout=15_000)
         page.screenshot(path=str(ARTIFACTS / "console-after-retry.png"), full_page=True)
-    finally:
-        stop.set()
-        supervisor.join(10)
-        runtime.stop()
     assert (ARTIFACTS / "console-after-retry.png").stat().st_size > 10_000

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from tests.conftest import unique
 from tests.servers import Request, WebhookReceiver
 from walstream.config import load_config
 from walstream.runtime import Runtime
-from walstream.testing import wait_until
+from walstream.testing import supervised, wait_until
 
 pytestmark = [pytest.mark.spark]
 
@@ -106,114 +105,111 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
     runtime = Runtime(load_config(path), spark=spark).start()
     assert runtime.server is not None
     url = runtime.server.url
-    stop = threading.Event()
-    supervisor = threading.Thread(
-        target=runtime.supervise, kwargs={"stop": stop, "tick": 0.2}, daemon=True
-    )
-    supervisor.start()
     auth = {"Authorization": f"Bearer {TOKEN}"}
     try:
-        # Refusals first: no token, a wrong one, bad bodies.
-        ev = event_of(0, 0)
-        assert httpx.post(f"{url}/v1/events", json=ev).status_code == 401
-        assert (
-            httpx.post(
-                f"{url}/v1/events", json=ev, headers={"Authorization": "Bearer x"}
-            ).status_code
-            == 401
-        )
-        for bad in ({"event_type": "", "payload": {}}, {"event_type": "a", "payload": [1]},
-                    {"event_type": "a"}, {"event_type": "a", "payload": {"x": "\x00"}}):  # fmt: skip
-            r = httpx.post(f"{url}/v1/events", json=bad, headers=auth)
-            assert r.status_code == 422, (bad, r.text)
-            assert r.json()["detail"]["problem"]
-        r = httpx.post(
-            f"{url}/v1/events",
-            content=b"{" + b" " * 300_000 + b"}",
-            headers={**auth, "content-type": "application/json"},
-        )
-        assert r.status_code == 413
-
-        # Idempotency: the same key twice is one event.
-        key = {**auth, "Idempotency-Key": unique("idem")}
-        first = httpx.post(
-            f"{url}/v1/events", json={"event_type": "noise", "payload": {"n": 1}}, headers=key
-        )
-        again = httpx.post(
-            f"{url}/v1/events", json={"event_type": "noise", "payload": {"n": 2}}, headers=key
-        )
-        assert first.status_code == again.status_code == 202
-        assert first.json()["duplicate"] is False and again.json() == {
-            "id": first.json()["id"],
-            "duplicate": True,
-        }
-        assert db.execute("SELECT count(*) FROM walstream.events WHERE idempotency_key = %s",
-                          (key["Idempotency-Key"],)) == [(1,)]  # fmt: skip
-
-        # 4 producers at once, each 500 events on its own 5 keys, in order per key.
-        def produce(p: int) -> list[str]:
-            with httpx.Client(headers=auth) as c:
-                ids = []
-                for i in range(PER_PRODUCER):
-                    r = c.post(f"{url}/v1/events", json=event_of(p, i))
-                    assert r.status_code == 202, r.text
-                    ids.append(r.json()["id"])
-                return ids
-
-        with ThreadPoolExecutor(PRODUCERS) as pool:
-            ids = [i for batch in pool.map(produce, range(PRODUCERS)) for i in batch]
-        assert len(set(ids)) == EVENTS
-
-        wanted = {name: [event_of(p, i) for p in range(PRODUCERS) for i in range(PER_PRODUCER)
-                         if event_of(p, i)["event_type"] in types]
-                  for name, types in (("orders", TYPES[:2]), ("signups", TYPES[2:]), ("audit", TYPES))}  # fmt: skip
-
-        def dead_letters() -> list[dict[str, Any]]:
-            listed = httpx.get(f"{url}/api/dead-letters", params={"sink": "signups"}).json()
-            return [httpx.get(f"{url}/api/dead-letters/{d['id']}").json() for d in listed["items"]]
-
-        def arrived() -> bool:
-            dead = httpx.get(f"{url}/api/dead-letters", params={"sink": "signups"}).json()
-            return (
-                len(unique_requests(failing)) == len(wanted["orders"])
-                and len(unique_requests(refusing)) + dead["total"] == len(wanted["signups"])
-                and len(unique_requests(slow)) == len(wanted["audit"])
+        with supervised(runtime):
+            # Refusals first: no token, a wrong one, bad bodies.
+            ev = event_of(0, 0)
+            assert httpx.post(f"{url}/v1/events", json=ev).status_code == 401
+            assert (
+                httpx.post(
+                    f"{url}/v1/events", json=ev, headers={"Authorization": "Bearer x"}
+                ).status_code
+                == 401
             )
+            for bad in ({"event_type": "", "payload": {}}, {"event_type": "a", "payload": [1]},
+                        {"event_type": "a"}, {"event_type": "a", "payload": {"x": "\x00"}}):  # fmt: skip
+                r = httpx.post(f"{url}/v1/events", json=bad, headers=auth)
+                assert r.status_code == 422, (bad, r.text)
+                assert r.json()["detail"]["problem"]
+            r = httpx.post(
+                f"{url}/v1/events",
+                content=b"{" + b" " * 300_000 + b"}",
+                headers={**auth, "content-type": "application/json"},
+            )
+            assert r.status_code == 413
 
-        wait_until(arrived, 240, message=lambda: (
-            f"orders {len(unique_requests(failing))}/{len(wanted['orders'])}, signups "
-            f"{len(unique_requests(refusing))} + dead letters /{len(wanted['signups'])}, audit "
-            f"{len(unique_requests(slow))}/{len(wanted['audit'])}"))  # fmt: skip
-        # The 400 made the poison event a dead letter, and with it the events of its
-        # ordering key behind it in that delivery chunk (their order is kept for a retry).
-        dead = dead_letters()
-        head, *behind = dead
-        assert json.loads(head["message"])["payload"]["tag"] == "poison"
-        assert "400" in head["errors"][0]["error"]
-        assert all(json.loads(d["message"])["ordering_key"] == "p1-k2" for d in behind)
-        assert all("behind" in d["errors"][0]["error"] for d in behind), behind[:1]
+            # Idempotency: the same key twice is one event.
+            key = {**auth, "Idempotency-Key": unique("idem")}
+            first = httpx.post(
+                f"{url}/v1/events", json={"event_type": "noise", "payload": {"n": 1}}, headers=key
+            )
+            again = httpx.post(
+                f"{url}/v1/events", json={"event_type": "noise", "payload": {"n": 2}}, headers=key
+            )
+            assert first.status_code == again.status_code == 202
+            assert first.json()["duplicate"] is False and again.json() == {
+                "id": first.json()["id"],
+                "duplicate": True,
+            }
+            assert db.execute("SELECT count(*) FROM walstream.events WHERE idempotency_key = %s",
+                              (key["Idempotency-Key"],)) == [(1,)]  # fmt: skip
 
-        for rx, name in ((failing, "orders"), (refusing, "signups"), (slow, "audit")):
-            got = unique_requests(rx)
-            in_order_per_key(got)
-            assert {e["id"] for e in got} <= set(ids)
-            expect = {(e["payload"]["producer"], e["payload"]["i"]) for e in wanted[name]}
-            if name == "signups":
-                expect -= {
-                    (p["producer"], p["i"])
-                    for p in (json.loads(d["message"])["payload"] for d in dead)
-                }
-            assert {(e["payload"]["producer"], e["payload"]["i"]) for e in got} == expect
-            assert all(e["event_type"] in {w["event_type"] for w in wanted[name]} for e in got)
-        assert len(failing.refused) >= 40 and all(s == 500 for s, _ in failing.refused)
-        assert len(slow.requests) > len(unique_requests(slow))  # the timed-out ones, taken twice
-        assert {r[0] for r in db.execute("SELECT event_type FROM walstream.events")} == {
-            *TYPES,
-            "noise",
-        }
+            # 4 producers at once, each 500 events on its own 5 keys, in order per key.
+            def produce(p: int) -> list[str]:
+                with httpx.Client(headers=auth) as c:
+                    ids = []
+                    for i in range(PER_PRODUCER):
+                        r = c.post(f"{url}/v1/events", json=event_of(p, i))
+                        assert r.status_code == 202, r.text
+                        ids.append(r.json()["id"])
+                    return ids
+
+            with ThreadPoolExecutor(PRODUCERS) as pool:
+                ids = [i for batch in pool.map(produce, range(PRODUCERS)) for i in batch]
+            assert len(set(ids)) == EVENTS
+
+            wanted = {name: [event_of(p, i) for p in range(PRODUCERS) for i in range(PER_PRODUCER)
+                             if event_of(p, i)["event_type"] in types]
+                      for name, types in (("orders", TYPES[:2]), ("signups", TYPES[2:]), ("audit", TYPES))}  # fmt: skip
+
+            def dead_letters() -> list[dict[str, Any]]:
+                listed = httpx.get(f"{url}/api/dead-letters", params={"sink": "signups"}).json()
+                return [
+                    httpx.get(f"{url}/api/dead-letters/{d['id']}").json() for d in listed["items"]
+                ]
+
+            def arrived() -> bool:
+                dead = httpx.get(f"{url}/api/dead-letters", params={"sink": "signups"}).json()
+                return (
+                    len(unique_requests(failing)) == len(wanted["orders"])
+                    and len(unique_requests(refusing)) + dead["total"] == len(wanted["signups"])
+                    and len(unique_requests(slow)) == len(wanted["audit"])
+                )
+
+            wait_until(arrived, 240, message=lambda: (
+                f"orders {len(unique_requests(failing))}/{len(wanted['orders'])}, signups "
+                f"{len(unique_requests(refusing))} + dead letters /{len(wanted['signups'])}, audit "
+                f"{len(unique_requests(slow))}/{len(wanted['audit'])}"))  # fmt: skip
+            # The 400 made the poison event a dead letter, and with it the events of its
+            # ordering key behind it in that delivery chunk (their order is kept for a retry).
+            dead = dead_letters()
+            head, *behind = dead
+            assert json.loads(head["message"])["payload"]["tag"] == "poison"
+            assert "400" in head["errors"][0]["error"]
+            assert all(json.loads(d["message"])["ordering_key"] == "p1-k2" for d in behind)
+            assert all("behind" in d["errors"][0]["error"] for d in behind), behind[:1]
+
+            for rx, name in ((failing, "orders"), (refusing, "signups"), (slow, "audit")):
+                got = unique_requests(rx)
+                in_order_per_key(got)
+                assert {e["id"] for e in got} <= set(ids)
+                expect = {(e["payload"]["producer"], e["payload"]["i"]) for e in wanted[name]}
+                if name == "signups":
+                    expect -= {
+                        (p["producer"], p["i"])
+                        for p in (json.loads(d["message"])["payload"] for d in dead)
+                    }
+                assert {(e["payload"]["producer"], e["payload"]["i"]) for e in got} == expect
+                assert all(e["event_type"] in {w["event_type"] for w in wanted[name]} for e in got)
+            assert len(failing.refused) >= 40 and all(s == 500 for s, _ in failing.refused)
+            assert len(slow.requests) > len(
+                unique_requests(slow)
+            )  # the timed-out ones, taken twice
+            assert {r[0] for r in db.execute("SELECT event_type FROM walstream.events")} == {
+                *TYPES,
+                "noise",
+            }
     finally:
-        stop.set()
-        supervisor.join(10)
-        runtime.stop()
         for rx in (failing, refusing, slow):
             rx.stop()

@@ -18,7 +18,7 @@ from tests.conftest import unique
 from walstream.config import load_config
 from walstream.runtime import Runtime
 from walstream.sinks.file import read_messages
-from walstream.testing import wait_until
+from walstream.testing import supervised, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -89,12 +89,7 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
     runtime = Runtime(cfg, spark=spark).start()
     assert runtime.server is not None
     url = runtime.server.url
-    stop = __import__("threading").Event()
-    supervisor = __import__("threading").Thread(
-        target=runtime.supervise, kwargs={"stop": stop, "tick": 0.2}, daemon=True
-    )
-    supervisor.start()
-    try:
+    with supervised(runtime):
         insert(db, table, range(0, 100))
         insert(db, table, range(100, 200))
 
@@ -223,8 +218,4 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    finally:
-        stop.set()
-        supervisor.join(10)
-        runtime.stop()
     assert len(read_messages(tmp_path / "files")) >= 260

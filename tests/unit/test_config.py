@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,45 @@ def test_backfill_on_create_is_the_one_setting_and_a_typo_names_it():
         parse_config(_sink({"type": "file", "path": "/tmp/x"}, backfill="always"))
     with pytest.raises(ConfigError, match="no sink named 'nope'"):
         ok.sink("nope")
+
+
+def test_a_sharded_source_runs_as_one_source_and_sink_per_shard():
+    data = copy.deepcopy(BASE)
+    data["sources"][0]["shards"] = [["public.orders", "public.items"], ["public.events"]]
+    data["sinks"].append({"name": "files", "source": "app",
+                          "destination": {"type": "file", "path": "/tmp/out"}})  # fmt: skip
+    data["sinks"].append({"name": "pull", "source": "app",
+                          "destination": {"type": "stream", "stream": "all"}})  # fmt: skip
+    cfg = parse_config(data)
+    assert [(s.name, s.slot_name, s.publication_name, s.tables) for s in cfg.sources] == [
+        ("app-1", "walstream_app_1", "walstream_app_1", ["public.orders", "public.items"]),
+        ("app-2", "walstream_app_2", "walstream_app_2", ["public.events"]),
+    ]
+    assert [(k.name, k.source) for k in cfg.sinks] == [
+        ("orders-to-kafka-1", "app-1"), ("orders-to-kafka-2", "app-2"),
+        ("files-1", "app-1"), ("files-2", "app-2"), ("pull-1", "app-1"), ("pull-2", "app-2"),
+    ]  # fmt: skip
+    assert [str(k.destination.path) for k in cfg.sinks if k.name.startswith("files")] == [
+        "/tmp/out/shard-1", "/tmp/out/shard-2",
+    ]  # fmt: skip
+    # One stream fed by both shards, each its own source of it.
+    assert [k.destination._source for k in cfg.streams()["all"]] == ["app-1", "app-2"]
+
+
+@pytest.mark.parametrize(
+    ("shards", "problem"),
+    [
+        ([["public.a"]], "sources[0].shards: List should have at least 2 items"),
+        ([["public.a"], []], "sources[0].shards[1]: List should have at least 1 item"),
+    ],
+)
+def test_bad_shards_name_the_key(shards, problem):
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        parse_config(with_change("sources.0.shards", shards))
+
+
+def test_tables_and_shards_are_exclusive():
+    data = with_change("sources.0.shards", [["public.a"], ["public.b"]])
+    data["sources"][0]["tables"] = ["public.a"]
+    with pytest.raises(ConfigError, match="tables and shards: give one"):
+        parse_config(data)

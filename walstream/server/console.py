@@ -93,13 +93,17 @@ const tokenBox = $("token");
 tokenBox.value = sessionStorage.getItem("walstream-token") || "";
 tokenBox.addEventListener("change", () => sessionStorage.setItem("walstream-token", tokenBox.value));
 
-function notice(text, bad) { const n = $("notice"); n.textContent = text; n.className = bad ? "bad" : ""; }
+let heldUntil = 0;  // an action's result stays up this long before "updated ..." replaces it
+function notice(text, bad, hold) {
+  const n = $("notice"); n.textContent = text; n.className = bad ? "bad" : "";
+  if (hold) heldUntil = Date.now() + 5000;
+}
 
 async function act(path, label) {
   const r = await fetch(path, {method: "POST", headers: {"Authorization": "Bearer " + tokenBox.value}});
   let body = {}; try { body = await r.json(); } catch (e) {}
   if (!r.ok) { const d = body.detail || {}; notice(`${label}: ${d.problem || r.statusText}${d.fix ? " — " + d.fix : ""}`, true); }
-  else notice(`${label}: done`);
+  else notice(`${label}: done`, false, true);
   refresh();
 }
 
@@ -161,7 +165,8 @@ async function refresh() {
       fetch("/api/backfills").then((r) => r.json()),
     ]);
     render(h, d, b);
-    if (!$("notice").classList.contains("bad")) notice("updated " + new Date().toLocaleTimeString());
+    if (!$("notice").classList.contains("bad") && Date.now() > heldUntil)
+      notice("updated " + new Date().toLocaleTimeString());
   } catch (e) { notice("cannot reach walstream: " + e, true); }
 }
 
