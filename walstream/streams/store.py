@@ -21,10 +21,10 @@ import heapq
 import itertools
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import sql
 
@@ -120,6 +120,7 @@ class Page:
     behind: int | None  # messages after the start position, when counted (at most the cap)
 
 
+T = TypeVar("T")
 _TICK = timedelta(microseconds=1)
 
 # In-process wake-up: readers in the driver's process see new messages at once (others,
@@ -303,15 +304,24 @@ class StreamStore:
         ).fetchall()
         return {r[0]: Position((r[1], r[2]), (r[3], r[4])) for r in rows}
 
-    def positions(self, stream: str) -> dict[str, Position]:
+    def _retrying(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on this thread's reading connection; after a failure the connection is
+        closed and fn runs once more on a new one (Expired and Ahead are answers: raised)."""
         for attempt in (1, 2):
             try:
-                return self._positions(self._reader(), stream)
+                return fn(*args)
+            except (Expired, Ahead):
+                raise
             except Exception:
-                self._local.conn = None  # a dropped connection: once more on a new one
+                conn, self._local.conn = getattr(self._local, "conn", None), None
+                if conn is not None:
+                    conn.close()
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def positions(self, stream: str) -> dict[str, Position]:
+        return self._retrying(lambda: self._positions(self._reader(), stream))
 
     def read(
         self,
@@ -324,16 +334,7 @@ class StreamStore:
         """Up to `limit` visible messages after `after`, merged over `sources` by when they
         were kept, each source's in WAL order. Raises Expired or Ahead for a position the
         stream no longer or never held. `count_up_to`: count the messages behind too."""
-        for attempt in (1, 2):
-            try:
-                return self._read(stream, sources, after, limit, count_up_to)
-            except (Expired, Ahead):
-                raise
-            except Exception:
-                if attempt == 2:
-                    raise
-                self._local.conn = None  # a dropped connection: once more on a new one
-        raise AssertionError("unreachable")
+        return self._retrying(self._read, stream, sources, after, limit, count_up_to)
 
     def _read(
         self,
