@@ -37,6 +37,7 @@ from walstream.postgres.chunks import (
     estimate_rows,
     next_boundary,
 )
+from walstream.postgres.predicate import Predicate, parse
 from walstream.postgres.replication import connect
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class Prepared:
     """What reading a backfill's chunks needs, worked out once on the driver."""
 
     table: Table  # columns: those the publication sends
-    where: str | None  # the operator's predicate and the publication's row filter
+    where: Predicate | None  # the operator's predicate and the publication's row filter
     type_oids: tuple[int, ...]
     key_idx: tuple[int, ...]
     types: tuple[Any, ...]
@@ -67,7 +68,7 @@ def published_tables(conn: Any, publication: str) -> list[tuple[str, str]]:
 
 
 def prepare_table(
-    conn: Any, publication: str, schema: str, table: str, where: str | None
+    conn: Any, publication: str, schema: str, table: str, where: Predicate | None
 ) -> Prepared:
     """The table's key, the columns pgoutput sends for it (no generated or dropped columns;
     the publication's column list) and their types, and the full predicate."""
@@ -91,7 +92,8 @@ def prepare_table(
                 listed = set(row[0])
                 cols = [c for c in cols if c[0] in listed]
             if row[1]:
-                predicate = f"({where}) AND ({row[1]})" if where else row[1]
+                rowfilter = Predicate.trusted(row[1])
+                predicate = where.also(rowfilter) if where else rowfilter
     names = [c[0] for c in cols]
     missing = [k for k in t.pk if k not in names]
     if missing:
@@ -136,6 +138,7 @@ def request(
     sink = config.sink(sink_name)
     source = config.source(sink.source)
     dsn = source.dsn.get_secret_value()
+    predicate = parse(where) if where else None
     created = []
     with connect(dsn, autocommit=True) as conn:
         published = published_tables(conn, source.publication_name)
@@ -154,7 +157,7 @@ def request(
         plans = []
         for schema, table in wanted:
             check_sink(sink, schema, table)
-            prepared = prepare_table(conn, source.publication_name, schema, table, where)
+            prepared = prepare_table(conn, source.publication_name, schema, table, predicate)
             if published and (schema, table) not in published:
                 raise ConfigError(
                     f"{schema}.{table} is not in publication {source.publication_name}, so its "
@@ -165,7 +168,7 @@ def request(
             plans.append((schema, table, estimate_rows(conn, prepared.table, prepared.where)))
     for schema, table, estimate in plans:
         id_ = store.create(
-            sink.name, source.name, schema, table, where,
+            sink.name, source.name, schema, table, predicate.sql if predicate else None,
             chunk_size or DEFAULT_CHUNK_SIZE,
             DEFAULT_TARGET_SECONDS if target_seconds is None else target_seconds, estimate,
         )  # fmt: skip
@@ -286,7 +289,10 @@ class Coordinator:
         if found is None:
             source = self.sources[b.source]
             with connect(source.dsn.get_secret_value(), autocommit=True) as conn:
-                found = prepare_table(conn, source.publication_name, b.schema, b.table, b.where)
+                found = prepare_table(
+                    conn, source.publication_name, b.schema, b.table,
+                    parse(b.where) if b.where else None,
+                )  # fmt: skip
             self._prepared[b.id] = found
         return found
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from psycopg import sql
 
+from walstream.postgres.chunks import read_only
 from walstream.postgres.decoder import WATERMARK_PREFIX
 from walstream.postgres.fastpath import compile_fields_encoder
 from walstream.postgres.types import PgType, TypeRegistry
@@ -113,6 +114,7 @@ def read_chunk(task: ChunkTask) -> ChunkResult:
     with connect(task.dsn, autocommit=True) as conn:
         watermark(conn, task, "low")
         with (
+            read_only(conn),  # the query holds the operator's predicate: it must not write
             filesystem.open_output_stream(tmp) as out,
             pq.ParquetWriter(out, schema) as writer,
             conn.cursor() as cur,

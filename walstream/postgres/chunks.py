@@ -15,12 +15,14 @@ time per chunk.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 
 from walstream.errors import ConfigError
+from walstream.postgres.predicate import BadPredicate, Predicate
 
 Key = tuple[str, ...]  # key values as text, in key order
 
@@ -78,11 +80,23 @@ def describe(conn: Any, schema: str, table: str) -> Table:
     return Table(schema, table, [k[0] for k in keys], [k[1] for k in keys], cols)
 
 
-def _where(where: str | None) -> sql.Composable:
-    """The operator's predicate (trusted SQL), with `%` kept literal beside the parameters."""
-    if not where:
+def _where(where: Predicate | None) -> sql.Composable:
+    """A checked predicate (printed from its parse tree, see `predicate`), with `%` kept
+    literal beside the parameters."""
+    if where is None:
         return sql.SQL("")
-    return sql.SQL(" AND ({})").format(sql.SQL(where.replace("%", "%%")))
+    return sql.SQL(" AND ({})").format(sql.SQL(where.sql.replace("%", "%%")))
+
+
+@contextmanager
+def read_only(conn: Any, timeout_ms: int | None = None) -> Iterator[None]:
+    """A READ ONLY transaction on an autocommit connection (and a statement timeout in it):
+    whatever a predicate would try, it cannot write."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION READ ONLY")
+        if timeout_ms is not None:
+            conn.execute("SELECT set_config('statement_timeout', %s, true)", (str(timeout_ms),))
+        yield
 
 
 def _row(table: Table) -> sql.Composed:
@@ -106,43 +120,47 @@ def _range(table: Table, r: KeyRange) -> tuple[sql.Composable, list[str]]:
     return sql.Composed(parts), params
 
 
-def check_where(conn: Any, table: Table, where: str | None) -> None:
-    """Plan (not run) the predicate against the table: a mistake is a ConfigError naming it."""
-    if not where:
+def check_where(conn: Any, table: Table, where: Predicate | None) -> None:
+    """Plan (not run) the predicate against the table, in a READ ONLY transaction through
+    the extended protocol (one statement): a mistake is a BadPredicate naming it."""
+    if where is None:
         return
     import psycopg
 
+    where.check_columns(table.qualified, table.columns)
     try:
-        with conn.transaction():
+        with read_only(conn, timeout_ms=10_000):
+            # The parameter keeps psycopg on the extended protocol: one statement, always.
             conn.execute(
-                sql.SQL("EXPLAIN SELECT 1 FROM {} WHERE true{}").format(table.ident, _where(where))
+                sql.SQL("EXPLAIN SELECT 1 FROM {} WHERE %s{}").format(table.ident, _where(where)),
+                (True,),
             )
     except psycopg.Error as exc:
         reason = str(exc).strip().splitlines()[0]
-        raise ConfigError(
-            f"--where {where!r} is not a valid predicate on {table.qualified}: {reason}",
-            "write a SQL boolean expression over the table's columns, e.g. "
-            "\"created_at >= '2024-01-01'\"",
+        raise BadPredicate(
+            where.sql, f"it is not a valid predicate on {table.qualified}: {reason}"
         ) from None
 
 
-def estimate_rows(conn: Any, table: Table, where: str | None) -> int | None:
+def estimate_rows(conn: Any, table: Table, where: Predicate | None) -> int | None:
     """The planner's estimate of the rows matching `where` (no scan); None if unknown."""
     import psycopg
 
     try:
-        row = conn.execute(
-            sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE true{}").format(
-                table.ident, _where(where)
-            )
-        ).fetchone()
+        with read_only(conn, timeout_ms=10_000):
+            row = conn.execute(
+                sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE %s{}").format(
+                    table.ident, _where(where)
+                ),
+                (True,),
+            ).fetchone()
         return int(row[0][0]["Plan"]["Plan Rows"])
     except (psycopg.Error, LookupError, TypeError, ValueError):
         return None
 
 
 def next_boundary(
-    conn: Any, table: Table, after: Key | None, size: int, where: str | None = None
+    conn: Any, table: Table, after: Key | None, size: int, where: Predicate | None = None
 ) -> Key | None:
     """The key `size` rows after `after` (the end of the next chunk), or None when the rest
     of the table fits in one chunk."""
@@ -153,11 +171,12 @@ def next_boundary(
         table.ident, rng, _where(where),
         sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in table.pk),
     )  # fmt: skip
-    rows = conn.execute(query, [*params, size - 1]).fetchall()
+    with read_only(conn):
+        rows = conn.execute(query, [*params, size - 1]).fetchall()
     return tuple(rows[0]) if len(rows) == 2 else None  # one row: it is the table's last
 
 
-def plan(conn: Any, table: Table, size: int, where: str | None = None) -> Iterator[KeyRange]:
+def plan(conn: Any, table: Table, size: int, where: Predicate | None = None) -> Iterator[KeyRange]:
     """Every chunk of the table, in key order: together they cover each row exactly once."""
     after: Key | None = None
     while True:
@@ -169,7 +188,7 @@ def plan(conn: Any, table: Table, size: int, where: str | None = None) -> Iterat
 
 
 def chunk_query(
-    table: Table, r: KeyRange, where: str | None = None
+    table: Table, r: KeyRange, where: Predicate | None = None
 ) -> tuple[sql.Composed, list[str]]:
     """The query that reads one chunk's rows, in key order, and its parameters."""
     rng, params = _range(table, r)

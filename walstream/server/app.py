@@ -290,12 +290,16 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
               summary="Start backfills of a sink's tables")  # fmt: skip
     def start_backfill(body: BackfillRequest) -> list[dict[str, Any]]:
         from walstream.backfill.coordinator import request
+        from walstream.postgres.predicate import BadPredicate
 
         known_sink(body.sink)
-        created = request(
-            runtime.config, store(), body.sink, body.tables, body.where, body.chunk_size,
-            body.target_seconds,
-        )  # fmt: skip
+        try:
+            created = request(
+                runtime.config, store(), body.sink, body.tables, body.where, body.chunk_size,
+                body.target_seconds,
+            )  # fmt: skip
+        except BadPredicate as exc:
+            raise _problem(422, exc.problem, exc.fix) from None
         for b in created:
             log.warning(
                 "backfill %d of %s to sink %s started through the API", b.id, b.qualified, b.sink
