@@ -29,7 +29,8 @@ from walstream.config import parse_config
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.prepare import prepare_capture
 from walstream.postgres.replication import connect
-from walstream.runtime import Runtime, build_spark
+from walstream.runtime import Runtime
+from walstream.spark.session import build_spark
 
 
 def drain(cfg_data: dict, spark: object, changes: int) -> float:

@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from datetime import UTC
@@ -27,7 +26,7 @@ from bench.results import figure
 from walstream.change import format_lsn, parse_lsn
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
-from walstream.runtime import FS_CHECKPOINTS
+from walstream.spark.session import FS_CHECKPOINTS, spark_environment
 
 TABLE = """
 CREATE TABLE accounts_history (
@@ -117,7 +116,7 @@ def main() -> None:
         help="keep Spark's default checkpoint manager (writes .crc side files)",
     )
     args = ap.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark_environment("local[2]")
 
     with EmbeddedPostgres(settings={"fsync": "off", "synchronous_commit": "off"}) as pg:
         dsn = pg.dsn()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -131,9 +130,10 @@ def spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     import walstream
+    from walstream.spark.session import spark_environment
 
-    # Python workers must run the interpreter that has walstream installed.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # This interpreter's Python workers, a local IP (this host's name may not resolve), Java 17+.
+    spark_environment("local[2]")
     session = (
         SparkSession.builder.master("local[2]")
         .appName("walstream-tests")

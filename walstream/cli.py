@@ -113,8 +113,9 @@ def check_config(path: Path) -> list[Finding]:
     """Findings for a whole config: the file, each source, each sink (expressions, destination)."""
     from walstream.config import load_config
     from walstream.errors import ConfigError
-    from walstream.runtime import build_spark, check_destinations
+    from walstream.runtime import check_destinations
     from walstream.spark.pipeline import validate
+    from walstream.spark.session import build_spark
 
     cfg = load_config(path)  # a ConfigError here ends the check with exit code 2
     findings = [
@@ -201,7 +202,7 @@ def demo(
             _log_progress(runtime)
 
     say = lambda s: console.print(f"[dim]•[/] {escape(s)}")  # noqa: E731
-    if console.is_terminal:
+    if console.is_interactive:
         live = Live(console=console, refresh_per_second=2, transient=False)
     try:
         if live is not None:
@@ -316,7 +317,7 @@ def run(
     if runtime.server is not None:
         console.print(f"[dim]•[/] health, metrics, API and console at {runtime.server.url}")
     until = time.monotonic() + seconds if seconds is not None else None
-    if console.is_terminal:
+    if console.is_interactive:
         with Live(_progress_table(runtime), console=console, refresh_per_second=2) as live:
             runtime.run(until, on_tick=lambda rt: live.update(_progress_table(rt)))
     else:

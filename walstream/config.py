@@ -99,6 +99,9 @@ class StateConfig(Model):
     _dsn = field_validator("dsn")(lambda v: v if v is None else _check_dsn(v))
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
 class ServerConfig(Model):
     """The HTTP server `walstream run` starts: health, metrics, management API, console."""
 
@@ -108,14 +111,40 @@ class ServerConfig(Model):
     port: int = Field(
         default_factory=lambda: int(os.environ.get("WALSTREAM_SERVER_PORT") or 8376), ge=0, le=65535
     )
-    #: Bearer token for the API's write calls (pause, resume, retry, discard, backfills).
-    #: Without one they are disabled. `WALSTREAM_API_TOKEN` sets it when this is unset.
+    #: Bearer token of the management calls (pause, resume, retry, discard, backfills) and of
+    #: every read. Without one the writes are disabled. `WALSTREAM_API_TOKEN` when unset.
     token: SecretStr | None = None
+    #: Bearer token of the reads that may show row values (dead letters, parked messages,
+    #: backfills, errors): for dashboards and on-call. `WALSTREAM_API_READ_TOKEN` when unset.
+    read_token: SecretStr | None = None
+    #: Host header values the server answers (a browser page cannot reach it through DNS
+    #: rebinding). Default: loopback names and `host` when it is an address; "*": any.
+    allowed_hosts: list[Annotated[str, Field(min_length=1)]] | None = None
+    #: Largest request body (413 above it, before it is parsed or authenticated).
+    max_body_bytes: Size = 1 << 20
+    #: Open long-polls and SSE subscriptions, at most, per stream and per client address.
+    max_stream_connections: int = Field(200, ge=1)
+    max_client_connections: int = Field(16, ge=1)
 
     def api_token(self) -> str | None:
         if self.token is not None and self.token.get_secret_value():
             return self.token.get_secret_value()
         return os.environ.get("WALSTREAM_API_TOKEN") or None
+
+    def reader_tokens(self) -> list[str]:
+        """Every token that may read row data: the read token and the management token."""
+        read = self.read_token.get_secret_value() if self.read_token is not None else ""
+        read = read or os.environ.get("WALSTREAM_API_READ_TOKEN") or ""
+        return [t for t in (read, self.api_token()) if t]
+
+    def hosts(self) -> frozenset[str] | None:
+        """The allowed Host names (lowercase, no port); None: any."""
+        names = list(self.allowed_hosts) if self.allowed_hosts is not None else [*LOOPBACK_HOSTS]
+        if "*" in names:
+            return None
+        if self.allowed_hosts is None and self.host not in ("0.0.0.0", "::", ""):
+            names.append(self.host)
+        return frozenset(n.lower().strip("[]") for n in names)
 
 
 class EventsConfig(Model):

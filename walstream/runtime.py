@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from walstream.backfill.coordinator import Coordinator
 from walstream.backfill.coordinator import request as request_backfill
@@ -37,78 +33,12 @@ from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
 from walstream.spark.checkpoint import remove_partial_writes
 from walstream.spark.pipeline import Pipeline, SinkProgress, validate
+from walstream.spark.session import build_spark
 from walstream.streams.store import StreamStore
 
 log = logging.getLogger(__name__)
 
-FS_CHECKPOINTS = (
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-)
 _ERROR_LINE = re.compile(r"walstream\.errors\.(\w+): (.*)")
-
-
-LOG_PROFILE = Path(__file__).with_name("spark") / "log4j2.properties"
-
-
-def build_spark(config: Config, quiet: bool = True) -> Any:
-    """A SparkSession for walstream: the config's master and conf over walstream's defaults.
-
-    `quiet` uses walstream's log profile (spark/log4j2.properties): failures are
-    reported once by the runtime instead of as stack traces from every layer.
-    """
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if config.spark.master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no hostname lookup warning
-    conf = {
-        "spark.python.worker.reuse": "true",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",  # stage bars would garble the progress table
-        "spark.sql.adaptive.enabled": "false",  # not used by streaming queries anyway
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": "4",
-        "spark.sql.streaming.stopTimeout": "30s",
-        # Backfill reads run in their own pool: a free core goes to the stream's batch
-        # first instead of waiting behind a queue of chunk reads (FIFO would starve it).
-        "spark.scheduler.mode": "FAIR",
-    }
-    if quiet:
-        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()}"
-    if urlparse(str(config.spark.checkpoint_dir)).scheme in ("", "file"):
-        # Local disk: rename is atomic, so skip Hadoop's .crc side files (~40 ms per batch).
-        conf["spark.sql.streaming.checkpointFileManagerClass"] = FS_CHECKPOINTS
-    for k, v in config.spark.conf.items():
-        conf[k] = f"{conf[k]} {v}" if k == "spark.driver.extraJavaOptions" and k in conf else v
-    builder = SparkSession.builder.master(config.spark.master).appName("walstream")
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    if not quiet:
-        spark.sparkContext.setLogLevel("WARN")
-    if not config.spark.master.startswith("local"):
-        ship_package(spark)
-    return spark
-
-
-def ship_package(spark: Any) -> Path:
-    """Send this walstream to the executors (`addPyFile` of a zip of the package), so they
-    run the driver's code whatever they have installed. Its dependencies (psycopg,
-    pyarrow, the sinks' clients) must be on the executors' Python already."""
-    import tempfile
-    import zipfile
-
-    import walstream
-
-    root = Path(walstream.__file__).parent
-    target = Path(tempfile.mkdtemp(prefix="walstream-ship-")) / "walstream.zip"
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
-        for f in sorted(root.rglob("*")):
-            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
-                z.write(f, Path("walstream") / f.relative_to(root))
-    spark.sparkContext.addPyFile(str(target))
-    log.info("shipped walstream to the executors (%s)", target)
-    return target
 
 
 def database_name(dsn: str) -> str:
@@ -143,7 +73,8 @@ class SourceQuery:
     query: Any = None
     failures: int = 0
     restart_at: float = 0.0
-    last_error: str | None = None
+    last_error: str | None = None  # "Kind: message" (may quote row values: token holders only)
+    last_error_kind: str | None = None  # "Kind" alone: what /health shows to anyone
     started: threading.Event = field(default_factory=threading.Event)
     query_id: str = ""
     restarts: int = 0  # failures since start (`failures` counts those in a row)
@@ -225,14 +156,14 @@ class Runtime:
                 metrics=self.metrics,
             )  # fmt: skip
             self.queries.append(sq)
-            sq.lock = Leadership(source.dsn.get_secret_value(), source.name, source.slot_name)
+            sq.lock = Leadership(cfg.state_dsn, cfg.state.schema_, source.name)
             if sq.lock.try_acquire():
                 self._start_query(sq)
             else:
                 sq.leader = False
                 log.warning(
-                    "source %s: another walstream leads it (advisory lock %d); standing by to "
-                    "take over", source.name, sq.lock.key,
+                    "source %s: another walstream leads it (it holds the lock on %s); standing "
+                    "by to take over", source.name, sq.lock.name,
                 )  # fmt: skip
         self.retrier = Retrier(
             cfg.sinks, parking, on_delivered=self._retried, leads=self.leads
@@ -357,7 +288,7 @@ class Runtime:
                 sq.failures += 1
                 sq.restarts += 1
                 delay = _restart_delay(sq.failures)
-                sq.last_error = f"{kind}: {message}"
+                sq.last_error, sq.last_error_kind = f"{kind}: {message}", kind
                 sq.restart_at = now + delay
                 log.error(
                     "source %s: %s; restarting in %.0fs (attempt %d). Nothing is lost: the "
@@ -371,7 +302,8 @@ class Runtime:
                 except Exception as exc:  # the source fails at start: try again later
                     sq.failures += 1
                     sq.restart_at = now + _restart_delay(sq.failures)
-                    sq.last_error = "{}: {}".format(*concise(exc))
+                    kind, message = concise(exc)
+                    sq.last_error, sq.last_error_kind = f"{kind}: {message}", kind
                     log.error("source %s: cannot start: %s", sq.source.name, sq.last_error)
 
     def healthy_since_restart(self, sq: SourceQuery) -> None:

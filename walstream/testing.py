@@ -191,6 +191,9 @@ class SparkStandalone:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start(self, timeout: float = 90.0) -> SparkStandalone:
+        from walstream.spark.session import spark_environment
+
+        spark_environment(self.master_url)  # Java 17+ for the master and workers too
         self.master = self._spawn("master", [
             "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
             "--port", str(self.port), "--webui-port", str(self.ui_port),

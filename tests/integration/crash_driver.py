@@ -15,12 +15,11 @@ import signal
 import sys
 from pathlib import Path
 
-os.environ["PYSPARK_PYTHON"] = sys.executable
-
 from pyspark.sql import SparkSession
 
 import walstream
 from walstream.spark.checkpoint import remove_partial_writes
+from walstream.spark.session import spark_environment
 
 
 def main() -> None:
@@ -29,6 +28,7 @@ def main() -> None:
     kill_after = int(os.environ.get("WALSTREAM_TEST_KILL_AFTER_BATCH", "-1"))
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
+    spark_environment("local[2]")
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.python.worker.reuse", "true")

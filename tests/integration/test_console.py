@@ -1,5 +1,6 @@
-"""The web console in Debian's headless Chromium (driven by Playwright): a live sink, a
-dead letter shown and retried from the page, a refused action explained. Screenshots
+"""The web console in Debian's headless Chromium (driven by Playwright): a live sink from
+/health alone, dead letters only with a token, a read token that cannot act, a dead
+letter retried with the management token. Screenshots
 are saved under $WALSTREAM_TEST_ARTIFACTS (default: test-artifacts/) as console-*.png."""
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import httpx
 import pytest
 
 from tests.conftest import unique
-from tests.integration.test_server import TOKEN, health, insert, sink, write_config
+from tests.integration.test_server import AUTH, TOKEN, health, insert, sink, write_config
 from walstream.config import load_config
 from walstream.runtime import Runtime
 from walstream.testing import supervised, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
+READ_TOKEN = "console-read-token-0123456789"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 ARTIFACTS = Path(os.environ.get("WALSTREAM_TEST_ARTIFACTS", "test-artifacts"))
@@ -43,7 +45,7 @@ def test_console_shows_live_sinks_and_retries_a_dead_letter(spark, db, kafka, tm
     db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
     switch = tmp_path / "refusing"
     switch.touch()
-    cfg = load_config(write_config(tmp_path, db, kafka, table, switch))
+    cfg = load_config(write_config(tmp_path, db, kafka, table, switch, read_token=READ_TOKEN))
     runtime = Runtime(cfg, spark=spark).start()
     assert runtime.server is not None
     url = runtime.server.url
@@ -55,7 +57,7 @@ def test_console_shows_live_sinks_and_retries_a_dead_letter(spark, db, kafka, tm
             and sink(health(url), "picky")["dead_letters"] == 1,
             120, message=lambda: f"health: {health(url)}",
         )  # fmt: skip
-        (dead,) = httpx.get(f"{url}/api/dead-letters").json()["items"]
+        (dead,) = httpx.get(f"{url}/api/dead-letters", headers=AUTH).json()["items"]
         switch.unlink()  # the destination takes key 3 again: a retry will go through
 
         page.goto(url)
@@ -65,21 +67,35 @@ def test_console_shows_live_sinks_and_retries_a_dead_letter(spark, db, kafka, tm
         picky = page.get_by_test_id("sink-picky")
         assert picky.get_by_test_id("sink-status").inner_text() == "warning"
         assert "1 dead letter(s)" in picky.inner_text()
+        # Without a token: statuses from /health, no row values.
+        assert "enter a read token" in page.locator("#dead").inner_text()
+        assert page.get_by_test_id(f"dead-{dead['id']}").count() == 0
+
+        # A wrong token: the page says why and shows nothing more.
+        page.fill("#token", "wrong")
+        page.dispatch_event("#token", "change")
+        page.locator("#notice.bad").filter(has_text="missing or wrong read token").wait_for(
+            timeout=10_000
+        )
+        assert page.get_by_test_id(f"dead-{dead['id']}").count() == 0
+
+        # The read token shows the dead letter and its message, but cannot retry it.
+        page.fill("#token", READ_TOKEN)
+        page.dispatch_event("#token", "change")
         row = page.get_by_test_id(f"dead-{dead['id']}")
         row.wait_for(timeout=10_000)
         assert "injected failure" in row.inner_text()
         row.get_by_role("link", name=str(dead["id"])).click()
         assert '"id":3' in page.get_by_test_id("dl-message").inner_text(timeout=10_000)
         page.screenshot(path=str(ARTIFACTS / "console-dead-letter.png"), full_page=True)
-
-        # A wrong token: the page says why and nothing changes.
-        page.fill("#token", "wrong")
-        page.dispatch_event("#token", "change")
         row.get_by_role("button", name="Retry").click()
         page.locator("#notice.bad").filter(has_text="missing or wrong bearer token").wait_for(
             timeout=10_000
         )
-        assert httpx.get(f"{url}/api/dead-letters/{dead['id']}").json()["status"] == "dead"
+        assert (
+            httpx.get(f"{url}/api/dead-letters/{dead['id']}", headers=AUTH).json()["status"]
+            == "dead"
+        )
 
         # The right token: retried, delivered by the retrier, gone from the list.
         page.fill("#token", TOKEN)

@@ -28,6 +28,8 @@ PRODUCERS, PER_PRODUCER, KEYS_PER_PRODUCER = 4, 500, 5
 EVENTS = PRODUCERS * PER_PRODUCER
 TYPES = ["order.created", "order.paid", "user.signup"]
 TOKEN = "producer-token-42"
+READ_TOKEN = "read-token-0123456789abcdef"
+READ = {"Authorization": f"Bearer {READ_TOKEN}"}
 
 
 def event_of(p: int, i: int) -> dict[str, Any]:
@@ -85,7 +87,7 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
     path = tmp_path / "walstream.yaml"
     hook = {"type": "webhook", "retry_timeout": "2s", "timeout": "5s"}
     path.write_text(yaml.safe_dump({
-        "server": {"port": 0},
+        "server": {"port": 0, "read_token": READ_TOKEN},
         "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
         "events": {"source": "app", "token": TOKEN},
         "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
@@ -164,13 +166,18 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
                       for name, types in (("orders", TYPES[:2]), ("signups", TYPES[2:]), ("audit", TYPES))}  # fmt: skip
 
             def dead_letters() -> list[dict[str, Any]]:
-                listed = httpx.get(f"{url}/api/dead-letters", params={"sink": "signups"}).json()
+                listed = httpx.get(
+                    f"{url}/api/dead-letters", params={"sink": "signups"}, headers=READ
+                ).json()
                 return [
-                    httpx.get(f"{url}/api/dead-letters/{d['id']}").json() for d in listed["items"]
+                    httpx.get(f"{url}/api/dead-letters/{d['id']}", headers=READ).json()
+                    for d in listed["items"]
                 ]
 
             def arrived() -> bool:
-                dead = httpx.get(f"{url}/api/dead-letters", params={"sink": "signups"}).json()
+                dead = httpx.get(
+                    f"{url}/api/dead-letters", params={"sink": "signups"}, headers=READ
+                ).json()
                 return (
                     len(unique_requests(failing)) == len(wanted["orders"])
                     and len(unique_requests(refusing)) + dead["total"] == len(wanted["signups"])

@@ -160,24 +160,24 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
         assert sink(health(url), "files")["status"] == "ok"
 
         # Dead letters through the API: list, show, retry (still refused: dead again), discard.
-        dead = httpx.get(f"{url}/api/dead-letters", params={"sink": "picky"}).json()
+        dead = httpx.get(f"{url}/api/dead-letters", params={"sink": "picky"}, headers=AUTH).json()
         assert dead["total"] == 1
         (item,) = dead["items"]
         assert item["sink"] == "picky" and item["action"] == "insert"
         assert "injected failure" in item["last_error"]
-        shown = httpx.get(f"{url}/api/dead-letters/{item['id']}").json()
+        shown = httpx.get(f"{url}/api/dead-letters/{item['id']}", headers=AUTH).json()
         assert shown["key"] == "3" and '"id":3' in shown["message"]
         assert shown["sink_config"]["destination"]["type"] == "faulty"
         r = httpx.post(f"{url}/api/dead-letters/{item['id']}/retry", headers=AUTH)
         assert r.json() == {"id": item["id"], "retried": True}
         wait_until(
-            lambda: httpx.get(f"{url}/api/dead-letters/{item['id']}").json()["attempts"] == 1
-            and httpx.get(f"{url}/api/dead-letters/{item['id']}").json()["status"] == "dead",
+            lambda: httpx.get(f"{url}/api/dead-letters/{item['id']}", headers=AUTH).json()["attempts"] == 1
+            and httpx.get(f"{url}/api/dead-letters/{item['id']}", headers=AUTH).json()["status"] == "dead",
             60, message="the retried dead letter to be refused again",
         )  # fmt: skip
         r = httpx.post(f"{url}/api/dead-letters/{item['id']}/discard", headers=AUTH)
         assert r.json() == {"id": item["id"], "discarded": True}
-        assert httpx.get(f"{url}/api/dead-letters").json()["total"] == 0
+        assert httpx.get(f"{url}/api/dead-letters", headers=AUTH).json()["total"] == 0
         assert (
             httpx.post(f"{url}/api/dead-letters/{item['id']}/discard", headers=AUTH).status_code
             == 404
@@ -190,17 +190,17 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
         (b,) = r.json()
         assert b["table"] == f"public.{table}" and b["status"] == "pending"
         wait_until(
-            lambda: httpx.get(f"{url}/api/backfills/{b['id']}").json()["status"] == "done", 120,
-            message=lambda: httpx.get(f"{url}/api/backfills/{b['id']}").text,
+            lambda: httpx.get(f"{url}/api/backfills/{b['id']}", headers=AUTH).json()["status"] == "done", 120,
+            message=lambda: httpx.get(f"{url}/api/backfills/{b['id']}", headers=AUTH).text,
         )  # fmt: skip
-        assert httpx.get(f"{url}/api/backfills/{b['id']}").json()["rows_read"] == 260
+        assert httpx.get(f"{url}/api/backfills/{b['id']}", headers=AUTH).json()["rows_read"] == 260
         reads = [m for m in read_messages(tmp_path / "files") if b'"action":"read"' in m]
         assert len(reads) == 260
         r = httpx.post(f"{url}/api/backfills/{b['id']}/cancel", headers=AUTH)
         assert r.status_code == 409 and "done already" in r.json()["detail"]["problem"]
         r = httpx.post(f"{url}/api/backfills", json={"sink": "files", "where": "nonsense ((("},
                        headers=AUTH)  # fmt: skip
-        assert r.status_code == 400 and r.json()["detail"]["fix"]
+        assert r.status_code == 422 and r.json()["detail"]["fix"]
 
         # `walstream status` prints the same.
         out = subprocess.run(

@@ -217,3 +217,83 @@ def test_two_sources_one_stream_resume_groups_coalesce_sse_and_gaps(spark, db, o
         with pytest.raises(Gap, match="deleted by the stream's retention"):
             next(iter(sub))
         sub.close()
+
+
+def test_open_reads_are_bounded_and_markers_and_acks_are_checked(spark, db, tmp_path):
+    """At most 2 open reads per client and 3 per stream (429 with Retry-After beyond);
+    a marker naming an unknown source or nested deep is a 400, never a 500; a group ack
+    past what the stream made visible is a 400 and stores nothing."""
+    import base64
+
+    from walstream.streams import markers
+
+    path = tmp_path / "walstream.yaml"
+    path.write_text(yaml.safe_dump({
+        "server": {"port": 0, "max_client_connections": 2, "max_stream_connections": 3},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "east", "dsn": db.dsn}],
+        "sinks": [{"name": "east-changes", "source": "east",
+                   "destination": {"type": "stream", "stream": "changes", "token": TOKEN}}],
+    }))  # fmt: skip
+    db.slots.append("walstream_east")
+    db.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    runtime = Runtime(load_config(path), spark=spark).start()
+    assert runtime.server is not None
+    url = runtime.server.url
+    base = f"{url}/v1/streams/changes"
+    with supervised(runtime):
+        db.execute("INSERT INTO items SELECT generate_series(1, 5)")
+        # The five inserts are kept and visible (the head marker holds the source).
+        wait_until(lambda: "east" in markers.decode("changes", httpx.get(base).json()["head"]), 60)
+        head = httpx.get(base).json()["head"]
+
+        # Markers: an unknown source, nesting past the marker's layout, a deep bomb.
+        for marker, why in (
+            (markers.encode("changes", {"north": (1, 0)}), "does not have"),
+            (base64.urlsafe_b64encode(b'{"v":1,"s":"changes","p":{"east":[[[1]],0]}}'), "nested"),
+            (base64.urlsafe_b64encode(b"[" * 15_000), "nested"),
+        ):  # fmt: skip
+            text = marker if isinstance(marker, str) else marker.decode().rstrip("=")
+            read = httpx.get(f"{base}/messages", params={"after": text}, headers=AUTH)
+            ack = httpx.post(f"{base}/groups/g/ack", json={"progress": text}, headers=AUTH)
+            for r in (read, ack):
+                assert r.status_code == 400, r.text
+                assert why in r.json()["detail"]["problem"]
+
+        # Acks: past what is visible is refused; the group stays where it was.
+        before = httpx.get(f"{base}/groups/g", headers=AUTH).json()["progress"]
+        visible = markers.decode("changes", head)
+        ahead = {"east": (visible["east"][0] + 10**9, 0)}
+        r = httpx.post(f"{base}/groups/g/ack", json={"progress": markers.encode("changes", ahead)},
+                       headers=AUTH)  # fmt: skip
+        assert r.status_code == 400 and "past what the stream has made visible" in r.text
+        assert httpx.get(f"{base}/groups/g", headers=AUTH).json()["progress"] == before
+        r = httpx.post(f"{base}/groups/g/ack", json={"progress": head}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["progress"] == head
+
+        # Open reads: SSE subscriptions held open, from two loopback client addresses.
+        def client(address: str) -> httpx.Client:
+            return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30)
+
+        def opened(c: httpx.Client) -> Any:
+            cm = c.stream("GET", f"{base}/subscribe", headers=AUTH)
+            resp = cm.__enter__()
+            return cm, resp
+
+        a, b = client("127.0.0.1"), client("127.0.0.2")
+        held = [opened(a), opened(a)]
+        assert [resp.status_code for _, resp in held] == [200, 200]
+        r = a.get(f"{base}/messages", headers=AUTH)  # a long-poll counts too
+        assert r.status_code == 429 and r.headers["retry-after"] == "5"
+        assert "this client has 2 open reads" in r.json()["detail"]["problem"]
+        held.append(opened(b))
+        assert held[-1][1].status_code == 200
+        r = b.get(f"{base}/messages", headers=AUTH)
+        assert r.status_code == 429 and "stream changes has 3 open reads" in r.text
+        cm, _ = held.pop(0)
+        cm.__exit__(None, None, None)  # one closes: its place frees
+        wait_until(lambda: b.get(f"{base}/messages", headers=AUTH).status_code == 200, 30)
+        for cm, _ in held:
+            cm.__exit__(None, None, None)
+        a.close()
+        b.close()

@@ -1,4 +1,6 @@
-"""The API's write calls: disabled without a token, 401 without or with a wrong one."""
+"""Who may call what: writes need the management token; reads that may show row values
+need a read token or the management token; /health carries no row values; a foreign
+Host header and an oversized body are refused before anything else."""
 
 from __future__ import annotations
 
@@ -18,16 +20,28 @@ WRITES = [
 ]
 
 
-def client(token: str | None, monkeypatch: pytest.MonkeyPatch) -> TestClient:
-    monkeypatch.delenv("WALSTREAM_API_TOKEN", raising=False)
+READS = [
+    "/api/sources", "/api/sinks", "/api/sinks/files", "/api/dead-letters", "/api/dead-letters/1",
+    "/api/parked", "/api/backfills", "/api/backfills/1",
+]  # fmt: skip
+
+
+def client(
+    token: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    base_url: str = "http://127.0.0.1:8376",
+    **server: object,
+) -> TestClient:
+    for var in ("WALSTREAM_API_TOKEN", "WALSTREAM_API_READ_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
     cfg = parse_config({
-        "server": {"token": token} if token else {},
+        "server": {**({"token": token} if token else {}), **server},
         "sources": [{"name": "app", "dsn": "postgresql:///app", "slot": "s", "publication": "p"}],
         "sinks": [{"name": "files", "source": "app",
                    "destination": {"type": "file", "path": "/tmp/unused"}}],
     })  # fmt: skip
     rt = Runtime(cfg)  # not started: no database, no Spark; the auth check comes first
-    return TestClient(create_app(rt, rt.monitor, rt.metrics))
+    return TestClient(create_app(rt, rt.monitor, rt.metrics), base_url=base_url)
 
 
 @pytest.mark.parametrize(("method", "path"), WRITES)
@@ -72,3 +86,84 @@ def test_openapi_documents_every_call(monkeypatch) -> None:
     assert {"/health", "/metrics", "/api/sinks", "/api/sources", "/api/dead-letters",
             "/api/dead-letters/{id}/retry", "/api/backfills", "/api/backfills/{id}/cancel",
             "/api/sinks/{name}/pause"} <= paths  # fmt: skip
+
+
+@pytest.mark.parametrize("path", READS)
+def test_reads_of_row_data_are_disabled_without_a_token(monkeypatch, path) -> None:
+    r = client(None, monkeypatch).get(path, headers={"Authorization": "Bearer x"})
+    assert r.status_code == 403
+    assert "server.read_token" in r.json()["detail"]["fix"]
+
+
+@pytest.mark.parametrize("path", READS)
+def test_reads_take_the_read_token_or_the_management_token(monkeypatch, path) -> None:
+    c = client("manage-token", monkeypatch, read_token="read-token")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic read-token"}):
+        r = c.get(path, headers=headers)
+        assert r.status_code == 401, (headers, r.text)
+        assert "read-token" not in r.text and "manage-token" not in r.text
+    for token in ("read-token", "manage-token"):
+        r = c.get(path, headers={"Authorization": f"Bearer {token}"})
+        # Past the check: the runtime is not started (503), or the sink lists come back.
+        assert r.status_code in (200, 503), (token, r.text)
+
+
+@pytest.mark.parametrize(("method", "path"), WRITES)
+def test_a_read_token_cannot_write(monkeypatch, method, path) -> None:
+    c = client("manage-token", monkeypatch, read_token="read-token")
+    r = getattr(c, method)(path, headers={"Authorization": "Bearer read-token"})
+    assert r.status_code == 401
+
+
+def test_health_metrics_and_the_console_stay_open(monkeypatch) -> None:
+    c = client("manage-token", monkeypatch, read_token="read-token")
+    assert c.get("/metrics").status_code == 200
+    assert c.get("/").status_code == 200
+    assert c.get("/health").status_code in (200, 503)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example", "evil.example:8376", "127.0.0.1.evil.example", "localhost.", "10.0.0.5"],
+)
+def test_a_foreign_host_header_is_refused_before_anything_else(monkeypatch, host) -> None:
+    """DNS rebinding: a page of another site reaching 127.0.0.1 still sends its own name."""
+    c = client("manage-token", monkeypatch)
+    for path in ("/health", "/api/sinks/files/pause", "/"):
+        r = c.post(path, headers={"Host": host, "Authorization": "Bearer manage-token"})
+        assert r.status_code == 400, (host, path)
+        assert "server.allowed_hosts" in r.json()["detail"]["fix"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8376", "localhost:8376", "[::1]:8376", "LOCALHOST"])
+def test_loopback_names_are_allowed(monkeypatch, host) -> None:
+    c = client(None, monkeypatch)
+    assert c.get("/metrics", headers={"Host": host}).status_code == 200
+
+
+def test_allowed_hosts_is_configurable(monkeypatch) -> None:
+    c = client(None, monkeypatch, allowed_hosts=["walstream.internal"])
+    assert c.get("/metrics", headers={"Host": "walstream.internal:8376"}).status_code == 200
+    assert c.get("/metrics", headers={"Host": "127.0.0.1:8376"}).status_code == 400
+    anyone = client(None, monkeypatch, allowed_hosts=["*"])
+    assert anyone.get("/metrics", headers={"Host": "whatever.example"}).status_code == 200
+    bound = client(None, monkeypatch, host="10.1.2.3")  # the address it binds is allowed
+    assert bound.get("/metrics", headers={"Host": "10.1.2.3:8376"}).status_code == 200
+
+
+def test_bodies_are_limited_before_parsing_or_authentication(monkeypatch) -> None:
+    c = client("manage-token", monkeypatch, max_body_bytes=1024)
+    big = b'{"reason": "' + b"x" * 2000 + b'"}'
+    # No token at all: the size is refused first (413, not 401).
+    r = c.post("/api/sinks/files/pause", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert "1,024 bytes" in r.json()["detail"]["problem"]
+
+    def chunks():  # no Content-Length: the body streams in until it is too big
+        for _ in range(10):
+            yield b"x" * 500
+
+    r = c.post("/api/sinks/files/pause", content=chunks())
+    assert r.status_code == 413
+    small = c.post("/api/sinks/files/pause", json={"reason": "x"})
+    assert small.status_code == 401  # within the limit: on to authentication

@@ -118,7 +118,7 @@ def follow(store: BackfillStore, ids: list[int], interval: float = 1.0) -> list[
 
     started = time.monotonic()
     hinted = False
-    if not console.is_terminal:
+    if not console.is_interactive:
         last = 0.0
         while True:
             now = current()
@@ -222,7 +222,7 @@ def start(
             f"{_rows(b.rows_estimated)} rows" + (f" where {escape(b.where)}" if b.where else "")
         )
     if wait is None:
-        wait = console.is_terminal
+        wait = console.is_interactive
     if not wait:
         console.print("`walstream run` carries it out; `walstream backfill status` shows progress")
         return
@@ -261,7 +261,7 @@ def status(
             except KeyboardInterrupt:
                 return
         rows = [store.get(b.id) or b for b in rows]
-    if console.is_terminal:
+    if console.is_interactive:
         console.print(status_table(rows))
     else:  # one line each, for scripts and logs
         for b in rows:

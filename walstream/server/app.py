@@ -1,11 +1,20 @@
 """The HTTP API of `walstream run` (FastAPI): health, metrics, management, the console.
 
-Read calls are open (bind the server to loopback or a private network). Write calls
-— pause, resume, dead-letter retry/discard, backfill start/cancel — need
-`Authorization: Bearer <token>` with the token of `server.token` (or
-`WALSTREAM_API_TOKEN`); without a configured token they are disabled (403). The
-token is compared in constant time and never logged. `POST /v1/events` (event
-ingestion) takes the producers' token of `events.token` instead.
+Who may call what:
+
+- open: `/health` and `/metrics` (statuses, counts and error kinds, never row values),
+  the console page, `GET /v1/streams[/{name}]` (no messages);
+- a read token (`server.read_token` / `WALSTREAM_API_READ_TOKEN`) or the management
+  token: every read that may show row values or keys — `/api/sources`, `/api/sinks`
+  (whole error texts), dead letters, parked messages, backfills (predicates, errors);
+- the management token (`server.token` / `WALSTREAM_API_TOKEN`): pause, resume,
+  dead-letter retry/discard, backfill start/cancel;
+- the producers' token of `events.token`: `POST /v1/events`; a stream's consumer
+  token: its messages (see `streams`).
+
+Without a configured token its calls are disabled (403). Tokens are compared in
+constant time and never logged. Before any of that, `guard` refuses a Host header not
+in `server.allowed_hosts` (DNS rebinding) and a body over `server.max_body_bytes`.
 """
 
 from __future__ import annotations
@@ -76,12 +85,14 @@ def _problem(status: int, detail: str, fix: str | None = None) -> HTTPException:
     return HTTPException(status, {"problem": detail, "fix": fix} if fix else {"problem": detail})
 
 
-def _check_bearer(request: Request, token: str, what: str) -> None:
-    """401 unless the request carries `Authorization: Bearer <token>` (constant-time)."""
+def _check_bearer(request: Request, token: str | list[str], what: str) -> None:
+    """401 unless the request carries `Authorization: Bearer <token>` with the token (or
+    one of the tokens), compared in constant time."""
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        value.strip().encode(), token.encode()
-    ):
+    given = value.strip().encode()
+    tokens = [token] if isinstance(token, str) else token
+    matches = [hmac.compare_digest(given, t.encode()) for t in tokens]  # each one, always
+    if scheme.lower() != "bearer" or not any(matches):
         raise HTTPException(
             401,
             {"problem": f"missing or wrong {what}", "fix": "send Authorization: Bearer <token>"},
@@ -136,17 +147,38 @@ def backfill_json(b: Any) -> dict[str, Any]:
 
 def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
     from walstream import __version__
+    from walstream.server.guard import Guard
 
     app = FastAPI(
         title="walstream",
         version=__version__,
         description=(
-            "Health, metrics and management of a running `walstream run`. Write calls need "
-            "`Authorization: Bearer <server.token>`; without a configured token they are "
-            "disabled."
+            "Health, metrics and management of a running `walstream run`. Reads that may show "
+            "row values need `Authorization: Bearer <server.read_token or server.token>`; write "
+            "calls need `server.token`. Without a configured token those calls are disabled."
         ),
     )
+    server = runtime.config.server
+    events = runtime.config.events
+    app.add_middleware(
+        Guard,
+        hosts=server.hosts(),
+        max_body=max(server.max_body_bytes, events.max_bytes if events is not None else 0),
+    )
     sinks = {s.name: s for s in runtime.config.sinks}
+
+    def reader(request: Request) -> None:
+        tokens = runtime.config.server.reader_tokens()
+        if not tokens:
+            raise _problem(
+                403,
+                "reads that may show row values are disabled: no token is configured",
+                "set server.read_token (or server.token) in walstream.yaml, or "
+                "WALSTREAM_API_READ_TOKEN, then restart",
+            )
+        _check_bearer(request, tokens, "read token")
+
+    Read = Depends(reader)
 
     def writer(request: Request) -> None:
         token = runtime.config.server.api_token()
@@ -179,11 +211,12 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         return JSONResponse({"detail": {"problem": exc.problem, "fix": exc.fix}}, status_code=400)
 
     # -- health and metrics ---------------------------------------------------------------
-    @app.get("/health", tags=["health"], summary="Status of every source and sink, and why")
+    @app.get("/health", tags=["health"],
+             summary="Status of every source and sink, and why (errors by kind only)")  # fmt: skip
     def health() -> JSONResponse:
         snap = monitor.snapshot()
         code = 503 if snap.status == "error" else 200
-        return JSONResponse(snap.as_json(), status_code=code)
+        return JSONResponse(snap.as_json(detail=False), status_code=code)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response)
     def prometheus() -> Response:
@@ -192,18 +225,21 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     # -- sources and sinks ----------------------------------------------------------------
-    @app.get("/api/sources", tags=["sources"], summary="Sources with their status")
+    @app.get("/api/sources", tags=["sources"], dependencies=[Read],
+             summary="Sources with their status and whole error texts")  # fmt: skip
     def list_sources() -> list[dict[str, Any]]:
-        return monitor.snapshot().sources
+        return monitor.snapshot().source_list(detail=True)
 
-    @app.get("/api/sinks", tags=["sinks"], summary="Sinks with their status")
+    @app.get("/api/sinks", tags=["sinks"], dependencies=[Read],
+             summary="Sinks with their status and whole error texts")  # fmt: skip
     def list_sinks() -> list[dict[str, Any]]:
-        return monitor.snapshot().sinks
+        return monitor.snapshot().sink_list(detail=True)
 
-    @app.get("/api/sinks/{name}", tags=["sinks"], summary="One sink's status")
+    @app.get("/api/sinks/{name}", tags=["sinks"], dependencies=[Read],
+             summary="One sink's status")  # fmt: skip
     def get_sink(name: SinkName) -> dict[str, Any]:
         known_sink(name)
-        return next(s for s in monitor.snapshot().sinks if s["name"] == name)
+        return next(s for s in monitor.snapshot().sink_list(detail=True) if s["name"] == name)
 
     @app.post("/api/sinks/{name}/pause", tags=["sinks"], dependencies=[Write],
               summary="Pause a sink (its source's batches wait, nothing is lost)")  # fmt: skip
@@ -232,13 +268,15 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         total = sum(c.get(status, 0) for s, c in counts.items() if sink is None or s == sink)
         return {"total": total, "items": [parked_json(p) for p in rows]}
 
-    @app.get("/api/dead-letters", tags=["dead letters"], summary="Dead letters, oldest first")
+    @app.get("/api/dead-letters", tags=["dead letters"], dependencies=[Read],
+             summary="Dead letters, oldest first")  # fmt: skip
     def dead_letters(
         sink: Filter = None, group: Filter = None, limit: Limit = 100
     ) -> dict[str, Any]:
         return listing(DEAD, sink, group, limit)
 
-    @app.get("/api/parked", tags=["dead letters"], summary="Parked messages, oldest first")
+    @app.get("/api/parked", tags=["dead letters"], dependencies=[Read],
+             summary="Parked messages, oldest first")  # fmt: skip
     def parked(sink: Filter = None, group: Filter = None, limit: Limit = 100) -> dict[str, Any]:
         return listing(PARKED, sink, group, limit)
 
@@ -248,7 +286,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
             raise _problem(404, f"no parked message or dead letter with id {id_}")
         return p
 
-    @app.get("/api/dead-letters/{id}", tags=["dead letters"],
+    @app.get("/api/dead-letters/{id}", tags=["dead letters"], dependencies=[Read],
              summary="One dead letter or parked message, with its message and errors")  # fmt: skip
     def dead_letter(id: MessageId) -> dict[str, Any]:
         p = one(id)
@@ -275,11 +313,13 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         return {"id": id, "discarded": n == 1}
 
     # -- backfills --------------------------------------------------------------------------
-    @app.get("/api/backfills", tags=["backfills"], summary="Backfills, newest first")
+    @app.get("/api/backfills", tags=["backfills"], dependencies=[Read],
+             summary="Backfills, newest first")  # fmt: skip
     def backfills(sink: Filter = None, active: bool = False) -> list[dict[str, Any]]:
         return [backfill_json(b) for b in store().find(sink=sink, active_only=active)]
 
-    @app.get("/api/backfills/{id}", tags=["backfills"], summary="One backfill's progress")
+    @app.get("/api/backfills/{id}", tags=["backfills"], dependencies=[Read],
+             summary="One backfill's progress")  # fmt: skip
     def backfill(id: BackfillId) -> dict[str, Any]:
         b = store().get(id)
         if b is None:

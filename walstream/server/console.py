@@ -52,7 +52,7 @@ PAGE = """<!doctype html>
   <span id="notice">loading…</span>
   <span class="spacer"></span>
   <label for="token" style="color:var(--muted);font-size:12px">API token (for actions)</label>
-  <input id="token" type="password" autocomplete="off" placeholder="server.token">
+  <input id="token" type="password" autocomplete="off" placeholder="token (read or management)" title="server.read_token shows dead letters, backfills and errors; server.token also acts">
 </header>
 <main>
   <section><h2>Sources</h2>
@@ -91,7 +91,15 @@ let shown = null;  // the dead letter whose details are open
 const badge = (s) => `<span class="badge ${esc(s)}">${esc(s)}</span>`;
 const tokenBox = $("token");
 tokenBox.value = sessionStorage.getItem("walstream-token") || "";
-tokenBox.addEventListener("change", () => sessionStorage.setItem("walstream-token", tokenBox.value));
+tokenBox.addEventListener("change", () => { sessionStorage.setItem("walstream-token", tokenBox.value); refresh(); });
+const auth = () => tokenBox.value ? {"Authorization": "Bearer " + tokenBox.value} : {};
+async function getJSON(path) {
+  const r = await fetch(path, {headers: auth()});
+  let body = {}; try { body = await r.json(); } catch (e) {}
+  if (!r.ok) { const d = body.detail || {}; throw new Error(`${d.problem || r.statusText}${d.fix ? " — " + d.fix : ""}`); }
+  return body;
+}
+const NEEDS_TOKEN = "enter a read token (server.read_token or server.token) above to see them";
 
 let heldUntil = 0;  // an action's result stays up this long before "updated ..." replaces it
 function notice(text, bad, hold) {
@@ -100,16 +108,16 @@ function notice(text, bad, hold) {
 }
 
 async function act(path, label) {
-  const r = await fetch(path, {method: "POST", headers: {"Authorization": "Bearer " + tokenBox.value}});
+  const r = await fetch(path, {method: "POST", headers: auth()});
   let body = {}; try { body = await r.json(); } catch (e) {}
-  if (!r.ok) { const d = body.detail || {}; notice(`${label}: ${d.problem || r.statusText}${d.fix ? " — " + d.fix : ""}`, true); }
+  if (!r.ok) { const d = body.detail || {}; notice(`${label}: ${d.problem || r.statusText}${d.fix ? " — " + d.fix : ""}`, true, true); }
   else notice(`${label}: done`, false, true);
   refresh();
 }
 
 async function showLetter(id) {
   shown = id;
-  const r = await fetch(`/api/dead-letters/${id}`);
+  const r = await fetch(`/api/dead-letters/${id}`, {headers: auth()});
   if (!r.ok) { $("dl-detail").innerHTML = ""; return; }
   const d = await r.json();
   $("dl-detail").innerHTML = `<h2>dead letter ${esc(d.id)}</h2><div class="reasons">key ${esc(d.key)} · idempotency key ${esc(d.idempotency_key)}</div>` +
@@ -134,6 +142,13 @@ function render(health, dead, backfills) {
   const sel = $("dl-sink"), chosen = sel.value;
   sel.innerHTML = `<option value="">all sinks</option>` + health.sinks.map((k) =>
     `<option value="${esc(k.name)}"${k.name === chosen ? " selected" : ""}>${esc(k.name)}</option>`).join("");
+  if (dead === null) {
+    $("dl-total").textContent = "";
+    $("dead").innerHTML = `<tr><td class="empty" colspan="9">${esc(NEEDS_TOKEN)}</td></tr>`;
+    $("backfills").innerHTML = `<tr><td class="empty" colspan="9">${esc(NEEDS_TOKEN)}</td></tr>`;
+    shown = null; $("dl-detail").innerHTML = "";
+    return;
+  }
   $("dl-total").textContent = `${num(dead.total)} in all`;
   $("dead").innerHTML = dead.items.map((d) => `<tr data-testid="dead-${d.id}">
     <td><a href="#" data-show="${d.id}">${d.id}</a></td><td>${esc(d.sink)}</td><td>${group(d.group)}</td>
@@ -157,17 +172,27 @@ function render(health, dead, backfills) {
 }
 
 async function refresh() {
+  let h;
+  try { h = await fetch("/health").then((r) => r.json()); }
+  catch (e) { notice("cannot reach walstream: " + e, true); return; }
+  if (!tokenBox.value) {  // /health alone: statuses and error kinds, no row values
+    render(h, null, null);
+    if (Date.now() > heldUntil) notice("updated " + new Date().toLocaleTimeString() + " · " + NEEDS_TOKEN);
+    return;
+  }
   try {
     const sink = $("dl-sink").value;
-    const [h, d, b] = await Promise.all([
-      fetch("/health").then((r) => r.json()),
-      fetch("/api/dead-letters?limit=50" + (sink ? "&sink=" + encodeURIComponent(sink) : "")).then((r) => r.json()),
-      fetch("/api/backfills").then((r) => r.json()),
+    const [sources, sinks, d, b] = await Promise.all([
+      getJSON("/api/sources"), getJSON("/api/sinks"),
+      getJSON("/api/dead-letters?limit=50" + (sink ? "&sink=" + encodeURIComponent(sink) : "")),
+      getJSON("/api/backfills"),
     ]);
-    render(h, d, b);
-    if (!$("notice").classList.contains("bad") && Date.now() > heldUntil)
-      notice("updated " + new Date().toLocaleTimeString());
-  } catch (e) { notice("cannot reach walstream: " + e, true); }
+    render({status: h.status, sources, sinks}, d, b);
+    if (Date.now() > heldUntil) notice("updated " + new Date().toLocaleTimeString());
+  } catch (e) {
+    render(h, null, null);
+    if (Date.now() > heldUntil) notice("token: " + e.message, true);
+  }
 }
 
 document.addEventListener("click", (e) => {

@@ -1,7 +1,9 @@
 """What `/health`, the API and the console report: each source and sink, its status and why.
 
 A status is one of `ok`, `warning`, `error`, `paused` or `standby`, with the reasons
-that made it so. The facts come from the running pipelines (batches, counts, the
+that made it so. A reason that quotes an error (which may quote row values: a key, a
+refused value) has a public form naming only the error's kind: `/health` shows that
+one to anyone, `/api/sources` and `/api/sinks` show the whole text to token holders. The facts come from the running pipelines (batches, counts, the
 last failure), the state database (parked messages, dead letters, pauses) and the
 source databases (the slot: active or not, how far behind, how much WAL it holds;
 the replication connection's last status report).
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from walstream.delivery.parking import DEAD, PARKED
 
@@ -40,6 +42,34 @@ SELECT s.active,
 FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
 WHERE s.slot_name = %s
 """
+
+
+class Reason(NamedTuple):
+    """Why a status is what it is: `text` for token holders, `public` for anyone."""
+
+    text: str
+    public: str
+
+
+def reason(text: str, public: str | None = None) -> Reason:
+    return Reason(text, text if public is None else public)
+
+
+def _error(prefix: str, kind: str | None, text: str, where: str) -> Reason:
+    """A reason that quotes an error: publicly only its kind and where to read it."""
+    return Reason(
+        f"{prefix}{text}", f"{prefix}{kind or 'an error'} (the details at {where}, with a token)"
+    )
+
+
+def _shown(item: dict[str, Any], detail: bool) -> dict[str, Any]:
+    out = dict(item)
+    for key in ("reasons",):
+        out[key] = [r.text if detail else r.public for r in item[key]]
+    if "last_error" in item:
+        err: Reason | None = item["last_error"]
+        out["last_error"] = None if err is None else (err.text if detail else err.public)
+    return out
 
 
 def worst(statuses: list[str]) -> str:
@@ -71,8 +101,19 @@ class Snapshot:
     def status(self) -> str:
         return worst([s["status"] for s in self.sources + self.sinks])
 
-    def as_json(self) -> dict[str, Any]:
-        return {"status": self.status, "sources": self.sources, "sinks": self.sinks}
+    def as_json(self, detail: bool = False) -> dict[str, Any]:
+        """`detail`: the errors' whole text (for token holders); else only their kinds."""
+        return {
+            "status": self.status,
+            "sources": self.source_list(detail),
+            "sinks": self.sink_list(detail),
+        }
+
+    def source_list(self, detail: bool) -> list[dict[str, Any]]:
+        return [_shown(s, detail) for s in self.sources]
+
+    def sink_list(self, detail: bool) -> list[dict[str, Any]]:
+        return [_shown(s, detail) for s in self.sinks]
 
 
 def slot_state(dsn: str, slot: str, timeout: float = 3.0) -> SlotState:
@@ -116,15 +157,18 @@ class Monitor:
         snap = Snapshot(time.monotonic())
         counts: dict[str, dict[str, int]] = {}
         paused: dict[str, str | None] = {}
-        state_error = None
+        state_error: Reason | None = None
         if rt.parking is not None:
             try:
                 counts = rt.parking.counts()
                 paused = rt.parking.paused()
             except Exception as exc:
-                state_error = f"the state database is unreachable: {type(exc).__name__}: {exc}"
+                state_error = _error(
+                    "the state database is unreachable: ", type(exc).__name__,
+                    f"{type(exc).__name__}: {exc}", "/api/sources",
+                )  # fmt: skip
         progress = rt.progress()
-        failing: dict[str, str] = {}
+        failing: dict[str, SourceQuery] = {}
         for sq in rt.queries:
             source = self._source(sq)
             if state_error:
@@ -132,11 +176,11 @@ class Monitor:
                 source["status"] = ERROR
             snap.sources.append(source)
             if sq.last_error and sq.query is None:
-                failing[sq.source.name] = sq.last_error
+                failing[sq.source.name] = sq
         for sink in rt.config.sinks:
             p = progress.get(sink.name)
             c = counts.get(sink.name, {})
-            reasons: list[str] = []
+            reasons: list[Reason] = []
             status = OK
             holding = next(
                 (sq.pipeline.holding.get(sink.name) for sq in rt.queries
@@ -146,20 +190,22 @@ class Monitor:
             if sink.name in paused:
                 status = PAUSED
                 why = paused[sink.name]
-                reasons.append(f"paused{f': {why}' if why else ''}; resume to go on")
+                reasons.append(reason(f"paused{f': {why}' if why else ''}; resume to go on"))
             elif holding:
                 status = WARNING
-                reasons.append(holding)
-            error = failing.get(sink.source)
-            if error and f"sink {sink.name}" in error:
+                reasons.append(reason(holding))
+            failed = failing.get(sink.source)
+            if failed and failed.last_error and f"sink {sink.name}" in failed.last_error:
                 status = ERROR
-                reasons.append(error)
+                reasons.append(
+                    _error("", failed.last_error_kind, failed.last_error, f"/api/sinks/{sink.name}")
+                )
             if c.get(PARKED):
                 status = worst([status, WARNING])
-                reasons.append(f"{c[PARKED]:,} parked message(s) waiting for a retry")
+                reasons.append(reason(f"{c[PARKED]:,} parked message(s) waiting for a retry"))
             if c.get(DEAD):
                 status = worst([status, WARNING])
-                reasons.append(f"{c[DEAD]:,} dead letter(s): retry or discard them")
+                reasons.append(reason(f"{c[DEAD]:,} dead letter(s): retry or discard them"))
             source_state = next((s for s in snap.sources if s["name"] == sink.source), None)
             if source_state is not None and source_state["status"] == STANDBY:
                 status = STANDBY
@@ -188,13 +234,13 @@ class Monitor:
 
     def _source(self, sq: SourceQuery) -> dict[str, Any]:
         s = sq.source
-        reasons: list[str] = []
+        reasons: list[Reason] = []
         status = OK
         leader = sq.leader
         if not leader:
             status = STANDBY
             reasons.append(
-                "standby: another walstream holds this source; taking over when it stops"
+                reason("standby: another walstream holds this source; taking over when it stops")
             )
         slot = slot_state(s.dsn.get_secret_value(), s.slot_name)
         running = sq.query is not None and sq.query.isActive
@@ -202,33 +248,42 @@ class Monitor:
             if not running:
                 status = ERROR
                 reasons.append(
-                    f"not streaming: {sq.last_error}" if sq.last_error else "not streaming"
+                    _error("not streaming: ", sq.last_error_kind, sq.last_error, "/api/sources")
+                    if sq.last_error
+                    else reason("not streaming")
                 )
             if not slot.reachable:
                 status = ERROR
-                reasons.append(f"cannot reach the source database: {slot.error}")
+                reasons.append(reason(f"cannot reach the source database: {slot.error}"))
             elif not slot.exists:
                 status = ERROR
-                reasons.append(f"replication slot {s.slot_name} does not exist")
+                reasons.append(reason(f"replication slot {s.slot_name} does not exist"))
             else:
                 if not slot.active:
                     status = worst([status, WARNING])
-                    reasons.append(f"replication slot {s.slot_name} has no connection")
+                    reasons.append(reason(f"replication slot {s.slot_name} has no connection"))
                 elif (slot.reply_age_seconds or 0) > STALE_REPLY_SECONDS:
                     status = worst([status, WARNING])
-                    reasons.append(
+                    reasons.append(reason(
                         f"no status report from the replication connection for "
                         f"{slot.reply_age_seconds:.0f}s"
-                    )
+                    ))  # fmt: skip
                 if slot.lag_bytes is not None and slot.lag_bytes > LAG_WARNING_BYTES:
                     status = worst([status, WARNING])
-                    reasons.append(f"the slot is {slot.lag_bytes / (1 << 20):,.0f} MiB behind")
+                    reasons.append(
+                        reason(f"the slot is {slot.lag_bytes / (1 << 20):,.0f} MiB behind")
+                    )
                 if slot.wal_status == "lost":
                     status = ERROR
-                    reasons.append("the slot lost WAL it needed (wal_status lost): take a backfill")
-            if sq.failures and running:
+                    reasons.append(
+                        reason("the slot lost WAL it needed (wal_status lost): take a backfill")
+                    )
+            if sq.failures and running and sq.last_error:
                 status = worst([status, WARNING])
-                reasons.append(f"restarted after {sq.failures} failure(s); last: {sq.last_error}")
+                reasons.append(_error(
+                    f"restarted after {sq.failures} failure(s); last: ", sq.last_error_kind,
+                    sq.last_error, "/api/sources",
+                ))  # fmt: skip
         return {
             "name": s.name,
             "status": status,
@@ -247,7 +302,11 @@ class Monitor:
             "batches": sq.batches,
             "last_batch_age_seconds": _age(sq.last_batch_at) if sq.last_batch_at else None,
             "failures": sq.failures,
-            "last_error": sq.last_error,
+            "last_error": (
+                _error("", sq.last_error_kind, sq.last_error, "/api/sources")
+                if sq.last_error
+                else None
+            ),
         }
 
 

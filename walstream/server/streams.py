@@ -3,7 +3,9 @@
 Reads need `Authorization: Bearer <token>` with the stream's consumer token
 (`destination.token`, else `WALSTREAM_STREAMS_TOKEN`); without one the stream's API is
 off (403). `GET /v1/streams` and `/v1/streams/{name}` (no messages) are open like
-`/health`.
+`/health`. Open long-polls and SSE subscriptions are bounded per stream and per client
+address (`server.max_stream_connections`, `server.max_client_connections`): one more
+is refused with 429 and Retry-After.
 
 A response's messages each carry `progress`: the marker to pass as `after` to resume
 right after that message. The response's own `progress` is where the next request
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
@@ -58,11 +60,64 @@ class Ack(BaseModel):
     progress: str = Field(min_length=1, max_length=20_000, description="A progress marker.")
 
 
+class Connections:
+    """Open long-polls and SSE subscriptions, counted per stream and per client address.
+    Used from the event loop's thread only (async handlers): no lock."""
+
+    RETRY_AFTER = 5
+
+    def __init__(self, per_stream: int, per_client: int) -> None:
+        self.per_stream = per_stream
+        self.per_client = per_client
+        self.streams: dict[str, int] = {}
+        self.clients: dict[str, int] = {}
+
+    def open(self, stream: str, client: str) -> Callable[[], None]:
+        """Count one more, or raise 429; returns the (idempotent) release."""
+        from walstream.server.app import _problem
+
+        if self.streams.get(stream, 0) >= self.per_stream:
+            raise _busy(_problem(
+                429, f"stream {stream} has {self.per_stream} open reads already",
+                "try again later (server.max_stream_connections sets the limit)",
+            ))  # fmt: skip
+        if self.clients.get(client, 0) >= self.per_client:
+            raise _busy(_problem(
+                429, f"this client has {self.per_client} open reads already",
+                "close one, or try again later (server.max_client_connections sets the limit)",
+            ))  # fmt: skip
+        self.streams[stream] = self.streams.get(stream, 0) + 1
+        self.clients[client] = self.clients.get(client, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            for counts, key in ((self.streams, stream), (self.clients, client)):
+                counts[key] -= 1
+                if not counts[key]:
+                    del counts[key]
+
+        return release
+
+
+def _busy(exc: HTTPException) -> HTTPException:
+    exc.headers = {"Retry-After": str(Connections.RETRY_AFTER)}
+    return exc
+
+
 def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
     from walstream.server.app import _check_bearer, _problem
 
     router = APIRouter(prefix="/v1/streams", tags=["streams"])
     streams = runtime.config.streams()
+    server = runtime.config.server
+    connections = Connections(server.max_stream_connections, server.max_client_connections)
+
+    def client(request: Request) -> str:
+        return request.client.host if request.client is not None else "?"
 
     def feeding(name: str) -> list[SinkConfig]:
         if name not in streams:
@@ -71,6 +126,9 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
                 f"streams are: {', '.join(streams) or 'none (add a sink with type: stream)'}",
             )  # fmt: skip
         return streams[name]
+
+    def sources(name: str) -> set[str]:
+        return {s.source for s in feeding(name)}
 
     def settings(name: str) -> StreamDestination:
         dest = feeding(name)[0].destination
@@ -106,7 +164,7 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
                 raise _problem(400, "after=group:<name> needs a group name (1-200 characters)")
             return store().group(name, group, head(name))
         try:
-            return markers.decode(name, after)
+            return markers.decode(name, after, sources(name))
         except BadMarker as exc:
             raise _problem(
                 400, f"after: {exc}", "pass a `progress` value this stream returned"
@@ -222,14 +280,18 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
         import anyio
 
         seconds = _wait_seconds(wait)
-        at = await anyio.to_thread.run_sync(start, name, after)
-        deadline = time.monotonic() + seconds
-        while True:
-            seen = version()
-            body, n = await anyio.to_thread.run_sync(fetch, name, at, limit, coalesce)
-            if n or time.monotonic() >= deadline or await request.is_disconnected():
-                return Response(body, media_type="application/json")
-            await _changes(seen, min(deadline, time.monotonic() + 1.0))
+        release = connections.open(name, client(request))
+        try:
+            at = await anyio.to_thread.run_sync(start, name, after)
+            deadline = time.monotonic() + seconds
+            while True:
+                seen = version()
+                body, n = await anyio.to_thread.run_sync(fetch, name, at, limit, coalesce)
+                if n or time.monotonic() >= deadline or await request.is_disconnected():
+                    return Response(body, media_type="application/json")
+                await _changes(seen, min(deadline, time.monotonic() + 1.0))
+        finally:
+            release()
 
     @router.get(
         "/{name}/subscribe", dependencies=[Consumer], response_class=StreamingResponse,
@@ -245,10 +307,25 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
         ] = None,
     ) -> StreamingResponse:
         import anyio
+        from starlette.background import BackgroundTask
 
-        at = await anyio.to_thread.run_sync(start, name, last_event_id or after)
+        release = connections.open(name, client(request))
+        try:
+            at = await anyio.to_thread.run_sync(start, name, last_event_id or after)
+            # A position the stream no longer holds is an HTTP error before the events start.
+            await anyio.to_thread.run_sync(fetch, name, at, 1, False)
+        except BaseException:
+            release()
+            raise
 
         async def events() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in subscription(at):
+                    yield chunk
+            finally:
+                release()
+
+        async def subscription(at: dict[str, Cursor]) -> AsyncIterator[bytes]:
             position = at
             keepalive = time.monotonic() + KEEPALIVE
             while not await request.is_disconnected():
@@ -270,11 +347,10 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
                     keepalive = time.monotonic() + KEEPALIVE
                 await _changes(seen, time.monotonic() + 1.0)
 
-        # A position the stream no longer holds is an HTTP error before the events start.
-        await anyio.to_thread.run_sync(fetch, name, at, 1, False)
         return StreamingResponse(
             events(), media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            background=BackgroundTask(release),  # also when the events never started
         )  # fmt: skip
 
     # -- consumer groups -----------------------------------------------------------------
@@ -288,16 +364,21 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
                  summary="Store a consumer group's progress (per source it never goes back)")  # fmt: skip
     def ack(name: StreamName, group: GroupName, body: Ack) -> dict[str, Any]:
         try:
-            at = markers.decode(name, body.progress)
+            at = markers.decode(name, body.progress, sources(name))
         except BadMarker as exc:
             raise _problem(
                 400, f"progress: {exc}", "pass a `progress` value this stream returned"
             ) from None
-        known = {s.source for s in feeding(name)}
-        if not set(at) <= known:
-            raise _problem(
-                400, f"progress: names sources this stream has not: {sorted(set(at) - known)}"
-            )
+        visible = head(name)
+        for source, cursor in sorted(at.items()):
+            if cursor > visible.get(source, markers.START):
+                shown = visible.get(source, markers.START)
+                raise _problem(
+                    400,
+                    f"progress: the position {cursor[0]}:{cursor[1]} of source {source} is past "
+                    f"what the stream has made visible ({shown[0]}:{shown[1]})",
+                    "ack only a `progress` value this stream returned",
+                )
         stored = store().ack(name, group, at)
         return {"stream": name, "group": group, "progress": markers.encode(name, stored)}
 

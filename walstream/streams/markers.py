@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 Cursor = tuple[int, int]
 #: Before any message: a source missing from a marker is read from its start.
@@ -31,12 +31,24 @@ def encode(stream: str, positions: Mapping[str, Cursor]) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def decode(stream: str, marker: str) -> dict[str, Cursor]:
-    """The positions of a marker of `stream`; BadMarker says what is wrong."""
+#: A marker is an object of an object of pairs: anything deeper is not one.
+MAX_DEPTH = 3
+
+
+def decode(stream: str, marker: str, sources: Collection[str] | None = None) -> dict[str, Cursor]:
+    """The positions of a marker of `stream`; BadMarker says what is wrong. `sources`: the
+    stream's sources (a marker naming another is refused)."""
     try:
         raw = base64.urlsafe_b64decode(marker + "=" * (-len(marker) % 4))
+    except (binascii.Error, ValueError):
+        raise BadMarker(
+            "not a progress marker (it is not the text a message's `progress` carried)"
+        ) from None
+    if _depth(raw) > MAX_DEPTH:
+        raise BadMarker(f"not a progress marker (nested deeper than {MAX_DEPTH} levels)")
+    try:
         body = json.loads(raw)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise BadMarker(
             "not a progress marker (it is not the text a message's `progress` carried)"
         ) from None
@@ -55,7 +67,35 @@ def decode(stream: str, marker: str) -> dict[str, Cursor]:
         ):
             raise BadMarker("not a progress marker (a position is malformed)")
         out[source] = (cursor[0], cursor[1])
+    unknown = sorted(set(out) - set(sources)) if sources is not None else []
+    if unknown:
+        raise BadMarker(
+            f"the marker names source(s) {', '.join(repr(u[:100]) for u in unknown[:5])} that "
+            f"stream {stream!r} does not have"
+        )
     return out
+
+
+def _depth(raw: bytes) -> int:
+    """How deep `[` and `{` nest in JSON text (outside strings), without parsing it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
 
 
 def furthest(a: Mapping[str, Cursor], b: Mapping[str, Cursor]) -> dict[str, Cursor]:

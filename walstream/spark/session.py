@@ -1,0 +1,156 @@
+"""The SparkSession walstream runs on, and the environment every Spark start needs.
+
+`spark_environment` is called before any SparkSession starts in this process — by
+`walstream run`, `walstream check`, the tests' session and the test cluster — so
+each gets the same three things: executors run this Python; a local Spark binds
+127.0.0.1 (a host whose name does not resolve would make the JVM exit before the
+gateway starts); and a Java of 17 or newer (Spark 4's floor), found under JAVA_HOME,
+on the PATH or in /usr/lib/jvm, or a clear error saying which Java was found.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from walstream.errors import SetupError
+
+log = logging.getLogger(__name__)
+
+FS_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+LOG_PROFILE = Path(__file__).with_name("log4j2.properties")
+JAVA_FLOOR = 17
+_VERSION = re.compile(r'version "(?:1\.)?(\d+)')
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def java_version(java: str) -> int | None:
+    """The major version a `java` binary reports (1.8.0_x -> 8, 17.0.2 -> 17), or None."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _VERSION.search(out.stderr + out.stdout)
+    return int(m.group(1)) if m else None
+
+
+@functools.cache
+def find_java() -> Path:
+    """JAVA_HOME of a Java >= 17: JAVA_HOME, then `java` on the PATH, then /usr/lib/jvm/*."""
+    candidates: list[Path] = []
+    if os.environ.get("JAVA_HOME"):
+        candidates.append(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
+    on_path = shutil.which("java")
+    if on_path:
+        candidates.append(Path(on_path).resolve())
+    candidates += sorted(Path("/usr/lib/jvm").glob("*/bin/java"), reverse=True)
+    found: list[str] = []
+    for java in candidates:
+        version = java_version(str(java))
+        if version is not None and version >= JAVA_FLOOR:
+            return java.parent.parent
+        if version is not None:
+            found.append(f"Java {version} at {java}")
+    raise SetupError(
+        f"Spark 4 needs Java {JAVA_FLOOR} or newer; "
+        + (f"found only {', '.join(found)}" if found else "no java was found"),
+        "apt-get install openjdk-17-jre-headless (bin/setup does), or set JAVA_HOME to a "
+        f"Java {JAVA_FLOOR}+ installation",
+    )
+
+
+def spark_environment(master: str) -> None:
+    """Prepare this process to start a SparkSession on `master` (see the module docstring)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    host = urlparse(master).hostname if "://" in master else None
+    if master.startswith("local") or host in _LOOPBACK:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    elif "SPARK_LOCAL_IP" not in os.environ and not _resolvable(socket.gethostname()):
+        raise SetupError(
+            f"this host's name {socket.gethostname()!r} does not resolve, so Spark cannot tell "
+            f"the cluster ({master}) where to reach the driver",
+            "export SPARK_LOCAL_IP=<this machine's address the cluster can reach>, or add the "
+            "name to /etc/hosts",
+        )
+    java_home = find_java()
+    if os.environ.get("JAVA_HOME") != str(java_home):
+        current = shutil.which("java")
+        if current is None or Path(current).resolve().parent.parent != java_home:
+            os.environ["JAVA_HOME"] = str(java_home)
+
+
+def _resolvable(name: str) -> bool:
+    try:
+        socket.getaddrinfo(name, None)
+        return True
+    except OSError:
+        return False
+
+
+def build_spark(config: Any, quiet: bool = True) -> Any:
+    """A SparkSession for walstream: the config's master and conf over walstream's defaults.
+
+    `quiet` uses walstream's log profile (spark/log4j2.properties): failures are
+    reported once by the runtime instead of as stack traces from every layer.
+    """
+    from pyspark.sql import SparkSession
+
+    spark_environment(config.spark.master)
+    conf = {
+        "spark.python.worker.reuse": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",  # stage bars would garble the progress table
+        "spark.sql.adaptive.enabled": "false",  # not used by streaming queries anyway
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.streaming.stopTimeout": "30s",
+        # Backfill reads run in their own pool: a free core goes to the stream's batch
+        # first instead of waiting behind a queue of chunk reads (FIFO would starve it).
+        "spark.scheduler.mode": "FAIR",
+    }
+    if quiet:
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()}"
+    if urlparse(str(config.spark.checkpoint_dir)).scheme in ("", "file"):
+        # Local disk: rename is atomic, so skip Hadoop's .crc side files (~40 ms per batch).
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = FS_CHECKPOINTS
+    for k, v in config.spark.conf.items():
+        conf[k] = f"{conf[k]} {v}" if k == "spark.driver.extraJavaOptions" and k in conf else v
+    builder = SparkSession.builder.master(config.spark.master).appName("walstream")
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    if not quiet:
+        spark.sparkContext.setLogLevel("WARN")
+    if not config.spark.master.startswith("local"):
+        ship_package(spark)
+    return spark
+
+
+def ship_package(spark: Any) -> Path:
+    """Send this walstream to the executors (`addPyFile` of a zip of the package), so they
+    run the driver's code whatever they have installed. Its dependencies (psycopg,
+    pyarrow, the sinks' clients) must be on the executors' Python already."""
+    import walstream
+
+    root = Path(walstream.__file__).parent
+    target = Path(tempfile.mkdtemp(prefix="walstream-ship-")) / "walstream.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                z.write(f, Path("walstream") / f.relative_to(root))
+    spark.sparkContext.addPyFile(str(target))
+    log.info("shipped walstream to the executors (%s)", target)
+    return target
