@@ -117,6 +117,17 @@ def other_db(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
         yield tdb
 
 
+@pytest.fixture
+def target(pg: Any) -> Iterator[str]:
+    """A second, empty database: where the Postgres mirror writes."""
+    name = unique("mirror")
+    with connect(pg.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    yield pg.dsn(name)
+    with connect(pg.dsn(), autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[TansuBroker]:
     """The tansu Kafka-protocol broker (memory storage) on a free loopback port."""

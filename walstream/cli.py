@@ -114,6 +114,7 @@ def check_config(path: Path) -> list[Finding]:
     from walstream.config import load_config
     from walstream.errors import ConfigError
     from walstream.runtime import check_destinations
+    from walstream.sinks.postgres_targets import check_targets
     from walstream.spark.pipeline import validate
     from walstream.spark.session import build_spark
 
@@ -131,6 +132,10 @@ def check_config(path: Path) -> list[Finding]:
             findings.append(Finding("ok", f"sink {name}", "destination reachable"))
         else:
             findings.append(Finding("error", f"sink {name}", problem.problem, problem.fix))
+    try:
+        check_targets(cfg)
+    except ConfigError as exc:
+        findings.append(Finding("error", "mirror targets", exc.problem, exc.fix))
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()  # inside a process that has one: use it, keep it

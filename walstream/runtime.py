@@ -31,6 +31,7 @@ from walstream.postgres.prepare import prepare_capture
 from walstream.server import Server
 from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
+from walstream.sinks.postgres_targets import check_targets
 from walstream.spark.checkpoint import remove_partial_writes
 from walstream.spark.pipeline import Pipeline, SinkProgress, validate
 from walstream.spark.session import build_spark
@@ -126,6 +127,7 @@ class Runtime:
                 source.dsn.get_secret_value(), source.slot_name, source.publication_name,
                 source.tables, source.name,
             )  # fmt: skip
+        check_targets(cfg)  # mirrors: no feedback loop, no two sources in one table
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
         ledger.ensure()
         self.parking = parking = ParkingLot(cfg.state_dsn, cfg.state.schema_)

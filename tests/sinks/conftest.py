@@ -361,19 +361,5 @@ def harness(request: Any, tmp_path: Path) -> Harness:
     return RabbitMqHarness(request.getfixturevalue("rabbitmq_service"))
 
 
-@pytest.fixture
-def target(pg: Any) -> Iterator[str]:
-    """A second, empty database: where the Postgres mirror writes."""
-    from tests.conftest import unique
-    from walstream.postgres.replication import connect
-
-    name = unique("mirror")
-    with connect(pg.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    yield pg.dsn(name)
-    with connect(pg.dsn(), autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 def values(got: list[Got]) -> list[dict[str, Any]]:
     return [json.loads(g.value) for g in got]

@@ -167,3 +167,79 @@ def test_a_table_without_a_key_and_a_target_that_is_down(db, target, pg) -> None
         apply(db, down, rows)
     assert err.value.retryable
     assert json.loads(mirror(rows[1]))["record"] == {"n": 1}
+
+
+def test_a_retried_dead_letter_is_applied_behind_the_cursor_or_refused_when_superseded(
+    db, target
+) -> None:
+    """A refused change is a dead letter while later changes move the table's cursor on.
+    Retried after the target is fixed, it is applied (not skipped as "already applied");
+    a refused change whose row a later change rewrote is refused again, saying so."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    pub, slot = db.create_publication("t"), db.create_slot()
+    db.execute("INSERT INTO t VALUES (1, 1)")
+    apply(db, target, changes(db, slot, pub))
+    with connect(target, autocommit=True) as conn:
+        conn.execute("ALTER TABLE t ADD CONSTRAINT small CHECK (n < 100)")
+    db.execute("INSERT INTO t VALUES (2, 500)")  # refused by the target
+    db.execute("INSERT INTO t VALUES (10, 700)")  # refused, then rewritten below
+    for i in range(3, 8):  # later rows flow on, moving the table's cursor past both
+        db.execute("INSERT INTO t VALUES (%s, %s)", (i, i))
+    db.execute("UPDATE t SET n = 8 WHERE id = 10")  # a later change of row 10: applied
+    rows = changes(db, slot, pub)
+    refused = [r for r in rows if json.loads(r.record)["id"] in (2, 10) and r.action == "insert"]
+    with pytest.raises(SinkError) as err:
+        apply(db, target, rows)
+    assert err.value.delivered == frozenset(range(len(rows))) - {rows.index(r) for r in refused}
+    landed = sorted(int(r["id"]) for r in table_text(target, "public.t", set()))
+    assert landed == [1, 3, 4, 5, 6, 7, 10]
+
+    # The operator fixes the target and retries both dead letters (what the retrier sends).
+    with connect(target, autocommit=True) as conn:
+        conn.execute("ALTER TABLE t DROP CONSTRAINT small")
+    with pytest.raises(SinkError) as err:
+        apply(db, target, refused)
+    e = err.value
+    assert e.retryable is False and e.delivered == {0}  # id 2 applied; id 10 refused again
+    assert "a later change of the same row" in e.problem and "discard" in e.problem
+    assert table_text(target, "public.t", set()) == table_text(db.dsn, "public.t", set())
+    with connect(target, autocommit=True) as conn:
+        cur = conn.execute("SELECT lsn, seq FROM walstream.mirror_cursors "
+                           "WHERE sink = 'mirror' AND source_table = 'public.t'").fetchone()  # fmt: skip
+        assert tuple(cur) == (rows[-1].lsn, rows[-1].seq)  # the cursor did not move back
+        left = conn.execute("SELECT pk FROM walstream.mirror_refused").fetchall()
+        assert left == [("[10]",)]  # only the superseded one is still listed
+    # Retrying the superseded one again fails again: never reported as delivered.
+    with pytest.raises(SinkError, match="a later change of the same row"):
+        apply(db, target, refused[1:])
+
+
+def test_two_sources_into_one_target_table_is_a_config_error(db, other_db, target) -> None:
+    """Cached and claimed by the target table, not the source's name: two source tables
+    that would land in one target table (two databases' public.users, or public.users
+    and audit.users under one `schema:`) stop with the names of both."""
+    from walstream.errors import ConfigError
+
+    for d in (db, other_db):
+        d.execute("CREATE SCHEMA audit")
+        d.execute("CREATE TABLE users (id int PRIMARY KEY, name text)")
+        d.execute("CREATE TABLE audit.users (id int PRIMARY KEY, at text)")
+    slot, pub = db.create_slot(), db.create_publication("users", "audit.users")
+    db.execute("INSERT INTO users VALUES (1, 'a')")
+    db.execute("INSERT INTO audit.users VALUES (1, 'x')")
+    first, second = [r for r in changes(db, slot, pub) if r.action == "insert"]
+    apply(db, target, [first], schema="copy")
+    with pytest.raises(ConfigError) as err:
+        apply(db, target, [second], schema="copy")
+    assert "audit.users into copy.users" in err.value.problem
+    assert "public.users" in err.value.problem and "destination.schema" in (err.value.fix or "")
+    # Another database's public.users into the same target table, by another sink.
+    other_slot, other_pub = other_db.create_slot(), other_db.create_publication("users")
+    other_db.execute("INSERT INTO users VALUES (7, 'b')")
+    (theirs,) = changes(other_db, other_slot, other_pub)
+    config = {"type": "postgres", "dsn": target, "source_dsn": other_db.dsn, "schema": "copy"}
+    sink = sink_for(TypeAdapter(Destination).validate_python(config))
+    sink.begin(BatchInfo("other-mirror", 1, 0, 1))
+    with pytest.raises(ConfigError, match=r"which sink mirror already fills from public\.users"):
+        sink.deliver(messages([theirs]))
+    assert table_text(target, "copy.users", set()) == [{"id": "1", "name": "a"}]

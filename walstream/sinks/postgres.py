@@ -15,6 +15,18 @@ at or before it was applied already and is skipped, so a replayed batch never
 moves a row backwards. The sink groups by table (one partition applies a table's
 changes in WAL order).
 
+Refused changes: a change the target refuses is recorded in `walstream.mirror_refused`
+(in the chunk's transaction) and reported, so it becomes a dead letter while the
+table's later changes go on. A later applied change of the same row marks it
+superseded. When the dead letter is retried, a change still recorded there is
+applied even though the table's cursor is past it (the cursor never moves back); a
+superseded one fails again, loudly, and stays a dead letter — never "delivered"
+without being applied.
+
+Targets: each target table is claimed in `walstream.mirror_tables` by the sink and
+source table that fill it; a second source table for it (another sink, or two source
+schemas under one `schema:` override) is a ConfigError, never mixed rows.
+
 Values arrive as the decoder's JSON (bytea base64, arrays as JSON arrays, ...);
 each is turned back into Postgres' text input for its column type and cast there.
 """
@@ -23,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import re
 import threading
@@ -32,10 +45,13 @@ from typing import Any
 
 from walstream.config import PostgresDestination
 from walstream.errors import SinkError
+from walstream.sinks import mirror_book
 from walstream.sinks.base import Message, Sink
+from walstream.sinks.mirror_book import APPLY, SUPERSEDED, row_key
 
 _CONNECTIONS: dict[tuple[str, int], Any] = {}
-_TABLES: dict[tuple[str, str, str], TableDef] = {}  # (target dsn, schema, table) -> definition
+#: (target dsn, target schema, table) -> definition: keyed by where the rows go.
+_TABLES: dict[tuple[str, str, str], TableDef] = {}
 _LOCK = threading.Lock()
 _BC = re.compile(r"^(-?)(\d{4,})(-\d\d-\d\d)(?:T(.*))?$")
 
@@ -57,6 +73,8 @@ class TableDef:
     columns: dict[str, Column] = field(default_factory=dict)
     pk: list[str] = field(default_factory=list)
     types: list[str] = field(default_factory=list)  # DDL of the user-defined types it uses
+    #: (sink, source schema, source table) filling it: one per target table
+    filled_by: tuple[str, str, str] = ("", "", "")
 
     @property
     def target(self) -> str:
@@ -258,6 +276,13 @@ def _operations(table: TableDef, change: Any) -> list[tuple[str, Any]]:
     return [("upsert", change)]
 
 
+def _keys(table: TableDef, change: Any) -> list[str] | None:
+    """The keys of the rows a change touches (both keys of a key change); None: truncate."""
+    if change["action"] == "truncate":
+        return None
+    return [row_key(table.pk, op.get("record") or {}) for _, op in _operations(table, change)]
+
+
 # -- the sink ------------------------------------------------------------------------------------
 class PostgresSink(Sink):
     config: PostgresDestination
@@ -327,32 +352,48 @@ class PostgresSink(Sink):
         conn = _connection(self.dsn)
         failed: dict[int, str] = {}
         with conn.transaction():
-            cursors = self._cursors(conn, {(c["schema"], c["table"]) for c in changes})
-            done: dict[tuple[str, str], tuple[int, int]] = {}
-            runs = self._runs(conn, messages, changes, cursors) if not isolate else None
+            book = self._book(conn, {(c["schema"], c["table"]) for c in changes})
+            todo = []
+            for i, (m, c) in enumerate(zip(messages, changes, strict=True)):
+                verdict = book.verdict((c["schema"], c["table"]), m.cursor)
+                if verdict == SUPERSEDED:
+                    failed[i] = book.superseded_reason((c["schema"], c["table"]), m.cursor)
+                elif verdict == APPLY:
+                    todo.append(i)
+            runs = self._runs(conn, messages, changes, todo) if not isolate else None
             if runs is not None:
-                for table, kind, ops in runs:
-                    self._statement(conn, table, kind, [c for _, c in ops])
-                    last = ops[-1][0]
-                    done[(changes[last]["schema"], changes[last]["table"])] = messages[last].cursor
+                for target, kind, ops in runs:
+                    self._statement(conn, target, kind, [c for _, c in ops])
+                for i in todo:
+                    c = changes[i]
+                    book.applied(
+                        (c["schema"], c["table"]), messages[i].cursor,
+                        functools.partial(_keys, self._table(conn, c), c),
+                    )  # fmt: skip
             else:
-                for i, (m, c) in enumerate(zip(messages, changes, strict=True)):
-                    key = (c["schema"], c["table"])
-                    if key in cursors and m.cursor <= cursors[key]:
-                        continue
+                for i in todo:
+                    m, c = messages[i], changes[i]
+                    table: TableDef | None = None
                     try:
                         table = self._table(conn, c)  # outside the savepoint: it stays
                         with conn.transaction():  # a savepoint per change
                             for kind, op in _operations(table, c):
                                 self._statement(conn, table, kind, [op])
-                        done[key] = m.cursor
+                        book.applied(
+                            (c["schema"], c["table"]), m.cursor,
+                            functools.partial(_keys, table, c),
+                        )  # fmt: skip
                     except (psycopg.OperationalError, psycopg.InterfaceError):
                         raise
-                    except SinkError as exc:
-                        failed[i] = exc.problem
-                    except psycopg.Error as exc:
-                        failed[i] = str(exc).strip().splitlines()[0]
-            self._save_cursors(conn, done)
+                    except (SinkError, psycopg.Error) as exc:
+                        failed[i] = (
+                            exc.problem
+                            if isinstance(exc, SinkError)
+                            else str(exc).strip().splitlines()[0]
+                        )
+                        key = row_key(table.pk, c.get("record") or {}) if table else None
+                        book.refused(key, (c["schema"], c["table"]), m.cursor)
+            mirror_book.save(conn, self.name, book)
         if failed:
             first = min(failed)
             c = changes[first]
@@ -366,21 +407,16 @@ class PostgresSink(Sink):
             )
 
     def _runs(
-        self,
-        conn: Any,
-        messages: Sequence[Message],
-        changes: list[Any],
-        cursors: dict[tuple[str, str], tuple[int, int]],
+        self, conn: Any, messages: Sequence[Message], changes: list[Any], todo: list[int]
     ) -> list[tuple[TableDef, str, list[tuple[int, Any]]]]:
         """Consecutive operations that one statement can apply: same table, same kind, same
         columns, each key once. Each holds (index of its message, the change)."""
         runs: list[tuple[TableDef, str, list[tuple[int, Any]]]] = []
         run_key: Any = None
         keys: set[str] = set()
-        for i, (m, c) in enumerate(zip(messages, changes, strict=True)):
+        for i in todo:
+            c = changes[i]
             ident = (c["schema"], c["table"])
-            if ident in cursors and m.cursor <= cursors[ident]:
-                continue  # applied before (a replay)
             table = self._table(conn, c)
             for kind, op in _operations(table, c):
                 record = op.get("record") or {}
@@ -441,14 +477,22 @@ class PostgresSink(Sink):
     # -- tables and cursors -----------------------------------------------------------------------
     def _table(self, conn: Any, change: Any) -> TableDef:
         schema, name = change["schema"], change["table"]
-        key = (self.dsn, schema, name)
+        target_schema = self.config.schema_ or schema
+        key = (self.dsn, target_schema, name)  # where the rows go, not where they come from
         table = _TABLES.get(key)
         record = change.get("record") or {}
-        if table is not None and all(k in table.columns for k in record):
+        filled_by = (self.name, schema, name)
+        if (
+            table is not None
+            and table.filled_by == filled_by
+            and all(k in table.columns for k in record)
+        ):
             return table
         source = _connection(self.source_dsn)
-        fresh = load_definition(source, schema, name, self.config.schema_ or schema)
-        if table is None:
+        fresh = load_definition(source, schema, name, target_schema)
+        fresh.filled_by = filled_by
+        if table is None or table.filled_by != filled_by:
+            mirror_book.claim(conn, self.name, (schema, name), (target_schema, name))
             self._create(conn, fresh)
         else:  # the source gained columns: add them
             for ddl in fresh.types:
@@ -485,35 +529,12 @@ class PostgresSink(Sink):
             f"PRIMARY KEY ({', '.join(_ident(k) for k in table.pk)}))"
         )
 
-    def _cursors(
-        self, conn: Any, tables: set[tuple[str, str]]
-    ) -> dict[tuple[str, str], tuple[int, int]]:
-        if (self.dsn, "", "") not in _TABLES:  # once per process: the cursor table
-            conn.execute("CREATE SCHEMA IF NOT EXISTS walstream")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS walstream.mirror_cursors (sink text, "
-                "source_table text, lsn bigint NOT NULL, seq int NOT NULL, "
-                "updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink, source_table))"
-            )
+    def _book(self, conn: Any, tables: set[tuple[str, str]]) -> mirror_book.Book:
+        if (self.dsn, "", "") not in _TABLES:  # once per process: the bookkeeping tables
+            mirror_book.ensure(conn)
             _TABLES[(self.dsn, "", "")] = TableDef("walstream", "mirror_cursors")
             self._created.append((self.dsn, "", ""))
-        names = [f"{s}.{t}" for s, t in tables]
-        rows = conn.execute(
-            "SELECT source_table, lsn, seq FROM walstream.mirror_cursors "
-            "WHERE sink = %s AND source_table = ANY(%s)",
-            (self.name, names),
-        ).fetchall()
-        by_name = {f"{s}.{t}": (s, t) for s, t in tables}
-        return {by_name[r[0]]: (int(r[1]), int(r[2])) for r in rows}
-
-    def _save_cursors(self, conn: Any, done: dict[tuple[str, str], tuple[int, int]]) -> None:
-        for (schema, table), (lsn, seq) in done.items():
-            conn.execute(
-                "INSERT INTO walstream.mirror_cursors (sink, source_table, lsn, seq) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (sink, source_table) DO UPDATE SET "
-                "lsn = EXCLUDED.lsn, seq = EXCLUDED.seq, updated_at = now()",
-                (self.name, f"{schema}.{table}", lsn, seq),
-            )
+        return mirror_book.load(conn, self.name, tables)
 
     def test_connection(self) -> None:
         psycopg = _psycopg()

@@ -1,0 +1,181 @@
+"""The Postgres mirror's bookkeeping in its target database, written with each chunk.
+
+- `walstream.mirror_cursors`: per sink and source table, the cursor of the newest
+  change applied; it only moves forward. A change at or before it is a replay.
+- `walstream.mirror_refused`: changes the target refused (they become dead letters),
+  with their row's key. A later applied change of the same row (or a truncate of the
+  table) marks one superseded. A retried dead letter still listed is applied even
+  behind the cursor; a superseded one is refused again, saying why.
+- `walstream.mirror_tables`: which sink and source table fill each target table. A
+  second claim on one target table is a ConfigError (two sources would mix rows).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from walstream.errors import ConfigError
+
+Cursor = tuple[int, int]
+Ident = tuple[str, str]  # a source table: (schema, table)
+
+APPLY, SKIP, SUPERSEDED = "apply", "skip", "superseded"
+
+DDL = (
+    "CREATE SCHEMA IF NOT EXISTS walstream",
+    "CREATE TABLE IF NOT EXISTS walstream.mirror_cursors (sink text, source_table text, "
+    "lsn bigint NOT NULL, seq int NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), "
+    "PRIMARY KEY (sink, source_table))",
+    "CREATE TABLE IF NOT EXISTS walstream.mirror_refused (sink text, source_table text, "
+    "lsn bigint, seq int, pk text, superseded_lsn bigint, superseded_seq int, "
+    "refused_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink, source_table, lsn, seq))",
+    "CREATE TABLE IF NOT EXISTS walstream.mirror_tables (target_schema text, target_table text, "
+    "sink text NOT NULL, source_table text NOT NULL, PRIMARY KEY (target_schema, target_table))",
+)
+
+
+def row_key(pk: list[str], record: dict[str, Any]) -> str:
+    return json.dumps([record.get(k) for k in pk], ensure_ascii=False)
+
+
+@dataclass
+class Refusal:
+    pk: str | None  # None: the table's problem, not a row's (no key, not in the target)
+    superseded_by: Cursor | None = None
+
+
+@dataclass
+class Book:
+    """One chunk's view of its tables' cursors and refusals, and what the chunk did."""
+
+    cursors: dict[Ident, Cursor]
+    refusals: dict[Ident, dict[Cursor, Refusal]]
+    done: dict[Ident, Cursor] = field(default_factory=dict)  # newest applied per table
+    resolved: list[tuple[Ident, Cursor]] = field(default_factory=list)
+    new: list[tuple[Ident, Cursor, str | None]] = field(default_factory=list)
+    superseded: list[tuple[Ident, Cursor, Cursor]] = field(default_factory=list)
+
+    def verdict(self, ident: Ident, cursor: Cursor) -> str:
+        refusal = self.refusals.get(ident, {}).get(cursor)
+        if refusal is not None:
+            return APPLY if refusal.superseded_by is None else SUPERSEDED
+        if ident in self.cursors and cursor <= self.cursors[ident]:
+            return SKIP  # applied before: a replay
+        return APPLY
+
+    def superseded_reason(self, ident: Ident, cursor: Cursor) -> str:
+        by = self.refusals[ident][cursor].superseded_by
+        assert by is not None
+        return (
+            f"a later change of the same row ({by[0]}:{by[1]}) was applied after this one was "
+            "refused, so applying it now would move the row back; the target's row is current "
+            "— discard this dead letter"
+        )
+
+    def applied(self, ident: Ident, cursor: Cursor, keys: Callable[[], list[str] | None]) -> None:
+        """A change was applied; `keys()`: its rows' keys (None: a truncate of the table),
+        asked only when the table has refused changes."""
+        if cursor > self.done.get(ident, (-1, -1)):
+            self.done[ident] = cursor
+        listed = self.refusals.get(ident)
+        if not listed:
+            return
+        if cursor in listed:
+            del listed[cursor]
+            self.resolved.append((ident, cursor))
+        touched = keys()
+        for at, refusal in listed.items():
+            if refusal.superseded_by is not None or at >= cursor:
+                continue
+            if touched is None or (refusal.pk is not None and refusal.pk in touched):
+                refusal.superseded_by = cursor
+                self.superseded.append((ident, at, cursor))
+
+    def refused(self, pk: str | None, ident: Ident, cursor: Cursor) -> None:
+        self.new.append((ident, cursor, pk))
+        # Listed at once: a later change of the row in this same chunk supersedes it.
+        self.refusals.setdefault(ident, {})[cursor] = Refusal(pk)
+
+
+def ensure(conn: Any) -> None:
+    for statement in DDL:
+        conn.execute(statement)
+
+
+def _name(ident: Ident) -> str:
+    return f"{ident[0]}.{ident[1]}"
+
+
+def load(conn: Any, sink: str, tables: set[Ident]) -> Book:
+    names = {_name(t): t for t in tables}
+    rows = conn.execute(
+        "SELECT source_table, lsn, seq FROM walstream.mirror_cursors "
+        "WHERE sink = %s AND source_table = ANY(%s)",
+        (sink, list(names)),
+    ).fetchall()
+    cursors = {names[r[0]]: (int(r[1]), int(r[2])) for r in rows}
+    refusals: dict[Ident, dict[Cursor, Refusal]] = {}
+    for table, lsn, seq, pk, s_lsn, s_seq in conn.execute(
+        "SELECT source_table, lsn, seq, pk, superseded_lsn, superseded_seq "
+        "FROM walstream.mirror_refused WHERE sink = %s AND source_table = ANY(%s)",
+        (sink, list(names)),
+    ).fetchall():
+        by = (int(s_lsn), int(s_seq)) if s_lsn is not None else None
+        refusals.setdefault(names[table], {})[(int(lsn), int(seq))] = Refusal(pk, by)
+    return Book(cursors, refusals)
+
+
+def save(conn: Any, sink: str, book: Book) -> None:
+    """Write what the chunk did, in its transaction; a table's cursor never moves back."""
+    for ident, (lsn, seq) in book.done.items():
+        conn.execute(
+            "INSERT INTO walstream.mirror_cursors AS c (sink, source_table, lsn, seq) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (sink, source_table) DO UPDATE SET "
+            "lsn = EXCLUDED.lsn, seq = EXCLUDED.seq, updated_at = now() "
+            "WHERE (c.lsn, c.seq) < (EXCLUDED.lsn, EXCLUDED.seq)",
+            (sink, _name(ident), lsn, seq),
+        )
+    for ident, (lsn, seq), pk in book.new:
+        conn.execute(
+            "INSERT INTO walstream.mirror_refused (sink, source_table, lsn, seq, pk) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (sink, _name(ident), lsn, seq, pk),
+        )
+    for ident, (lsn, seq) in book.resolved:
+        conn.execute(
+            "DELETE FROM walstream.mirror_refused "
+            "WHERE sink = %s AND source_table = %s AND lsn = %s AND seq = %s",
+            (sink, _name(ident), lsn, seq),
+        )
+    for ident, (lsn, seq), (by_lsn, by_seq) in book.superseded:
+        conn.execute(
+            "UPDATE walstream.mirror_refused SET superseded_lsn = %s, superseded_seq = %s "
+            "WHERE sink = %s AND source_table = %s AND lsn = %s AND seq = %s",
+            (by_lsn, by_seq, sink, _name(ident), lsn, seq),
+        )
+
+
+def claim(conn: Any, sink: str, source: Ident, target: Ident) -> None:
+    """Record that `sink` fills `target` from `source`; ConfigError if another does."""
+    conn.execute(
+        "INSERT INTO walstream.mirror_tables (target_schema, target_table, sink, source_table) "
+        "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (*target, sink, _name(source)),
+    )
+    owner, table = conn.execute(
+        "SELECT sink, source_table FROM walstream.mirror_tables "
+        "WHERE target_schema = %s AND target_table = %s",
+        target,
+    ).fetchone()
+    if (owner, table) != (sink, _name(source)):
+        raise ConfigError(
+            f"sink {sink} would mirror {_name(source)} into {_name(target)}, which sink "
+            f"{owner} already fills from {table}: two source tables in one target table "
+            "would mix their rows",
+            "give one of the sinks its own destination.schema (or database); if the other "
+            f"sink is gone, DELETE FROM walstream.mirror_tables WHERE target_schema = "
+            f"'{target[0]}' AND target_table = '{target[1]}'",
+        )
