@@ -133,15 +133,16 @@ class Request:
     headers: dict[str, str]
     body: bytes  # as received (gzip still compressed)
 
-    def json(self) -> Any:
+    def decoded(self) -> bytes:
+        """The body as an HTTP receiver hands it on: its Content-Encoding undone."""
         import gzip
 
-        raw = (
-            gzip.decompress(self.body)
-            if self.headers.get("content-encoding") == "gzip"
-            else self.body
-        )
-        return json.loads(raw)
+        if self.headers.get("content-encoding") == "gzip":
+            return gzip.decompress(self.body)
+        return self.body
+
+    def json(self) -> Any:
+        return json.loads(self.decoded())
 
 
 @dataclass

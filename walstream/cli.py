@@ -299,8 +299,10 @@ def run(
 
     from walstream.config import load_config
     from walstream.runtime import Runtime, check_destinations
+    from walstream.secrets import guard_logs, secret_values
 
     cfg = load_config(config)
+    guard_logs(secret_values(cfg))  # no secret in any log line from here on
     if port is not None:
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"port": port})})
     for name, problem in check_destinations(cfg):

@@ -28,7 +28,6 @@ ACTIONS: tuple[Action, ...] = ("insert", "update", "delete", "truncate", "read")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_SECRET_WORDS = ("password", "secret", "token", "credential")
 
 
 def parse_duration(value: Any) -> Any:
@@ -337,6 +336,10 @@ class RabbitMqDestination(DestinationModel):
         return None if is_name(self.routing_key, "._-*#") else self.routing_key
 
 
+#: Shortest signing secret accepted (bytes after base64; Standard Webhooks: 24 to 64).
+MIN_WEBHOOK_SECRET = 24
+
+
 class WebhookDestination(DestinationModel):
     """HTTP webhooks: one request per message, or per chunk with `batch: true`
     (`{"data": [...]}`), signed per the Standard Webhooks spec when `secrets` are set."""
@@ -358,16 +361,24 @@ class WebhookDestination(DestinationModel):
         import base64
         import binascii
 
+        generate = (
+            'generate one with: python -c "import base64,os; '
+            "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\""
+        )
         for s in v:
             raw = s.get_secret_value()
             try:
-                base64.b64decode(raw.removeprefix("whsec_"), validate=True)
+                key = base64.b64decode(raw.removeprefix("whsec_"), validate=True)
             except binascii.Error:
                 raise ValueError(
                     "a signing secret is 'whsec_' followed by base64 (Standard Webhooks); "
-                    'generate one with: python -c "import base64,os; '
-                    "print('whsec_' + base64.b64encode(os.urandom(24)).decode())\""
+                    + generate
                 ) from None
+            if len(key) < MIN_WEBHOOK_SECRET:
+                raise ValueError(
+                    f"a signing secret of {len(key)} bytes is too short to sign with: at least "
+                    f"{MIN_WEBHOOK_SECRET} random bytes; " + generate
+                )
         return v
 
     def route_expression(self) -> str | None:
@@ -741,21 +752,18 @@ class Config(Model):
         return dsn.get_secret_value()
 
 
-def redacted(settings: dict[str, Any]) -> dict[str, Any]:
-    """A copy of client settings with secret-looking values hidden, for logs and snapshots."""
-    return {
-        k: "**********" if any(w in k.lower() for w in _SECRET_WORDS) else v
-        for k, v in settings.items()
-    }
-
-
 def sink_snapshot(sink: SinkConfig) -> dict[str, Any]:
-    """The sink's settings as JSON, secrets hidden: stored with each dead letter."""
+    """The sink's settings as JSON, secrets hidden (see `walstream.secrets`): stored with
+    each dead letter."""
+    from walstream.secrets import safe_settings, scrub_json, secret_values
+
     data = sink.model_dump(mode="json", by_alias=True)
     dest = data.get("destination", {})
-    if isinstance(dest.get("producer"), dict):
-        dest["producer"] = redacted(dest["producer"])
-    return data
+    while isinstance(dest, dict):
+        if isinstance(dest.get("producer"), dict):
+            dest["producer"] = safe_settings(dest["producer"])
+        dest = dest.get("inner")
+    return dict(scrub_json(data, secret_values(sink)))
 
 
 def interpolate(data: Any, path: str = "") -> Any:

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from walstream.delivery.parking import DEAD, PARKED, Parked, ParkingLot
+from walstream.secrets import scrub
 
 console = Console(soft_wrap=True)
 
@@ -50,13 +51,14 @@ def _lot(config: Path, sink: str | None = None) -> ParkingLot:
     return lot
 
 
-def _table(rows: list[Parked], title: str) -> Table:
+def _table(rows: list[Parked], title: str, secrets: list[str]) -> Table:
     t = Table(title=title, title_justify="left")
     for col in ("id", "sink", "group", "lsn:seq", "table", "action", "attempts", "next attempt",
                 "last error"):  # fmt: skip
         t.add_column(col)
     for p in rows:
         last = p.errors[-1]["error"] if p.errors else "(behind its group's head)"
+        last = scrub(last, secrets)
         t.add_row(
             str(p.id), escape(p.sink), escape(p.group), f"{p.lsn}:{p.seq}", escape(p.message.table),
             p.message.action, str(p.attempts),
@@ -67,6 +69,9 @@ def _table(rows: list[Parked], title: str) -> Table:
 
 
 def _list(status: str, config: Path, sink: str | None, group: str | None, limit: int) -> None:
+    from walstream.config import load_config
+    from walstream.secrets import secret_values
+
     lot = _lot(config, sink)
     rows = lot.list(status, sink, group, limit)
     counts = lot.counts()
@@ -76,7 +81,10 @@ def _list(status: str, config: Path, sink: str | None, group: str | None, limit:
         console.print(f"no {word}" + (f" for sink {escape(sink)}" if sink else ""))
         return
     console.print(
-        _table(rows, f"{total:,} {word}" + (f" (first {len(rows)})" if total > len(rows) else ""))
+        _table(
+            rows, f"{total:,} {word}" + (f" (first {len(rows)})" if total > len(rows) else ""),
+            sorted(secret_values(load_config(config))),
+        )
     )
 
 
@@ -97,20 +105,20 @@ def dead_show(
     config: ConfigOption = Path("walstream.yaml"),
 ) -> None:
     """Everything about one dead letter: the message, its error history, the sink's settings."""
+    from walstream.config import load_config
+    from walstream.secrets import scrub_json, secret_values
+    from walstream.server.app import parked_json
+
     lot = _lot(config)
     p = lot.get(id)
     if p is None:
         console.print(f"no parked message or dead letter with id {id}")
         raise typer.Exit(1)
-    value = p.message.value
+    secrets = secret_values(load_config(config))
     out = {
-        "id": p.id, "sink": p.sink, "status": p.status, "group": p.group,
-        "lsn": p.lsn, "seq": p.seq, "table": p.message.table, "action": p.message.action,
-        "key": p.message.key.decode(errors="replace") if p.message.key is not None else None,
-        "route": p.message.route, "attempts": p.attempts, "errors": p.errors,
-        "message": value.decode(errors="replace") if value is not None else None,
-        "sink_config": lot.sink_config(p.id), "created_at": p.created_at.isoformat(),
-    }  # fmt: skip
+        **parked_json(p, secrets, full=True),
+        "sink_config": scrub_json(lot.sink_config(p.id), secrets),
+    }
     console.print_json(json.dumps(out, default=str))
 
 

@@ -28,6 +28,7 @@ from walstream.errors import ConfigError, SetupError, SinkError, WalstreamError
 from walstream.events import Outbox, ensure_outbox
 from walstream.leadership import Leadership
 from walstream.postgres.prepare import prepare_capture
+from walstream.secrets import scrub, scrubbed, secret_values
 from walstream.server import Server
 from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
@@ -112,6 +113,7 @@ class Runtime:
         self.outbox: Outbox | None = None
         self._expired_at = 0.0
         self.streams: StreamStore | None = None  # pull subscriptions' messages
+        self.secrets = secret_values(config)  # scrubbed from errors it shows
         self._streams_expired_at: dict[str, float] = {}
 
     # -- start --------------------------------------------------------------------------------
@@ -174,6 +176,10 @@ class Runtime:
         if cfg.server.enabled:
             self.server = Server(self, self.monitor, self.metrics).start()
         return self
+
+    def _scrub(self, text: str) -> str:
+        """`text` without any secret of the config (errors are shown by the API)."""
+        return scrub(text, self.secrets)
 
     def leads(self, source: str) -> bool:
         """Whether this process leads `source` now (streams it, retries, backfills)."""
@@ -290,7 +296,7 @@ class Runtime:
                 sq.failures += 1
                 sq.restarts += 1
                 delay = _restart_delay(sq.failures)
-                sq.last_error, sq.last_error_kind = f"{kind}: {message}", kind
+                sq.last_error, sq.last_error_kind = self._scrub(f"{kind}: {message}"), kind
                 sq.restart_at = now + delay
                 log.error(
                     "source %s: %s; restarting in %.0fs (attempt %d). Nothing is lost: the "
@@ -305,7 +311,7 @@ class Runtime:
                     sq.failures += 1
                     sq.restart_at = now + _restart_delay(sq.failures)
                     kind, message = concise(exc)
-                    sq.last_error, sq.last_error_kind = f"{kind}: {message}", kind
+                    sq.last_error, sq.last_error_kind = self._scrub(f"{kind}: {message}"), kind
                     log.error("source %s: cannot start: %s", sq.source.name, sq.last_error)
 
     def healthy_since_restart(self, sq: SourceQuery) -> None:
@@ -472,5 +478,5 @@ def check_destinations(config: Config) -> list[tuple[str, SinkError | None]]:
             sink_for(sink.destination).test_connection()
             out.append((sink.name, None))
         except SinkError as exc:
-            out.append((sink.name, exc))
+            out.append((sink.name, scrubbed(exc, secret_values(sink))))
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from walstream.config import load_config, parse_config, redacted
+from walstream.config import load_config, parse_config
 from walstream.errors import ConfigError
 
 BASE: dict[str, Any] = {
@@ -136,11 +137,6 @@ def test_env_interpolation(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "sources[0].dsn: environment variable APP_DSN is not set" in msg
 
 
-def test_secret_settings_are_redacted() -> None:
-    shown = redacted({"sasl.password": "pw", "acks": "all", "ssl.key.password": "k"})
-    assert shown == {"sasl.password": "**********", "acks": "all", "ssl.key.password": "**********"}
-
-
 def test_load_config_file_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
@@ -209,6 +205,12 @@ def test_routes_are_names_or_expressions_and_secrets_stay_hidden():
 def test_sink_settings_that_cannot_work_are_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"whsec_.*base64"):
         parse_config(_sink({"type": "webhook", "url": "https://h/", "secrets": ["not base64!"]}))
+    short = "whsec_" + base64.b64encode(b"x" * 23).decode()  # 23 bytes: one too few
+    with pytest.raises(ConfigError, match=r"signing secret of 23 bytes is too short") as err:
+        parse_config(_sink({"type": "webhook", "url": "https://h/", "secrets": [short]}))
+    assert short not in str(err.value)
+    ok = "whsec_" + base64.b64encode(b"x" * 24).decode()
+    parse_config(_sink({"type": "webhook", "url": "https://h/", "secrets": [ok]}))
     with pytest.raises(ConfigError, match=r"create_stream: needs `stream` and a plain `subject`"):
         parse_config(_sink({"type": "nats", "subject": "concat('a.', `table`)",
                             "stream": "A", "create_stream": True}))  # fmt: skip

@@ -26,6 +26,7 @@ from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import DEAD, PARKED, Backoff, ParkingLot
 from walstream.errors import ConfigError, SinkError
 from walstream.formats import formatter
+from walstream.secrets import scrubbed, secret_values
 from walstream.sinks.base import BatchInfo, Message, Sink
 from walstream.sinks.registry import sink_for
 
@@ -192,7 +193,8 @@ def attempt(
         try:
             sink.deliver([chunk[i] for i in pending])
             return [], None
-        except SinkError as exc:
+        except SinkError as raw:
+            exc = scrubbed(raw, secret_values(plan.destination))  # before it is logged or kept
             pending = [p for k, p in enumerate(pending) if k not in exc.delivered]
             tries += 1
             left = deadline - time.monotonic()

@@ -22,6 +22,7 @@ from walstream.config import SinkConfig, sink_snapshot
 from walstream.delivery.deliver import load_function
 from walstream.delivery.parking import Backoff, Parked, ParkingLot
 from walstream.errors import SinkError
+from walstream.secrets import scrubbed, secret_values
 from walstream.sinks.base import BatchInfo, Message, Sink
 from walstream.sinks.registry import sink_for
 
@@ -134,36 +135,37 @@ class Retrier:
                         poison.problem, poison.fix, retryable=False,
                         delivered=frozenset(range(len(msgs))),
                     )  # fmt: skip
-            except SinkError as exc:
-                ok = [chunk[k].id for k in sorted(exc.delivered)]
+            except SinkError as raw:
+                failure = scrubbed(raw, secret_values(config))  # before it is logged or kept
+                ok = [chunk[k].id for k in sorted(failure.delivered)]
                 self.parking.delivered(ok)
                 done += len(ok)
-                if exc.pause:  # the destination said to stop: not an attempt of the message
-                    self.parking.set_paused(config.name, True, exc.problem)
+                if failure.pause:  # the destination said to stop: not an attempt of the message
+                    self.parking.set_paused(config.name, True, failure.problem)
                     log.error(
                         "sink %s is paused: %s; after fixing it, `walstream resume %s`",
-                        config.name, exc.problem, config.name,
+                        config.name, failure.problem, config.name,
                     )  # fmt: skip
                     break
-                head = next(p for k, p in enumerate(chunk) if k not in exc.delivered)
+                head = next(p for k, p in enumerate(chunk) if k not in failure.delivered)
                 attempts = head.attempts + 1
-                dead = not exc.retryable or attempts >= config.max_attempts
+                dead = not failure.retryable or attempts >= config.max_attempts
                 backoff = Backoff(config.backoff.initial, config.backoff.max)
-                delay = backoff.delay(attempts, exc.retry_after)
+                delay = backoff.delay(attempts, failure.retry_after)
                 self.parking.failed(
-                    head, exc.problem, dead=dead, delay=delay, sink_config=sink_snapshot(config)
+                    head, failure.problem, dead=dead, delay=delay, sink_config=sink_snapshot(config)
                 )
                 if dead:
                     log.error(
                         "sink %s: group %r is dead-lettered after %d attempt(s): %s; "
                         "see `walstream dead-letters list --sink %s`",
-                        config.name, group, attempts, exc.problem, config.name,
+                        config.name, group, attempts, failure.problem, config.name,
                     )  # fmt: skip
                 else:
                     log.warning(
                         "sink %s: parked message %s of group %r failed again (attempt %d of %d): "
                         "%s; next attempt in %.0fs",
-                        config.name, head.id, group, attempts, config.max_attempts, exc.problem,
+                        config.name, head.id, group, attempts, config.max_attempts, failure.problem,
                         delay,
                     )  # fmt: skip
                 break

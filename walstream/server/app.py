@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, HTTPException, Path, Query, Request
@@ -29,6 +30,8 @@ from pydantic import BaseModel, Field
 
 from walstream.delivery.parking import DEAD, PARKED, Parked
 from walstream.errors import WalstreamError
+from walstream.secrets import scrub, scrub_json
+from walstream.sinks.base import url_for_messages
 
 if TYPE_CHECKING:
     from walstream.runtime import Runtime
@@ -111,8 +114,11 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def parked_json(p: Parked, full: bool = False) -> dict[str, Any]:
-    last = p.errors[-1]["error"] if p.errors else None
+def parked_json(p: Parked, secrets: Iterable[str], full: bool = False) -> dict[str, Any]:
+    """A parked message or dead letter as the API shows it (errors without secrets)."""
+    secrets = list(secrets)
+    errors = scrub_json(p.errors, secrets)
+    last = errors[-1]["error"] if errors else None
     out: dict[str, Any] = {
         "id": p.id, "sink": p.sink, "status": p.status, "group": p.group,
         "lsn": p.lsn, "seq": p.seq, "table": p.message.table, "action": p.message.action,
@@ -122,20 +128,24 @@ def parked_json(p: Parked, full: bool = False) -> dict[str, Any]:
     }  # fmt: skip
     if full:
         value, key = p.message.value, p.message.key
+        route = p.message.route
+        if route is not None and route.startswith(("http://", "https://")):
+            route = url_for_messages(route)  # a webhook URL's path can be its secret
         out.update(
             key=key.decode(errors="replace") if key is not None else None,
-            route=p.message.route,
+            route=route,
             idempotency_key=p.message.idempotency_key,
-            errors=p.errors,
+            errors=errors,
             message=value.decode(errors="replace") if value is not None else None,
         )
     return out
 
 
-def backfill_json(b: Any) -> dict[str, Any]:
+def backfill_json(b: Any, secrets: Iterable[str]) -> dict[str, Any]:
     return {
         "id": b.id, "sink": b.sink, "source": b.source, "table": b.qualified, "where": b.where,
-        "status": b.status, "error": b.error, "rows_read": b.rows_read,
+        "status": b.status, "error": scrub(b.error, secrets) if b.error else None,
+        "rows_read": b.rows_read,
         "rows_estimated": b.rows_estimated, "chunks": b.chunks,
         "chunks_delivered": b.chunks_emitted, "chunk_size": b.chunk_size,
         "rate_per_second": round(b.rate, 1) if b.rate is not None else None,
@@ -266,7 +276,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         rows = lot().list(status, sink, group, limit)
         counts = lot().counts()
         total = sum(c.get(status, 0) for s, c in counts.items() if sink is None or s == sink)
-        return {"total": total, "items": [parked_json(p) for p in rows]}
+        return {"total": total, "items": [parked_json(p, runtime.secrets) for p in rows]}
 
     @app.get("/api/dead-letters", tags=["dead letters"], dependencies=[Read],
              summary="Dead letters, oldest first")  # fmt: skip
@@ -290,7 +300,8 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
              summary="One dead letter or parked message, with its message and errors")  # fmt: skip
     def dead_letter(id: MessageId) -> dict[str, Any]:
         p = one(id)
-        return {**parked_json(p, full=True), "sink_config": lot().sink_config(id)}
+        config = scrub_json(lot().sink_config(id), runtime.secrets)  # stored before a fix, too
+        return {**parked_json(p, runtime.secrets, full=True), "sink_config": config}
 
     @app.post("/api/dead-letters/{id}/retry", tags=["dead letters"], dependencies=[Write],
               summary="Park a dead letter again, due now: the retrier delivers it")  # fmt: skip
@@ -316,7 +327,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
     @app.get("/api/backfills", tags=["backfills"], dependencies=[Read],
              summary="Backfills, newest first")  # fmt: skip
     def backfills(sink: Filter = None, active: bool = False) -> list[dict[str, Any]]:
-        return [backfill_json(b) for b in store().find(sink=sink, active_only=active)]
+        return [backfill_json(b, runtime.secrets) for b in store().find(sink=sink, active_only=active)]
 
     @app.get("/api/backfills/{id}", tags=["backfills"], dependencies=[Read],
              summary="One backfill's progress")  # fmt: skip
@@ -324,7 +335,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         b = store().get(id)
         if b is None:
             raise _problem(404, f"no backfill {id}")
-        return backfill_json(b)
+        return backfill_json(b, runtime.secrets)
 
     @app.post("/api/backfills", tags=["backfills"], dependencies=[Write], status_code=201,
               summary="Start backfills of a sink's tables")  # fmt: skip
@@ -344,7 +355,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
             log.warning(
                 "backfill %d of %s to sink %s started through the API", b.id, b.qualified, b.sink
             )
-        return [backfill_json(b) for b in created]
+        return [backfill_json(b, runtime.secrets) for b in created]
 
     @app.post("/api/backfills/{id}/cancel", tags=["backfills"], dependencies=[Write],
               summary="Cancel a backfill (rows delivered stay delivered)")  # fmt: skip

@@ -121,9 +121,20 @@ class Sink(ABC):
 
 
 def url_for_messages(url: str, default_port: int | None = None) -> str:
-    """A destination URL fit for errors and logs: no user, password or query string."""
-    parts = urlsplit(url)
+    """A destination URL fit for errors and logs: scheme and host only — no user, password,
+    path or query (a webhook URL's path can be its secret, as Slack's are)."""
+    parts = urlsplit(url.strip())
     host = parts.netloc.rsplit("@", 1)[-1]
     if default_port is not None and parts.port is None:
         host = f"{host}:{default_port}"
-    return f"{parts.scheme}://{host}{parts.path}"
+    hidden = "/…" if parts.path not in ("", "/") or parts.query else ""
+    return f"{parts.scheme}://{host}{hidden}"
+
+
+def servers_for_messages(servers: str, default_port: int | None = None) -> str:
+    """A comma-separated list of server URLs fit for messages (see `url_for_messages`)."""
+    return ",".join(
+        url_for_messages(s, default_port) if "://" in s else s.rsplit("@", 1)[-1]
+        for s in (x.strip() for x in servers.split(","))
+        if s
+    )

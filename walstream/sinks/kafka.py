@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from walstream.change import format_lsn
-from walstream.config import KafkaDestination, is_name, redacted
+from walstream.config import KafkaDestination, is_name
 from walstream.errors import MissingDependency, SinkError
 from walstream.sinks.base import Message, Sink
 
@@ -232,8 +232,8 @@ class KafkaSink(Sink):
         except kafka.KafkaException as exc:
             raise SinkError(
                 f"Kafka: cannot reach {self.config.bootstrap_servers}: {exc.args[0].str()}",
-                "check destination.bootstrap_servers and that the brokers are up; settings: "
-                f"{redacted(self.config.producer)}",
+                "check destination.bootstrap_servers (and the producer's security settings) "
+                "and that the brokers are up",
                 retryable=True,
             ) from exc
         topic = self.config.topic

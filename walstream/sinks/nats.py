@@ -20,7 +20,7 @@ from typing import Any
 from walstream.config import NatsDestination
 from walstream.errors import MissingDependency, SinkError
 from walstream.sinks import aio
-from walstream.sinks.base import Message, Sink
+from walstream.sinks.base import Message, Sink, servers_for_messages
 
 _CONNECTIONS: dict[tuple[Any, ...], Any] = {}
 _STREAMS_READY: set[tuple[Any, ...]] = set()
@@ -57,7 +57,7 @@ class NatsSink(Sink):
             return aio.run(coro, timeout)
         except TimeoutError:
             raise SinkError(
-                f"NATS: no answer within {timeout:.0f}s from {self.config.servers}",
+                f"NATS: no answer within {timeout:.0f}s from {servers_for_messages(self.config.servers)}",
                 "check that the NATS servers are up and JetStream is enabled (-js)",
                 retryable=True,
             ) from None
@@ -78,7 +78,7 @@ class NatsSink(Sink):
             )  # fmt: skip
         except Exception as exc:
             raise SinkError(
-                f"NATS: cannot connect to {c.servers}: {type(exc).__name__}: {exc}",
+                f"NATS: cannot connect to {servers_for_messages(c.servers)}: {type(exc).__name__}: {exc}",
                 "check destination.servers (and user/password/token) and that NATS is up",
                 retryable=not isinstance(exc, nats.errors.AuthorizationError),
             ) from exc
@@ -183,7 +183,7 @@ class NatsSink(Sink):
             raise
         except Exception as exc:
             raise SinkError(
-                f"NATS: JetStream is not usable on {self.config.servers}: "
+                f"NATS: JetStream is not usable on {servers_for_messages(self.config.servers)}: "
                 f"{type(exc).__name__}: {exc}",
                 "start the server with JetStream (-js); create destination.stream or set "
                 "create_stream: true",
