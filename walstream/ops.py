@@ -82,7 +82,8 @@ def _list(status: str, config: Path, sink: str | None, group: str | None, limit:
         return
     console.print(
         _table(
-            rows, f"{total:,} {word}" + (f" (first {len(rows)})" if total > len(rows) else ""),
+            rows,
+            f"{total:,} {word}" + (f" (first {len(rows)})" if total > len(rows) else ""),
             sorted(secret_values(load_config(config))),
         )
     )

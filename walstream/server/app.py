@@ -327,7 +327,9 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
     @app.get("/api/backfills", tags=["backfills"], dependencies=[Read],
              summary="Backfills, newest first")  # fmt: skip
     def backfills(sink: Filter = None, active: bool = False) -> list[dict[str, Any]]:
-        return [backfill_json(b, runtime.secrets) for b in store().find(sink=sink, active_only=active)]
+        return [
+            backfill_json(b, runtime.secrets) for b in store().find(sink=sink, active_only=active)
+        ]
 
     @app.get("/api/backfills/{id}", tags=["backfills"], dependencies=[Read],
              summary="One backfill's progress")  # fmt: skip
