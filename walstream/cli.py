@@ -115,7 +115,7 @@ def check_config(path: Path) -> list[Finding]:
     from walstream.errors import ConfigError
     from walstream.runtime import check_destinations
     from walstream.sinks.postgres_targets import check_targets
-    from walstream.spark.pipeline import validate
+    from walstream.spark.pipeline import expressions, validate
     from walstream.spark.session import build_spark
 
     cfg = load_config(path)  # a ConfigError here ends the check with exit code 2
@@ -136,15 +136,25 @@ def check_config(path: Path) -> list[Finding]:
         check_targets(cfg)
     except ConfigError as exc:
         findings.append(Finding("error", "mirror targets", exc.problem, exc.fix))
+    checked = [s for s in cfg.sinks if expressions(s)]
+    for sink in cfg.sinks:
+        if sink not in checked:
+            findings.append(Finding("ok", f"sink {sink.name}", "no SQL expressions to check"))
+    if not checked:
+        return findings
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()  # inside a process that has one: use it, keep it
     owned = spark is None
     if spark is None:
+        err_console.print(
+            f"[dim]•[/] starting Spark (local[1], ~10 s) to check the SQL expressions of "
+            f"{', '.join(escape(s.name) for s in checked)}"
+        )
         local = cfg.spark.model_copy(update={"master": "local[1]"})
         spark = build_spark(cfg.model_copy(update={"spark": local}))
     try:
-        for sink in cfg.sinks:
+        for sink in checked:
             try:
                 validate(spark, sink)
                 findings.append(Finding("ok", f"sink {sink.name}", "expressions valid"))
@@ -305,13 +315,23 @@ def run(
     guard_logs(secret_values(cfg))  # no secret in any log line from here on
     if port is not None:
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"port": port})})
+    console.print(f"[dim]•[/] checking {len(cfg.sinks)} destination(s)")
     for name, problem in check_destinations(cfg):
-        if problem is not None:
-            err_console.print(f"[yellow]warning:[/] sink {name}: {escape(problem.problem)}")
+        if problem is None:
+            continue
+        if problem.retryable:  # unreachable now: the run retries it
+            err_console.print(
+                f"[yellow]warning:[/] sink {name}: {escape(problem.problem)} "
+                "(walstream retries it while it runs)"
+            )
             if problem.fix:
-                err_console.print(f"  fix: {escape(problem.fix)}")
-            if not problem.retryable:
-                raise typer.Exit(2)
+                err_console.print(f"  [yellow]fix:[/] {escape(problem.fix)}")
+            continue
+        err_console.print(f"[bold red]error:[/] sink {name}: {escape(problem.problem)}")
+        if problem.fix:
+            err_console.print(f"  [yellow]fix:[/] {escape(problem.fix)}")
+        err_console.print("nothing was started: fix the sink, then run again")
+        raise typer.Exit(2)
     runtime = Runtime(cfg)
 
     def on_signal(*_: object) -> None:  # first: finish the batch in flight; second: abandon it

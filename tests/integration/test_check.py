@@ -58,6 +58,15 @@ def test_missing_publication_names_the_create_statement(shop):
     assert f.fix == 'to create it yourself: CREATE PUBLICATION "nope" FOR TABLE "public"."orders";'
 
 
+def test_a_missing_table_is_the_only_fix_suggested(db):
+    """No FOR ALL TABLES for a table that does not exist: the empty list is not "all"."""
+    findings = check_database(db.dsn, publication="nope", tables=["public.nosuch"])
+    assert by_subject(findings)["table public.nosuch"].level == "error"
+    pub = by_subject(findings)["publication nope"]
+    assert pub.fix is None and "once they exist" in pub.message
+    assert not any("FOR ALL TABLES" in (f.fix or "") + f.message for f in findings)
+
+
 def test_publication_not_covering_a_table_is_an_error(shop):
     shop.execute("CREATE TABLE other (id int PRIMARY KEY)")
     pub = shop.create_publication("other")

@@ -232,6 +232,18 @@ def test_check_config_reports_every_problem_with_its_fix(db, tmp_path):
     assert "sink no-broker" in text and "cannot reach" in text
     assert "source app: publication" in text  # not created yet: a warning that run creates it
     assert "not ready: 2 error(s)" in text
+    # Spark starts only for the sinks with expressions, and says so while it waits.
+    assert "starting Spark (local[1], ~10 s) to check the SQL expressions of bad-filter" in text
+    assert "no SQL expressions to check" in text
+
+    path.write_text(yaml.safe_dump({**cfg, "sinks": [cfg["sinks"][1]]}))
+    out = subprocess.run(
+        [sys.executable, "-m", "walstream.cli", "check", "-c", str(path)],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "cannot reach" in text, text
+    assert "starting Spark" not in text and "Using incubator modules" not in text  # no JVM
 
     path.write_text(
         yaml.safe_dump({**cfg, "sinks": [{**cfg["sinks"][0], "filter": "nope("}], "bogus": 1})
@@ -242,3 +254,36 @@ def test_check_config_reports_every_problem_with_its_fix(db, tmp_path):
     )  # fmt: skip
     assert out.returncode == 2
     assert "bogus: unknown key" in out.stderr
+
+
+@pytest.mark.kafka
+def test_a_sink_that_cannot_work_stops_the_run_with_an_error_before_anything_starts(
+    db, kafka, tmp_path
+):
+    """A missing topic (and no create_topics) is not a passing outage: an error, exit 2,
+    and the word that nothing was started (no slot, no Spark)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    path = tmp_path / "walstream.yaml"
+    path.write_text(yaml.safe_dump({
+        "server": {"enabled": False},
+        "sources": [{"name": "app", "dsn": db.dsn, "tables": ["public.orders"]}],
+        "sinks": [{"name": "orders", "source": "app", "destination": {
+            "type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
+            "topic": "no_such_topic_here"}}],
+    }))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "walstream.cli", "run", "-c", str(path)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "error: sink orders: Kafka: topic 'no_such_topic_here' does not exist" in out.stderr
+    assert "nothing was started" in out.stderr and "warning" not in out.stderr
+    slots = db.execute(
+        "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
+    )
+    assert slots == [(0,)]

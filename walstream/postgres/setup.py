@@ -51,7 +51,7 @@ def check_database(
         resolved, missing = _resolve_tables(conn, tables)
         out += missing
         if publication:
-            pub_findings, pub_tables = _publication(conn, publication, resolved)
+            pub_findings, pub_tables = _publication(conn, publication, resolved, bool(tables))
             out += pub_findings
             if not tables:
                 resolved = pub_tables
@@ -225,8 +225,10 @@ def _resolve_tables(
 
 
 def _publication(
-    conn: psycopg.Connection[Any], name: str, tables: list[tuple[str, str]]
+    conn: psycopg.Connection[Any], name: str, tables: list[tuple[str, str]], named: bool
 ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    """Findings about the publication; `named`: tables were asked for (an empty `tables`
+    then means none of them exists, not "all tables")."""
     rows = _q(
         conn,
         "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate "
@@ -234,6 +236,13 @@ def _publication(
         name,
     )
     subject = f"publication {name}"
+    if not rows and named and not tables:  # the missing tables are the problem to fix first
+        return [
+            Finding(
+                "warning", subject,
+                "does not exist yet; walstream run creates it for the tables once they exist",
+            )
+        ], []  # fmt: skip
     if not rows:
         target = (
             sql.SQL("FOR TABLE {}").format(

@@ -21,6 +21,7 @@ from typing import Any
 from walstream.backfill.merge import BackfillMerge
 from walstream.change import CHANGE_COLUMNS, ChangeRow
 from walstream.config import (
+    DestinationModel,
     SinkConfig,
     SourceConfig,
     sink_snapshot,
@@ -164,6 +165,22 @@ def delivery_columns(sink: SinkConfig) -> list[str]:
     if isinstance(sink.transform, dict):
         skip |= {"xid", "record", "old", "annotations"}
     return [c for c in CHANGE_COLUMNS if c not in skip]
+
+
+def expressions(sink: SinkConfig) -> list[str]:
+    """The Spark SQL a sink's config brings (filter, transform fields, group_by, a key or
+    route expression): what `validate` must analyze. None: nothing needs Spark to check."""
+    dest = sink.destination
+    found = [sink.filter] if sink.filter else []
+    if isinstance(sink.transform, dict):
+        found += list(sink.transform.values())
+    found += list(sink.group_by or [])
+    if dest.key_expression() != DestinationModel.key_expression(dest):  # not the default
+        found.append(dest.key_expression())
+    route = dest.route_expression()
+    if route is not None:
+        found.append(route)
+    return found
 
 
 def validate(spark: Any, sink: SinkConfig) -> None:
