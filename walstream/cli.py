@@ -193,7 +193,7 @@ def demo(
 
     from rich.live import Live
 
-    from walstream.demo import run_demo
+    from walstream.demo import command, run_demo
 
     stop = threading.Event()
     state: dict[str, object] = {}
@@ -238,8 +238,8 @@ def demo(
         console.print("the last message:")
         console.print_json(result.sample)
     console.print(
-        f"next: `walstream run -c {escape(str(result.config_path))}` streams the same database; "
-        "copy that file, set the source dsn to your database and add a Kafka sink "
+        f"next: `{escape(command())} run -c {escape(str(result.config_path))}` streams the same "
+        "database; copy that file, set the source dsn to your database and add a Kafka sink "
         "(README: Configuration)."
     )
     if not ok:

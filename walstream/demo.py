@@ -11,7 +11,10 @@ change it made arrived exactly once.
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -144,9 +147,24 @@ def prepare_demo(home: Path, pg: EmbeddedPostgres) -> tuple[Config, Path]:
     path = demo / "walstream.yaml"
     path.write_text(
         "# Written by `walstream demo`: the embedded server's database into JSON-lines files.\n"
-        "# Run it yourself with: walstream run -c " + str(path) + "\n" + yaml.safe_dump(raw)
+        f"# Run it yourself with: {command()} run -c {path}\n" + yaml.safe_dump(raw)
     )
     return parse_config(raw, str(path)), path
+
+
+def command() -> str:
+    """How to run this walstream again, as typed: `walstream` when that is this one on the
+    PATH, else the checkout's `bin/walstream` (relative to here when it is below), else
+    this program's full path (`.venv/bin/walstream` is not on a fresh PATH)."""
+    me = Path(sys.argv[0]).resolve()
+    found = shutil.which("walstream")
+    if found and Path(found).resolve() == me:
+        return "walstream"
+    script = Path(__file__).resolve().parents[1] / "bin" / "walstream"
+    if script.exists():
+        relative = os.path.relpath(script)
+        return relative if not relative.startswith("..") else str(script)
+    return str(me) if me.name == "walstream" else f"{sys.executable} -m walstream.cli"
 
 
 def run_demo(

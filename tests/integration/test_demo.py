@@ -46,6 +46,10 @@ def test_demo_streams_its_workload_to_files_exactly_once_run_after_run(home, mon
         per_order.setdefault(m["record"]["id"], []).append(cursor)
     assert all(c == sorted(c) for c in per_order.values())
     assert any(m["metadata"]["transaction_annotations"] for m in messages)
+    # The config's comment says how to run it: a command that exists as typed.
+    hint = result.config_path.read_text().splitlines()[1]
+    program = hint.removeprefix("# Run it yourself with: ").split(" run -c ")[0].split()[0]
+    assert shutil.which(program) or Path(program).exists(), hint
     config = yaml.safe_load(result.config_path.read_text())
     assert config["sinks"][0]["destination"] == {"type": "file", "path": str(result.output)}
     assert any("starting embedded PostgreSQL" in s for s in said)
