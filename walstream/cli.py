@@ -310,9 +310,11 @@ def run(
     from walstream.config import load_config
     from walstream.runtime import Runtime, check_destinations
     from walstream.secrets import guard_logs, secret_values
+    from walstream.spark.session import find_java
 
     cfg = load_config(config)
     guard_logs(secret_values(cfg))  # no secret in any log line from here on
+    find_java()  # Spark's Java, before anything is created (a SetupError names the fix)
     if port is not None:
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"port": port})})
     console.print(f"[dim]•[/] checking {len(cfg.sinks)} destination(s)")
