@@ -1,12 +1,14 @@
 """What `/health`, the API and the console report: each source and sink, its status and why.
 
 A status is one of `ok`, `warning`, `error`, `paused` or `standby`, with the reasons
-that made it so. A reason that quotes an error (which may quote row values: a key, a
-refused value) has a public form naming only the error's kind: `/health` shows that
-one to anyone, `/api/sources` and `/api/sinks` show the whole text to token holders. The facts come from the running pipelines (batches, counts, the
+that made it so. The facts come from the running pipelines (batches, counts, the
 last failure), the state database (parked messages, dead letters, pauses) and the
 source databases (the slot: active or not, how far behind, how much WAL it holds;
 the replication connection's last status report).
+
+A reason that quotes an error (which may quote row values: a key, a refused value)
+has a public form naming only the error's kind: `/health` shows that one to anyone,
+`/api/sources` and `/api/sinks` the whole text to token holders.
 """
 
 from __future__ import annotations
@@ -63,9 +65,9 @@ def _error(prefix: str, kind: str | None, text: str, where: str) -> Reason:
 
 
 def _shown(item: dict[str, Any], detail: bool) -> dict[str, Any]:
+    """A source or sink as JSON: its reasons (and last error) whole or public."""
     out = dict(item)
-    for key in ("reasons",):
-        out[key] = [r.text if detail else r.public for r in item[key]]
+    out["reasons"] = [r.text if detail else r.public for r in item["reasons"]]
     if "last_error" in item:
         err: Reason | None = item["last_error"]
         out["last_error"] = None if err is None else (err.text if detail else err.public)
