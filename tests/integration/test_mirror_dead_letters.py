@@ -74,3 +74,33 @@ def test_a_mirror_into_a_table_its_source_publishes_is_a_config_error(spark, db,
         Runtime(load_config(path), spark=spark).start()
     assert "sink copy would write public.t into copy.t" in err.value.problem
     assert "feedback loop" in err.value.problem and "publication" in (err.value.fix or "")
+
+
+def test_two_sinks_into_one_target_table_are_refused_before_anything_starts(db, other_db, target):
+    """Checked from the publications and the target's identity (not its DSN's text):
+    two sources' public.users into one database's public.users names both sinks."""
+    from walstream.config import parse_config
+    from walstream.sinks.postgres_targets import check_targets
+
+    for d in (db, other_db):
+        d.execute("CREATE TABLE users (id int PRIMARY KEY)")
+        d.execute("CREATE PUBLICATION walstream_pub FOR TABLE users")
+    same_target = target.replace("127.0.0.1", "localhost")  # another spelling, one server
+
+    def config(second_schema: str | None) -> object:
+        dest = {"type": "postgres", "dsn": same_target}
+        return parse_config({
+            "sources": [{"name": "a", "dsn": db.dsn, "publication": "walstream_pub"},
+                        {"name": "b", "dsn": other_db.dsn, "publication": "walstream_pub"}],
+            "sinks": [
+                {"name": "copy-a", "source": "a", "destination": {"type": "postgres", "dsn": target}},
+                {"name": "copy-b", "source": "b",
+                 "destination": {**dest, **({"schema": second_schema} if second_schema else {})}},
+            ],
+        })  # fmt: skip
+
+    with pytest.raises(ConfigError) as err:
+        check_targets(config(None))  # type: ignore[arg-type]
+    assert "sinks copy-a and copy-b would both write into public.users" in err.value.problem
+    assert "destination.schema" in (err.value.fix or "")
+    check_targets(config("from_b"))  # type: ignore[arg-type]  # its own schema: fine
