@@ -101,6 +101,13 @@ class StateConfig(Model):
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
+def _token(value: SecretStr | None, env: str) -> str | None:
+    """A bearer token from the config, else from the environment variable; None: neither."""
+    if value is not None and value.get_secret_value():
+        return value.get_secret_value()
+    return os.environ.get(env) or None
+
+
 class ServerConfig(Model):
     """The HTTP server `walstream run` starts: health, metrics, management API, console."""
 
@@ -126,14 +133,11 @@ class ServerConfig(Model):
     max_client_connections: int = Field(16, ge=1)
 
     def api_token(self) -> str | None:
-        if self.token is not None and self.token.get_secret_value():
-            return self.token.get_secret_value()
-        return os.environ.get("WALSTREAM_API_TOKEN") or None
+        return _token(self.token, "WALSTREAM_API_TOKEN")
 
     def reader_tokens(self) -> list[str]:
         """Every token that may read row data: the read token and the management token."""
-        read = self.read_token.get_secret_value() if self.read_token is not None else ""
-        read = read or os.environ.get("WALSTREAM_API_READ_TOKEN") or ""
+        read = _token(self.read_token, "WALSTREAM_API_READ_TOKEN")
         return [t for t in (read, self.api_token()) if t]
 
     def hosts(self) -> frozenset[str] | None:
@@ -156,9 +160,7 @@ class EventsConfig(Model):
     retention: Duration = 7 * 86400.0  # events older than this are deleted (with their keys)
 
     def producer_token(self) -> str | None:
-        if self.token is not None and self.token.get_secret_value():
-            return self.token.get_secret_value()
-        return os.environ.get("WALSTREAM_EVENTS_TOKEN") or None
+        return _token(self.token, "WALSTREAM_EVENTS_TOKEN")
 
 
 def _absolute(value: Any) -> Any:
@@ -434,9 +436,7 @@ class StreamDestination(DestinationModel):
     _schema: str = PrivateAttr("walstream")
 
     def consumer_token(self) -> str | None:
-        if self.token is not None and self.token.get_secret_value():
-            return self.token.get_secret_value()
-        return os.environ.get("WALSTREAM_STREAMS_TOKEN") or None
+        return _token(self.token, "WALSTREAM_STREAMS_TOKEN")
 
 
 Inner = Annotated[

@@ -167,3 +167,13 @@ def test_bodies_are_limited_before_parsing_or_authentication(monkeypatch) -> Non
     assert r.status_code == 413
     small = c.post("/api/sinks/files/pause", json={"reason": "x"})
     assert small.status_code == 401  # within the limit: on to authentication
+
+
+def test_read_token_from_the_environment(monkeypatch) -> None:
+    c = client(None, monkeypatch)
+    assert c.get("/api/parked").status_code == 403  # no token at all: reads are off
+    monkeypatch.setenv("WALSTREAM_API_READ_TOKEN", "read-from-env")
+    assert c.get("/api/parked").status_code == 401
+    assert (
+        c.get("/api/parked", headers={"Authorization": "Bearer read-from-env"}).status_code == 503
+    )
