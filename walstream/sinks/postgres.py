@@ -366,9 +366,10 @@ class PostgresSink(Sink):
                     self._statement(conn, target, kind, [c for _, c in ops])
                 for i in todo:
                     c = changes[i]
+                    # The keys (and so the table's definition) only when a refusal needs them.
                     book.applied(
                         (c["schema"], c["table"]), messages[i].cursor,
-                        functools.partial(_keys, self._table(conn, c), c),
+                        functools.partial(self._row_keys, conn, c),
                     )  # fmt: skip
             else:
                 for i in todo:
@@ -405,6 +406,9 @@ class PostgresSink(Sink):
                 retryable=False,
                 delivered=frozenset(range(len(messages))) - failed.keys(),
             )
+
+    def _row_keys(self, conn: Any, change: Any) -> list[str] | None:
+        return _keys(self._table(conn, change), change)
 
     def _runs(
         self, conn: Any, messages: Sequence[Message], changes: list[Any], todo: list[int]
