@@ -24,11 +24,11 @@ import httpx
 
 from bench.results import figure
 from walstream.config import parse_config
-from walstream.events import Outbox, ensure_outbox
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
 from walstream.runtime import Runtime
 from walstream.server import Server
+from walstream.state.outbox import Outbox, ensure_outbox
 
 TOKEN = "bench-token"
 

@@ -17,8 +17,7 @@ from walstream.errors import (
     SetupError,
     WalstreamError,
 )
-
-__version__ = "0.1.0"
+from walstream.version import __version__
 
 
 def register(spark: object) -> None:

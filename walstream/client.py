@@ -19,7 +19,6 @@ the process died (every message has its `idempotency_key`).
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,10 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+
+from walstream.backoff import Backoff
+
+_RETRY = Backoff(0.2, 5.0)  # between attempts of a failed read or save
 
 
 class StreamError(Exception):
@@ -121,7 +124,7 @@ class Subscription:
             tries += 1
             if time.monotonic() >= deadline:
                 raise problem if isinstance(problem, StreamError) else StreamError(503, problem)
-            time.sleep(min(0.2 * 2**tries, 5.0) * random.uniform(0.8, 1.2))
+            time.sleep(_RETRY.delay(tries + 1))
 
     def save(self) -> None:
         """Store the progress: `progress_file` (atomically) and the group's checkpoint."""

@@ -1,6 +1,29 @@
-"""One exception tree for walstream; every error says what to do about it."""
+"""One exception tree for walstream; every error has a kind and says what to do about it.
+
+The kind is decided where the error is raised, and decides what happens next in one
+place each: the runtime stops on `config` and restarts a query on the others (with
+`Backoff`); the delivery layer retries a `transient` sink error inline and parks it,
+and dead-letters a `terminal` one.
+
+Errors cross Spark's boundary as text (a task's or foreachBatch's traceback inside a
+Java exception). Each error carries a note, `walstream-error: {json}`, that Python
+prints with the traceback: `error_summary` reads the error back from that marker.
+"""
 
 from __future__ import annotations
+
+import enum
+import importlib
+import json
+from typing import Any, NamedTuple
+
+MARKER = "walstream-error: "
+
+
+class Kind(enum.StrEnum):
+    TRANSIENT = "transient"  # may succeed later by itself: retry, restart with backoff
+    TERMINAL = "terminal"  # will not succeed as it is: park, dead-letter, restart and report
+    CONFIG = "config"  # the settings are wrong: stop until the operator changes them
 
 
 class WalstreamError(Exception):
@@ -10,14 +33,29 @@ class WalstreamError(Exception):
     it is appended to the message so it shows up in logs and CLI output alike.
     """
 
+    kind: Kind = Kind.TERMINAL
+
     def __init__(self, problem: str, fix: str | None = None) -> None:
         self.problem = problem
         self.fix = fix
         super().__init__(f"{problem}\n  fix: {fix}" if fix else problem)
+        self._mark()
+
+    def _mark(self) -> None:
+        """The note that carries this error through Spark's text (see the module docstring)."""
+        note = MARKER + json.dumps(
+            {"kind": str(self.kind), "type": type(self).__name__, "problem": self.problem,
+             "fix": self.fix},
+            ensure_ascii=False,
+        )  # fmt: skip
+        notes = [n for n in getattr(self, "__notes__", []) if not n.startswith(MARKER)]
+        self.__notes__ = [*notes, note]
 
 
 class ConfigError(WalstreamError):
     """walstream.yaml or a command-line option is invalid."""
+
+    kind: Kind = Kind.CONFIG
 
 
 class SetupError(WalstreamError):
@@ -26,6 +64,8 @@ class SetupError(WalstreamError):
 
 class ConnectionFailed(WalstreamError):
     """A server (Postgres, a broker, ...) could not be reached."""
+
+    kind: Kind = Kind.TRANSIENT
 
 
 class DecodeError(WalstreamError):
@@ -64,6 +104,7 @@ class SinkError(WalstreamError):
         retry_after: float | None = None,
         pause: bool = False,
     ) -> None:
+        self.kind = Kind.TRANSIENT if retryable else Kind.TERMINAL
         super().__init__(problem, fix)
         self.retryable = retryable
         self.delivered = delivered
@@ -88,3 +129,40 @@ def _sink_error(
     return SinkError(
         problem, fix, retryable=retryable, delivered=delivered, retry_after=retry, pause=pause
     )
+
+
+def optional_import(module: str, what: str, extra: str) -> Any:
+    """`import module`, or a MissingDependency naming `pip install 'walstream[extra]'`."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependency(what, extra) from exc
+
+
+class ErrorSummary(NamedTuple):
+    name: str  # the error's type: "SinkError", "ConfigError", "Py4JNetworkError", ...
+    message: str  # one line: the problem, and " — fix: ..." when there is one
+    kind: Kind
+
+
+def error_summary(exc: BaseException) -> ErrorSummary:
+    """What failed, in one line, and its kind: our error if one is inside `exc` (the last
+    `walstream-error` marker in its text: a Spark failure quotes the traceback of the
+    task or function that raised it); else `exc` itself (a foreign error is transient)."""
+    text = str(exc)
+    at = text.rfind(MARKER)
+    if at >= 0:
+        line = text[at + len(MARKER) :].split("\n", 1)[0]
+        try:
+            data = json.loads(line)
+            kind = Kind(data["kind"])
+            name, problem, fix = str(data["type"]), str(data["problem"]), data.get("fix")
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged marker: read the error as a foreign one
+        else:
+            return ErrorSummary(name, problem + (f" — fix: {fix}" if fix else ""), kind)
+    if isinstance(exc, WalstreamError):
+        fix_text = f" — fix: {exc.fix}" if exc.fix else ""
+        return ErrorSummary(type(exc).__name__, exc.problem + fix_text, exc.kind)
+    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return ErrorSummary(type(exc).__name__, first.strip()[:500], Kind.TRANSIENT)

@@ -15,6 +15,7 @@ with the whole config's, and the API scrubs what it serves from the state databa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Iterable
@@ -97,6 +98,9 @@ def _collect(obj: Any, name: str, out: set[str]) -> None:
     elif isinstance(obj, BaseModel):
         for field in type(obj).model_fields:
             _collect(getattr(obj, field), field, out)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # the config's Plan
+        for f in dataclasses.fields(obj):
+            _collect(getattr(obj, f.name), f.name, out)
     elif isinstance(obj, dict):
         if name == "producer":  # key material, passwords, OAuth configs ...
             out |= {

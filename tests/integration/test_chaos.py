@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from tests.conftest import TEST_SETTINGS, TestDatabase, unique
-from tests.integration.test_run_broker_down import consume_all
 from tests.integration.test_run_crash import Run, cursor, oracle
+from tests.kafka import consume_all
 from walstream.change import idempotency_key
 from walstream.delivery.parking import DEAD, PARKED, ParkingLot
 from walstream.postgres.embedded import EmbeddedPostgres

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from tests.conftest import unique
-from tests.integration.test_run_broker_down import consume_all
 from tests.integration.test_run_crash import Run
+from tests.kafka import consume_all
 from walstream.postgres.embedded import free_port
 from walstream.sinks.file import read_messages
 from walstream.testing import SparkStandalone, wait_until

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from walstream.demo import run_demo
+from walstream.cli.demo import run_demo
 from walstream.postgres.embedded import server_home
 from walstream.sinks.file import read_messages
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import unique
-from tests.integration.test_run_broker_down import consume_all
+from tests.kafka import consume_all
 from walstream.change import idempotency_key
 from walstream.config import parse_config
 from walstream.errors import SinkError

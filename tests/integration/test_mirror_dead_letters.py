@@ -80,7 +80,7 @@ def test_two_sinks_into_one_target_table_are_refused_before_anything_starts(db, 
     """Checked from the publications and the target's identity (not its DSN's text):
     two sources' public.users into one database's public.users names both sinks."""
     from walstream.config import parse_config
-    from walstream.sinks.postgres_targets import check_targets
+    from walstream.delivery.mirror_targets import check_targets
 
     for d in (db, other_db):
         d.execute("CREATE TABLE users (id int PRIMARY KEY)")

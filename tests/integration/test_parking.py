@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from tests.conftest import unique
-from tests.integration.test_run import consume
 from tests.integration.transforms import poison_marker
+from tests.kafka import consume
 from walstream.config import load_config
 from walstream.delivery.parking import DEAD, PARKED, ParkingLot
 from walstream.runtime import Runtime

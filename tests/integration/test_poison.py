@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.conftest import unique
-from tests.integration.test_run import consume
+from tests.kafka import consume
 from walstream.config import parse_config
 from walstream.delivery.parking import DEAD, ParkingLot
 from walstream.runtime import Runtime

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import unique
+from tests.kafka import consume
 from walstream.config import parse_config
 from walstream.errors import ConfigError
 from walstream.formats import formatter
@@ -29,30 +30,6 @@ def oracle(db: Any, slot: str, pub: str, source: str) -> list[Any]:
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder(source, meta.types, meta.primary_keys)
     return [r for m in db.read(slot, pub) for r in decoder.decode(m.payload)]
-
-
-def consume(bootstrap: str, topic: str, n: int, timeout: float = 60) -> list[Any]:
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": unique("g"), "enable.auto.commit": False}
-    )
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    got: list[Any] = []
-    try:
-
-        def enough() -> bool:
-            m = consumer.poll(0.5)
-            if m is not None and not m.error():
-                got.append(m)
-            return len(got) >= n
-
-        wait_until(enough, timeout, interval=0, message=lambda: f"{topic}: {len(got)}/{n}")
-        extra = consumer.poll(2.0)  # nothing beyond the expected messages
-        assert extra is None or extra.error(), f"unexpected extra message {extra.value()!r}"
-    finally:
-        consumer.close()
-    return got
 
 
 def workload(db: Any, keys: int, statements: int, seed: int = 7) -> None:
@@ -188,6 +165,41 @@ def test_invalid_expression_is_a_config_error_naming_it(spark):
     base["sinks"][0]["group_by"] = ["record.customer_id", "no_such_column"]
     with pytest.raises(ConfigError, match="no_such_column"):
         validate(spark, parse_config(base).sinks[0])
+
+
+def test_a_config_error_raised_inside_a_batch_stops_the_run(spark, db, tmp_path):
+    """A transform that cannot be imported fails inside Spark's task; its kind crosses
+    Spark's text as the error's marker, and the runtime stops instead of restarting."""
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    pub = db.create_publication("orders")
+    slot = unique("slot")
+    db.slots.append(slot)
+    cfg = parse_config({
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [{"name": "shaped", "source": "app", "transform": "walstream_no_such_mod:shape",
+                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
+    })  # fmt: skip
+    runtime = Runtime(cfg, spark=spark).start()
+    try:
+        db.execute("INSERT INTO orders VALUES (1)")
+
+        def stopped() -> bool:
+            runtime.poll()
+            return runtime.fatal is not None
+
+        wait_until(stopped, 120, interval=0.2, message="the run did not stop")
+        assert isinstance(runtime.fatal, ConfigError)
+        assert (
+            "source app: transform function 'walstream_no_such_mod:shape' cannot be loaded"
+            in str(runtime.fatal)
+        )
+        assert runtime.stopping.is_set()
+        assert not list((tmp_path / "out").glob("*.jsonl"))  # nothing was delivered
+        assert [s.restarts for s in runtime.sources()] == [0]  # stopped, never restarted
+    finally:
+        runtime.stop()
 
 
 def test_check_config_reports_every_problem_with_its_fix(db, tmp_path):

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import unique
-from tests.integration.test_run import consume, oracle
+from tests.integration.test_run import oracle
+from tests.kafka import consume, consume_all
 from walstream.config import parse_config
 from walstream.postgres.embedded import free_port
 from walstream.runtime import Runtime
@@ -30,32 +31,6 @@ def write(db: Any, start: int, n: int) -> None:
                     "INSERT INTO kv VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
                     (j % 50, f"v{j}"),
                 )
-
-
-def consume_all(bootstrap: str, topic: str, at_least: int, timeout: float = 90) -> list[Any]:
-    """Every message of the topic: at least `at_least`, then until 3 s pass without one."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": unique("g"), "enable.auto.commit": False}
-    )
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    got: list[Any] = []
-    try:
-
-        def enough() -> bool:
-            m = consumer.poll(0.5)
-            if m is not None and not m.error():
-                got.append(m)
-            return len(got) >= at_least
-
-        wait_until(enough, timeout, interval=0, message=lambda: f"{topic}: {len(got)}/{at_least}")
-        while (m := consumer.poll(3.0)) is not None:
-            if not m.error():
-                got.append(m)
-    finally:
-        consumer.close()
-    return got
 
 
 def cursors_of(msgs: list[Any]) -> list[tuple[bytes, tuple[int, int]]]:

@@ -187,7 +187,7 @@ def test_kill_9_of_walstream_run_loses_and_duplicates_nothing(db, tmp_path):
 def test_kill_9_with_kafka_duplicates_stay_inside_the_ledger_window(db, kafka, tmp_path):
     """Kafka cannot take a batch back: after kill -9 the ledger limits the repeats to what
     was acknowledged but not yet recorded, at most one chunk (batch_size) per partition."""
-    from tests.integration.test_run_broker_down import consume_all
+    from tests.kafka import consume_all
 
     db.execute("CREATE TABLE kv (k int PRIMARY KEY, v text)")
     pub = db.create_publication("kv")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import unique
-from tests.integration.test_run import consume, oracle
+from tests.integration.test_run import oracle
+from tests.kafka import consume
 from walstream.config import parse_config
 from walstream.runtime import Runtime
 from walstream.sinks.file import read_messages

@@ -15,9 +15,9 @@ import yaml
 from tests.conftest import unique
 from walstream.config import load_config
 from walstream.errors import ConfigError
-from walstream.leadership import Leadership, lock_table
 from walstream.postgres.replication import connect
 from walstream.runtime import Runtime
+from walstream.state.leadership import Leadership, lock_table
 from walstream.testing import supervised
 
 TOKEN = "security-test-token-0123456789"

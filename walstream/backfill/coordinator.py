@@ -14,7 +14,6 @@ number; whichever attempt's high watermark the stream reaches first is emitted.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -25,8 +24,9 @@ import psycopg
 from walstream.backfill.merge import Staging
 from walstream.backfill.read import ChunkResult, ChunkTask, read_chunk
 from walstream.backfill.store import PENDING, RUNNING, Backfill, BackfillStore
-from walstream.config import Config, SinkConfig, SourceConfig
-from walstream.errors import ConfigError, WalstreamError
+from walstream.config import Plan, SinkConfig, SourceConfig
+from walstream.errors import ConfigError, WalstreamError, error_summary
+from walstream.periodic import Periodic
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.chunks import (
     KeyRange,
@@ -125,7 +125,7 @@ def check_sink(sink: SinkConfig, schema: str, table: str) -> None:
 
 
 def request(
-    config: Config,
+    config: Plan,
     store: BackfillStore,
     sink_name: str,
     tables: Sequence[str] = (),
@@ -183,7 +183,7 @@ class Coordinator:
 
     def __init__(
         self,
-        config: Config,
+        config: Plan,
         spark: Any,
         store: BackfillStore,
         parallelism: int | None = None,
@@ -197,15 +197,20 @@ class Coordinator:
         self.sources: dict[str, SourceConfig] = {s.name: s for s in config.sources}
         self.sinks: dict[str, SinkConfig] = {s.name: s for s in config.sinks}
         self.parallelism = parallelism or spark.sparkContext.defaultParallelism
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="walstream-backfill", daemon=True)
+        # Steps back to back while there is work, every 0.5 s when there is none; 5 s
+        # after a failure (the state database or a source is away).
+        self.task = Periodic(
+            "walstream-backfill", self._step, 0.5, first=0.0, on_error=5.0,
+            what="backfill (trying again in 5s)", logger=log,
+        )  # fmt: skip
+        self.stopping = self.task.stopping
         self._prepared: dict[int, Prepared] = {}
         self._failures: dict[int, int] = {}
         self._group = f"walstream-backfill-{id(self)}"
 
     def start(self) -> Coordinator:
         self.take_over()
-        self.thread.start()
+        self.task.start()
         return self
 
     def take_over(self, source: str | None = None) -> None:
@@ -227,21 +232,10 @@ class Coordinator:
             self.spark.sparkContext.cancelJobGroup(self._group)
         except Exception as exc:  # the context may be stopping already
             log.debug("backfill: cancel: %s", exc)
-        self.thread.join(30)
+        self.task.stop(30)
 
-    def _run(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                worked = self.step()
-            except Exception as exc:
-                if self.stopping.is_set():
-                    return
-                log.error("backfill: %s; trying again in 5s", exc)
-                log.debug("backfill failure", exc_info=True)
-                self.stopping.wait(5.0)
-                continue
-            if not worked:
-                self.stopping.wait(0.5)
+    def _step(self) -> float | None:
+        return 0.0 if self.step() else None
 
     def _mine(self) -> list[Backfill]:
         return [
@@ -347,9 +341,8 @@ class Coordinator:
         except Exception as exc:
             if self.stopping.is_set():
                 return
-            from walstream.runtime import concise
 
-            kind, message = concise(exc)
+            kind, message, _ = error_summary(exc)
             for id_ in ids:
                 self._failures[id_] = self._failures.get(id_, 0) + 1
                 if self._failures[id_] >= MAX_FAILURES:

@@ -19,90 +19,28 @@ Three tables in the state schema:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from psycopg import sql
 
-from walstream.delivery.ledger import execute
+from walstream.backfill.records import (
+    ACTIVE,
+    CANCELLED,
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    Backfill,
+    Chunk,
+    Mark,
+)
 from walstream.errors import ConfigError
+from walstream.state import Store
 
-PENDING, RUNNING, DONE, CANCELLED, FAILED = "pending", "running", "done", "cancelled", "failed"
-ACTIVE = (PENDING, RUNNING)
-
-
-@dataclass(frozen=True)
-class Backfill:
-    id: int
-    sink: str
-    source: str
-    schema: str
-    table: str
-    where: str | None
-    chunk_size: int
-    target_seconds: float
-    status: str
-    error: str | None
-    rows_estimated: int | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    planned_all: bool
-    # from the chunks
-    chunks: int = 0
-    chunks_emitted: int = 0
-    rows_read: int = 0
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.schema}.{self.table}"
-
-    @property
-    def rate(self) -> float | None:
-        """Rows read per second since it started (None before any)."""
-        if self.started_at is None or not self.rows_read:
-            return None
-        end = self.finished_at or datetime.now(self.started_at.tzinfo)
-        seconds = (end - self.started_at).total_seconds()
-        return self.rows_read / seconds if seconds > 0 else None
-
-    @property
-    def eta(self) -> float | None:
-        """Seconds left at the current rate, from the estimate (None when unknown)."""
-        rate = self.rate
-        if self.status != RUNNING or rate is None or self.rows_estimated is None:
-            return None
-        return max(0.0, (self.rows_estimated - self.rows_read) / rate)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    backfill: int
-    n: int
-    after: tuple[str, ...] | None
-    upto: tuple[str, ...] | None
-    attempt: int
-    status: str
-    rows: int | None
-
-
-@dataclass(frozen=True)
-class Mark:
-    """A watermark as the pipeline saw it in the stream."""
-
-    backfill: int
-    chunk: int
-    attempt: int
-    mark: str  # "low" | "high"
-    lsn: int
-    seq: int
-    batch: int
-
-    @property
-    def cursor(self) -> tuple[int, int]:
-        return (self.lsn, self.seq)
-
+__all__ = [
+    "ACTIVE", "CANCELLED", "DONE", "FAILED", "PENDING", "RUNNING",
+    "Backfill", "BackfillStore", "Chunk", "Mark",
+]  # fmt: skip
 
 _BACKFILL_COLUMNS = """b.id, b.sink, b.source, b.table_schema, b.table_name, b."where",
     b.chunk_size, b.target_seconds, b.status, b.error, b.rows_estimated, b.created_at,
@@ -113,33 +51,25 @@ _BACKFILL_COLUMNS = """b.id, b.sink, b.source, b.table_schema, b.table_name, b."
       WHERE c.backfill = b.id AND c.status IN ('staged', 'emitted'))"""
 
 
-class BackfillStore:
-    """Access to the backfill tables (driver side; picklable for symmetry with the ledger)."""
+class BackfillStore(Store):
+    """Access to the backfill tables (driver side; picklable, as every store)."""
 
-    def __init__(self, dsn: str, schema: str = "walstream") -> None:
-        self.dsn = dsn
-        self.schema = schema
+    def _setup(self) -> None:
         self.tables = {
-            "backfills": sql.Identifier(schema, "backfills"),
-            "chunks": sql.Identifier(schema, "backfill_chunks"),
-            "marks": sql.Identifier(schema, "backfill_marks"),
-            "schema": sql.Identifier(schema),
+            "backfills": self.ident("backfills"),
+            "chunks": self.ident("backfill_chunks"),
+            "marks": self.ident("backfill_marks"),
+            "schema": sql.Identifier(self.schema),
         }
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"dsn": self.dsn, "schema": self.schema}
+    def _run(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """A statement with `{backfills}`, `{chunks}`, `{marks}` standing for the tables."""
+        return self._exec(sql.SQL(query).format(**self.tables), params)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["dsn"], state["schema"])  # type: ignore[misc]
-
-    def _exec(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
-        q = sql.SQL(query).format(**self.tables)
-        return execute(self.dsn, q, params)
-
-    def ensure(self) -> None:
-        self._exec("CREATE SCHEMA IF NOT EXISTS {schema}")
-        self._exec(
-            """CREATE TABLE IF NOT EXISTS {backfills} (
+    def ddl(self) -> list[sql.Composable]:
+        return [
+            sql.SQL(
+                """CREATE TABLE IF NOT EXISTS {backfills} (
                  id bigserial PRIMARY KEY,
                  sink text NOT NULL, source text NOT NULL,
                  table_schema text NOT NULL, table_name text NOT NULL, "where" text,
@@ -150,9 +80,9 @@ class BackfillStore:
                  key_columns text[],
                  created_at timestamptz NOT NULL DEFAULT now(),
                  started_at timestamptz, finished_at timestamptz)"""
-        )
-        self._exec(
-            """CREATE TABLE IF NOT EXISTS {chunks} (
+            ).format(**self.tables),
+            sql.SQL(
+                """CREATE TABLE IF NOT EXISTS {chunks} (
                  backfill bigint NOT NULL REFERENCES {backfills} ON DELETE CASCADE,
                  n int NOT NULL, after text[], upto text[],
                  attempt int NOT NULL DEFAULT 0,
@@ -162,15 +92,16 @@ class BackfillStore:
                  emitted_attempt int, emitted_batch bigint, emitted_query text,
                  cleaned boolean NOT NULL DEFAULT false,
                  PRIMARY KEY (backfill, n))"""
-        )
-        self._exec(
-            """CREATE TABLE IF NOT EXISTS {marks} (
+            ).format(**self.tables),
+            sql.SQL(
+                """CREATE TABLE IF NOT EXISTS {marks} (
                  backfill bigint NOT NULL REFERENCES {backfills} ON DELETE CASCADE,
                  chunk int NOT NULL, attempt int NOT NULL, mark text NOT NULL,
                  lsn bigint NOT NULL, seq int NOT NULL, batch bigint NOT NULL,
                  query_id text NOT NULL,
                  PRIMARY KEY (backfill, chunk, attempt, mark))"""
-        )
+            ).format(**self.tables),
+        ]
 
     # -- backfills ----------------------------------------------------------------------------
     def create(
@@ -184,7 +115,7 @@ class BackfillStore:
         target_seconds: float,
         rows_estimated: int | None,
     ) -> int:
-        busy = self._exec(
+        busy = self._run(
             "SELECT id FROM {backfills} WHERE sink = %s AND table_schema = %s AND table_name = %s "
             "AND status IN ('pending', 'running')",
             (sink, schema, table),
@@ -195,7 +126,7 @@ class BackfillStore:
                 f"wait for it (`walstream backfill status`) or cancel it "
                 f"(`walstream backfill cancel {busy[0][0]}`) first",
             )
-        rows = self._exec(
+        rows = self._run(
             """INSERT INTO {backfills} (sink, source, table_schema, table_name, "where",
                  chunk_size, target_seconds, rows_estimated)
                VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
@@ -204,7 +135,7 @@ class BackfillStore:
         return int(rows[0][0])
 
     def _select(self, where: str, params: Any) -> list[Backfill]:
-        rows = self._exec(
+        rows = self._run(
             f"SELECT {_BACKFILL_COLUMNS} FROM {{backfills}} b WHERE {where} ORDER BY b.id", params
         )
         return [Backfill(*r) for r in rows]
@@ -228,7 +159,7 @@ class BackfillStore:
         """Backfills of a source a batch takes part in: id -> (sink, schema, table). The
         running ones, and any that had a chunk emitted by this very batch before (a replay
         must deliver the same rows, even when the backfill ended or was cancelled since)."""
-        rows = self._exec(
+        rows = self._run(
             """SELECT b.id, b.sink, b.table_schema, b.table_name FROM {backfills} b
                WHERE b.source = %s AND (b.status = 'running' OR EXISTS (
                  SELECT 1 FROM {chunks} c WHERE c.backfill = b.id AND c.emitted_query = %s
@@ -238,10 +169,10 @@ class BackfillStore:
         return {int(r[0]): (r[1], r[2], r[3]) for r in rows}
 
     def has_any(self, sink: str) -> bool:
-        return bool(self._exec("SELECT 1 FROM {backfills} WHERE sink = %s LIMIT 1", (sink,)))
+        return bool(self._run("SELECT 1 FROM {backfills} WHERE sink = %s LIMIT 1", (sink,)))
 
     def start(self, id_: int, rows_estimated: int | None, key_columns: Sequence[str]) -> None:
-        self._exec(
+        self._run(
             "UPDATE {backfills} SET status = 'running', started_at = coalesce(started_at, now()), "
             "rows_estimated = coalesce(%s, rows_estimated), key_columns = %s "
             "WHERE id = %s AND status = 'pending'",
@@ -249,20 +180,18 @@ class BackfillStore:
         )
 
     def key_columns(self, ids: Sequence[int]) -> dict[int, list[str]]:
-        rows = self._exec(
-            "SELECT id, key_columns FROM {backfills} WHERE id = ANY(%s)", (list(ids),)
-        )
+        rows = self._run("SELECT id, key_columns FROM {backfills} WHERE id = ANY(%s)", (list(ids),))
         return {int(r[0]): list(r[1] or []) for r in rows}
 
     def fail(self, id_: int, error: str) -> None:
-        self._exec(
+        self._run(
             "UPDATE {backfills} SET status = 'failed', error = %s, finished_at = now() "
             "WHERE id = %s AND status IN ('pending', 'running')",
             (error, id_),
         )
 
     def cancel(self, ids: Sequence[int]) -> list[int]:
-        rows = self._exec(
+        rows = self._run(
             "UPDATE {backfills} SET status = 'cancelled', finished_at = now() "
             "WHERE id = ANY(%s) AND status IN ('pending', 'running') RETURNING id",
             (list(ids),),
@@ -270,12 +199,12 @@ class BackfillStore:
         return sorted(int(r[0]) for r in rows)
 
     def set_chunk_size(self, id_: int, size: int) -> None:
-        self._exec("UPDATE {backfills} SET chunk_size = %s WHERE id = %s", (size, id_))
+        self._run("UPDATE {backfills} SET chunk_size = %s WHERE id = %s", (size, id_))
 
     def finish_delivered(self, source: str) -> list[int]:
         """Running backfills of `source` with every chunk planned and emitted are done
         (called once a batch is delivered; a replay of it still includes them)."""
-        rows = self._exec(
+        rows = self._run(
             """UPDATE {backfills} b SET status = 'done', finished_at = now()
                WHERE b.source = %s AND b.status = 'running' AND b.planned_all
                  AND NOT EXISTS (SELECT 1 FROM {chunks} c WHERE c.backfill = b.id
@@ -289,18 +218,18 @@ class BackfillStore:
     def add_chunk(
         self, id_: int, n: int, after: Sequence[str] | None, upto: Sequence[str] | None
     ) -> None:
-        self._exec(
+        self._run(
             "INSERT INTO {chunks} (backfill, n, after, upto) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT (backfill, n) DO NOTHING",
             (id_, n, list(after) if after is not None else None,
              list(upto) if upto is not None else None),
         )  # fmt: skip
         if upto is None:
-            self._exec("UPDATE {backfills} SET planned_all = true WHERE id = %s", (id_,))
+            self._run("UPDATE {backfills} SET planned_all = true WHERE id = %s", (id_,))
 
     def chunks(self, id_: int, status: str | None = None) -> list[Chunk]:
         cond = "" if status is None else " AND status = %s"
-        rows = self._exec(
+        rows = self._run(
             "SELECT backfill, n, after, upto, attempt, status, rows FROM {chunks} "
             f"WHERE backfill = %s{cond} ORDER BY n",
             (id_,) if status is None else (id_, status),
@@ -312,7 +241,7 @@ class BackfillStore:
         ]  # fmt: skip
 
     def last_chunk(self, id_: int) -> Chunk | None:
-        found = self._exec(
+        found = self._run(
             "SELECT backfill, n, after, upto, attempt, status, rows FROM {chunks} "
             "WHERE backfill = %s ORDER BY n DESC LIMIT 1",
             (id_,),
@@ -325,7 +254,7 @@ class BackfillStore:
 
     def reading(self, id_: int, ns: Sequence[int]) -> dict[int, int]:
         """Chunks `ns` start a new read: their attempt numbers."""
-        rows = self._exec(
+        rows = self._run(
             "UPDATE {chunks} SET status = 'reading', attempt = attempt + 1 "
             "WHERE backfill = %s AND n = ANY(%s) AND status IN ('planned', 'reading') "
             "RETURNING n, attempt",
@@ -335,7 +264,7 @@ class BackfillStore:
 
     def staged(self, id_: int, n: int, attempt: int, rows: int, seconds: float) -> None:
         """A read finished: its high watermark is in the WAL (the pipeline may be past it)."""
-        self._exec(
+        self._run(
             "UPDATE {chunks} SET rows = %s, seconds = %s, "
             "status = CASE WHEN status = 'reading' THEN 'staged' ELSE status END "
             "WHERE backfill = %s AND n = %s AND attempt = %s",
@@ -344,7 +273,7 @@ class BackfillStore:
 
     def requeue(self, id_: int, n: int, attempt: int) -> None:
         """The pipeline cannot place this attempt of a chunk: read it again."""
-        self._exec(
+        self._run(
             "UPDATE {chunks} SET status = 'planned' WHERE backfill = %s AND n = %s "
             "AND attempt = %s AND status <> 'emitted'",
             (id_, n, attempt),
@@ -352,7 +281,7 @@ class BackfillStore:
 
     def requeue_reading(self, ids: Sequence[int]) -> int:
         """After a restart: reads that were in flight are read again (a new attempt)."""
-        rows = self._exec(
+        rows = self._run(
             "UPDATE {chunks} SET status = 'planned' WHERE backfill = ANY(%s) AND status = 'reading' "
             "RETURNING n",
             (list(ids),),
@@ -362,7 +291,7 @@ class BackfillStore:
     # -- marks (the pipeline) -----------------------------------------------------------------
     def record_marks(self, marks: Sequence[Mark], query_id: str) -> None:
         for m in marks:  # few per batch
-            self._exec(
+            self._run(
                 "INSERT INTO {marks} (backfill, chunk, attempt, mark, lsn, seq, batch, query_id) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (backfill, chunk, attempt, mark) DO NOTHING",
@@ -371,7 +300,7 @@ class BackfillStore:
 
     def open_lows(self, ids: Sequence[int]) -> list[Mark]:
         """Low watermarks of chunks not emitted whose attempt's high was not seen yet."""
-        rows = self._exec(
+        rows = self._run(
             """SELECT l.backfill, l.chunk, l.attempt, l.mark, l.lsn, l.seq, l.batch
                FROM {marks} l JOIN {chunks} c ON c.backfill = l.backfill AND c.n = l.chunk
                WHERE l.backfill = ANY(%s) AND l.mark = 'low' AND c.status <> 'emitted'
@@ -382,7 +311,7 @@ class BackfillStore:
         return [Mark(*r) for r in rows]
 
     def low(self, backfill: int, chunk: int, attempt: int) -> Mark | None:
-        rows = self._exec(
+        rows = self._run(
             "SELECT backfill, chunk, attempt, mark, lsn, seq, batch FROM {marks} "
             "WHERE backfill = %s AND chunk = %s AND attempt = %s AND mark = 'low'",
             (backfill, chunk, attempt),
@@ -392,7 +321,7 @@ class BackfillStore:
     def emit(self, backfill: int, chunk: int, attempt: int, batch: int, query_id: str) -> bool:
         """Claim the chunk for this batch. True for the first high watermark of the chunk,
         and again when the same batch is replayed; False for any other attempt."""
-        rows = self._exec(
+        rows = self._run(
             """UPDATE {chunks} SET status = 'emitted', emitted_attempt = %s, emitted_batch = %s,
                  emitted_query = %s
                WHERE backfill = %s AND n = %s AND (emitted_attempt IS NULL OR (
@@ -404,7 +333,7 @@ class BackfillStore:
 
     def committed_chunks(self, source: str, query_id: str, batch_id: int) -> list[tuple[int, int]]:
         """(backfill, chunk) emitted by a committed batch whose staged files are still there."""
-        rows = self._exec(
+        rows = self._run(
             """SELECT c.backfill, c.n FROM {chunks} c JOIN {backfills} b ON b.id = c.backfill
                WHERE b.source = %s AND c.status = 'emitted' AND NOT c.cleaned
                  AND (c.emitted_query <> %s OR c.emitted_batch < %s)""",
@@ -415,7 +344,7 @@ class BackfillStore:
     def window_floor(self, source: str, query_id: str, batch_id: int) -> int | None:
         """The first batch holding a low watermark of a chunk of `source` that is not
         emitted, or is emitted by this batch or a later one (a replay emits it again)."""
-        rows = self._exec(
+        rows = self._run(
             """SELECT min(l.batch) FROM {marks} l
                JOIN {chunks} c ON c.backfill = l.backfill AND c.n = l.chunk
                JOIN {backfills} b ON b.id = l.backfill
@@ -428,7 +357,7 @@ class BackfillStore:
 
     def abandoned_chunks(self, source: str) -> list[tuple[int, int]]:
         """(backfill, chunk) of cancelled or failed backfills never emitted: files to remove."""
-        rows = self._exec(
+        rows = self._run(
             """SELECT c.backfill, c.n FROM {chunks} c JOIN {backfills} b ON b.id = c.backfill
                WHERE b.source = %s AND b.status IN ('cancelled', 'failed')
                  AND c.status <> 'emitted' AND NOT c.cleaned""",
@@ -438,4 +367,4 @@ class BackfillStore:
 
     def cleaned(self, chunks: Sequence[tuple[int, int]]) -> None:
         for b, n in chunks:
-            self._exec("UPDATE {chunks} SET cleaned = true WHERE backfill = %s AND n = %s", (b, n))
+            self._run("UPDATE {chunks} SET cleaned = true WHERE backfill = %s AND n = %s", (b, n))

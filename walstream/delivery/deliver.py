@@ -5,9 +5,13 @@ in this partition. For each chunk of `batch_size` messages: skip what the ledger
 says a previous run of this batch already delivered, hand the rest to the sink,
 retry retryable failures inline with backoff for up to `retry_timeout` (only the
 messages not yet delivered, in order), then record the chunk in the ledger.
-When retries run out, or the error is not retryable, the task fails with that
-error: the micro-batch fails, nothing after it is confirmed to Postgres, and the
-runtime restarts the query, which replays the batch.
+
+When retries run out: a sink that accepted nothing of the chunk is down, and the
+task fails (the batch is replayed after the runtime restarts the query; nothing
+after it is confirmed to Postgres). Otherwise the failed messages are parked or
+become dead letters (`decide.py`), durably and in the same transaction as the
+ledger's record, and the batch goes on. Sinks that replace batches (files, streams)
+keep no dead letters: any failure fails the batch.
 """
 
 from __future__ import annotations
@@ -15,15 +19,16 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from walstream.backoff import INLINE, Backoff
 from walstream.change import ChangeRow, read_idempotency_key
+from walstream.delivery.decide import ParkEntry, outcomes, within_room
 from walstream.delivery.ledger import Ledger
-from walstream.delivery.parking import DEAD, PARKED, Backoff, ParkingLot
+from walstream.delivery.parking import DEAD, PARKED, ParkingLot
 from walstream.errors import ConfigError, SinkError
 from walstream.formats import formatter
 from walstream.secrets import scrubbed, secret_values
@@ -94,7 +99,7 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
     """Change rows (with the pipeline's _group/_key/_route/_message columns) as Messages."""
     fmt = formatter(plan.format, sink=plan.sink, db=plan.db)
     fn = load_function(plan.transform_function) if plan.transform_function else None
-    for change, group, key, route, message, ikey in rows:
+    for change, group, key, route, message, sql_key in rows:
         error = None
         if message is not None:
             value: str | None = message
@@ -113,8 +118,8 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             change.lsn, change.seq, value.encode() if value is not None else None,
             message_key, route, table=table, action=change.action, group=group or "",
             error=error,
-            ikey=None if change.backfill is None else (
-                ikey or read_idempotency_key(change.backfill, change.pk)
+            idempotency_override=None if change.backfill is None else (
+                sql_key or read_idempotency_key(change.backfill, change.pk)
             ),
         )  # fmt: skip
         if plan.tombstones and change.action == "delete":
@@ -208,7 +213,7 @@ def attempt(
                     retryable=True,
                     retry_after=exc.retry_after,
                 )
-            wait = exc.retry_after or min(0.25 * 2**tries, 5.0) * random.uniform(0.8, 1.2)
+            wait = exc.retry_after or INLINE.delay(tries + 1)
             log.warning(
                 "sink %s: %s; %d message(s) pending, retry %d in %.1fs",
                 plan.sink, exc.problem, len(pending), tries, min(wait, left),
@@ -243,9 +248,8 @@ def deliver_partition(
             if to_park:
                 assert parking is not None
                 room = plan.max_parked - parked_before - stats.parked
-                if plan.on_full == "discard" and len(to_park) > room:
-                    dropped = len(to_park) - max(room, 0)
-                    to_park = to_park[: max(room, 0)]
+                to_park, dropped = within_room(to_park, room, plan.on_full)
+                if dropped:
                     stats.discarded += dropped
                     log.warning(
                         "sink %s: %d message(s) discarded: max_parked (%d) reached, on_full: discard",
@@ -288,10 +292,6 @@ def deliver_partition(
     return stats
 
 
-#: (message, status, error, attempts, seconds until the next attempt) for ParkingLot.park.
-ParkEntry = tuple[Message, str, str | None, int, float | None]
-
-
 def _deliver_chunk(
     sink: Sink, chunk: list[Message], plan: DeliveryPlan, blocked: set[str], stats: Stats
 ) -> list[ParkEntry]:
@@ -327,30 +327,7 @@ def _deliver_chunk(
     if exc is not None and exc.retryable and len(failed) == len(go):
         raise exc  # the sink accepted nothing: it is down, not this message
     failed_ids = {id(go[i]) for i in failed}
-    # Blocked before this chunk: those were not sent. A group blocked by a failure inside
-    # the chunk may have later messages the sink did accept: they are delivered, not parked.
-    was_blocked = set(blocked)
-    out: list[ParkEntry] = []
-    refused: dict[str, Message] = {}  # per group, the message refused for good in this chunk
-    for m in chunk:
-        if id(m) in poison:
-            out.append((m, DEAD, m.error, 0, None))
-        elif m.group in was_blocked:
-            out.append((m, PARKED, None, 0, None))  # behind the group's parked head
-        elif id(m) in failed_ids:
-            assert exc is not None
-            if exc.retryable and m.group in blocked:  # its head failed earlier in the chunk
-                out.append((m, PARKED, None, 0, None))
-            elif exc.retryable:
-                blocked.add(m.group)
-                out.append((m, PARKED, exc.problem, 1, plan.backoff.delay(1, exc.retry_after)))
-            elif m.group in refused:  # sinks stop a group at its first refusal
-                head = refused[m.group]
-                out.append((m, DEAD, f"behind {head.lsn}:{head.seq} of its group, which was "
-                            f"refused for good: {exc.problem}", 0, None))  # fmt: skip
-            else:
-                refused[m.group] = m
-                out.append((m, DEAD, exc.problem, 1, None))
+    out = outcomes(chunk, blocked, poison, failed_ids, exc, plan.backoff)
     if out:
         log.warning(
             "sink %s: %d message(s) parked or dead-lettered in batch %d: %s",

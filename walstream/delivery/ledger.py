@@ -17,80 +17,21 @@ Spark never replays a batch whose successor started.
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
-import psycopg
 from psycopg import sql
 
-from walstream.errors import ConnectionFailed
-
-_CONNS: dict[tuple[str, int], psycopg.Connection[Any]] = {}
-_LOCK = threading.Lock()
+from walstream.state import Store
 
 Cursor = tuple[int, int]
 
 
-def state_connection(dsn: str) -> psycopg.Connection[Any]:
-    """One autocommit connection per state database per thread (executors reuse workers).
+class Ledger(Store):
+    """`delivery_ledger` in the state schema (see the module docstring); picklable."""
 
-    Per thread: the driver's retrier runs transactions while the batch thread writes
-    the ledger, and statements of one must never land inside the other's transaction.
-    """
-    key = (dsn, threading.get_ident())
-    with _LOCK:
-        conn = _CONNS.get(key)
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
-        try:
-            conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-        except psycopg.OperationalError as exc:
-            raise ConnectionFailed(
-                f"cannot reach the state database: {str(exc).strip()}",
-                "check state.dsn (default: the first source's dsn) and that the server is up",
-            ) from exc
-        _CONNS[key] = conn
-        return conn
+    def _setup(self) -> None:
+        self.table = self.ident("delivery_ledger")
 
-
-def execute(dsn: str, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
-    """Run a statement on this thread's state connection; its rows (none for DDL/DML).
-
-    A connection a server restart dropped is reopened once, never inside a transaction
-    (half a transaction is never replayed).
-    """
-    for attempt in (1, 2):
-        conn = state_connection(dsn)
-        in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        try:
-            cur = conn.execute(query, params)
-            return cur.fetchall() if cur.description else []
-        except psycopg.OperationalError:
-            if attempt == 2 or in_transaction:
-                raise
-            conn.close()
-    raise AssertionError("unreachable")
-
-
-class Ledger:
-    def __init__(self, dsn: str, schema: str = "walstream") -> None:
-        self.dsn = dsn
-        self.schema = schema
-        self.table = sql.Identifier(schema, "delivery_ledger")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"dsn": self.dsn, "schema": self.schema}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["dsn"], state["schema"])  # type: ignore[misc]
-
-    def _exec(self, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
-        return execute(self.dsn, query, params)
-
-    def ensure(self) -> None:
-        """Create the schema and table when missing (driver, once at start)."""
-        self._exec(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
-        self._exec(
+    def ddl(self) -> list[sql.Composable]:
+        return [
             sql.SQL(
                 """CREATE TABLE IF NOT EXISTS {} (
                      sink text NOT NULL, batch_id bigint NOT NULL, partition int NOT NULL,
@@ -99,7 +40,7 @@ class Ledger:
                      updated_at timestamptz NOT NULL DEFAULT now(),
                      PRIMARY KEY (sink, batch_id, partition))"""
             ).format(self.table)
-        )
+        ]
 
     def delivered_through(
         self, sink: str, query_id: str, batch_id: int, partition: int, partitions: int

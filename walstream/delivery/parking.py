@@ -23,33 +23,17 @@ Spark nor the change: the exact bytes the sink refused are what is resent.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 from psycopg import sql
 
-from walstream.delivery.ledger import execute, state_connection
 from walstream.sinks.base import Message
+from walstream.state import Store
 
 PARKED, DEAD = "parked", "dead"
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Delay before attempt n+1 after n failures: initial * 2^(n-1), capped, ±20% jitter."""
-
-    initial: float = 1.0
-    maximum: float = 600.0
-
-    def delay(self, attempts: int, hint: float | None = None) -> float:
-        base = min(self.initial * 2 ** max(attempts - 1, 0), self.maximum)
-        if hint is not None:  # the destination said when (Retry-After): at least that
-            base = max(base, min(hint, self.maximum))
-        return base * random.uniform(0.8, 1.2)
 
 
 @dataclass(frozen=True)
@@ -89,7 +73,7 @@ def _row(r: Sequence[Any]) -> Parked:
     msg = Message(
         lsn, seq, None if tomb or value is None else bytes(value),
         bytes(key) if key is not None else None, route, table=table, action=action, group=group,
-        ikey=ikey,
+        idempotency_override=ikey,
     )  # fmt: skip
     return Parked(
         id_, sink, group, lsn, seq, tomb, status, attempts, next_at, errors, msg, created,
@@ -97,30 +81,15 @@ def _row(r: Sequence[Any]) -> Parked:
     )  # fmt: skip
 
 
-class ParkingLot:
+class ParkingLot(Store):
     """Access to `parked_messages` (and `sink_state`) in the state database; picklable."""
 
-    def __init__(self, dsn: str, schema: str = "walstream") -> None:
-        self.dsn = dsn
-        self.schema = schema
-        self.table = sql.Identifier(schema, "parked_messages")
-        self.state = sql.Identifier(schema, "sink_state")
+    def _setup(self) -> None:
+        self.table = self.ident("parked_messages")
+        self.state = self.ident("sink_state")
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"dsn": self.dsn, "schema": self.schema}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["dsn"], state["schema"])  # type: ignore[misc]
-
-    def _conn(self) -> psycopg.Connection[Any]:
-        return state_connection(self.dsn)
-
-    def _exec(self, query: sql.Composed | sql.SQL, params: Any = None) -> list[tuple[Any, ...]]:
-        return execute(self.dsn, query, params)
-
-    def ensure(self) -> None:
-        self._exec(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
-        self._exec(
+    def ddl(self) -> list[sql.Composable]:
+        return [
             sql.SQL(
                 """CREATE TABLE IF NOT EXISTS {} (
                      id bigserial PRIMARY KEY,
@@ -136,27 +105,23 @@ class ParkingLot:
                      created_at timestamptz NOT NULL DEFAULT now(),
                      updated_at timestamptz NOT NULL DEFAULT now(),
                      UNIQUE (sink, lsn, seq, tombstone))"""
-            ).format(self.table)
-        )
-        self._exec(
+            ).format(self.table),
             sql.SQL(
                 "CREATE INDEX IF NOT EXISTS {} ON {} (sink, status, group_key, lsn, seq)"
-            ).format(sql.Identifier("parked_messages_group"), self.table)
-        )
-        self._exec(
+            ).format(sql.Identifier("parked_messages_group"), self.table),
             sql.SQL(
                 """CREATE TABLE IF NOT EXISTS {} (
                      sink text PRIMARY KEY, paused boolean NOT NULL DEFAULT false,
                      reason text, skip_before bigint,
                      updated_at timestamptz NOT NULL DEFAULT now())"""
-            ).format(self.state)
-        )
-        self._exec(  # tables made before backfills: their rows' idempotency key
-            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS ikey text").format(self.table)
-        )
-        self._exec(  # tables made before `walstream reset` existed
-            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS skip_before bigint").format(self.state)
-        )
+            ).format(self.state),
+            # tables made before backfills: their rows' idempotency key
+            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS ikey text").format(self.table),
+            # tables made before `walstream reset` existed
+            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS skip_before bigint").format(
+                self.state
+            ),
+        ]
 
     # -- executors: parking ---------------------------------------------------------------
     def blocked(self, sink: str) -> tuple[set[str], int]:
@@ -169,10 +134,6 @@ class ParkingLot:
             (sink,),
         )
         return {r[0] for r in rows}, sum(int(r[1]) for r in rows)
-
-    def transaction(self) -> Any:
-        """A transaction on the state connection (the ledger's writes join it)."""
-        return self._conn().transaction()
 
     def park(
         self,
@@ -194,7 +155,7 @@ class ParkingLot:
                 now + timedelta(seconds=delay) if delay is not None else None,
                 json.dumps(errors), m.key, m.value, m.route, m.table, m.action,
                 json.dumps(sink_config) if status == DEAD and sink_config else None,
-                m.error is not None, m.ikey,
+                m.error is not None, m.idempotency_override,
             ))  # fmt: skip
         if not rows:
             return

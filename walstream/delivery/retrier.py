@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from walstream.backoff import Backoff
 from walstream.config import SinkConfig, sink_snapshot
 from walstream.delivery.deliver import load_function
-from walstream.delivery.parking import Backoff, Parked, ParkingLot
+from walstream.delivery.parking import Parked, ParkingLot
 from walstream.errors import SinkError
+from walstream.periodic import Periodic
 from walstream.secrets import scrubbed, secret_values
 from walstream.sinks.base import BatchInfo, Message, Sink
 from walstream.sinks.registry import sink_for
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 class Retrier:
     def __init__(
         self,
-        sinks: list[SinkConfig],
+        sinks: Sequence[SinkConfig],
         parking: ParkingLot,
         on_delivered: Callable[[str, int], Any] | None = None,
         interval: float = 1.0,
@@ -45,35 +46,33 @@ class Retrier:
         self.on_delivered = on_delivered
         self.interval = interval
         self._sinks: dict[str, Sink] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.last_error: str | None = None
+        # A failed pass (the state database is down, say) is tried again on the next tick.
+        self.task = Periodic(
+            "walstream-retrier",
+            self._pass,
+            interval,
+            what="retrier (parked messages wait)",
+            logger=log,
+        )
+        self._stop = self.task.stopping
 
     def start(self) -> Retrier:
         if self.sinks:
-            self._thread = threading.Thread(
-                target=self._loop, name="walstream-retrier", daemon=True
-            )
-            self._thread.start()
+            self.task.start()
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self.task.stop(timeout)
         for s in self._sinks.values():
             s.close()
         self._sinks.clear()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.run_once()
-                self.last_error = None
-            except Exception as exc:  # the state database is down, say: try again next tick
-                if str(exc) != self.last_error:
-                    log.error("retrier: %s; parked messages are retried on the next tick", exc)
-                self.last_error = str(exc)
+    @property
+    def last_error(self) -> str | None:
+        return self.task.last_error
+
+    def _pass(self) -> None:
+        self.run_once()
 
     def run_once(self) -> int:
         """One pass over every sink's due groups; returns how many messages were delivered."""

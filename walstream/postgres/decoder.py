@@ -15,15 +15,17 @@ import logging
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring
 
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
 from walstream.errors import DecodeError
 from walstream.postgres import pgoutput as po
-from walstream.postgres.fastpath import compile_tuple_encoder
+from walstream.postgres.relations import CompiledRelation, RelationInfo
 from walstream.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ANNOTATIONS_PREFIX", "WATERMARK", "WATERMARK_PREFIX", "ChangeDecoder", "RelationInfo",
+           "TxnContext", "annotations_json"]  # fmt: skip
 
 ANNOTATIONS_PREFIX = "walstream:annotations"
 #: Backfill watermarks (DESIGN.md section 6): a transactional logical message with this
@@ -32,120 +34,7 @@ ANNOTATIONS_PREFIX = "walstream:annotations"
 WATERMARK_PREFIX = "walstream:backfill"
 WATERMARK = "watermark"
 
-_UNCHANGED = po.UNCHANGED_TOAST
 _U32 = struct.Struct("!I").unpack_from
-_I32 = struct.Struct("!i").unpack_from
-_I16 = struct.Struct("!h").unpack_from
-
-
-@dataclass(frozen=True, slots=True)
-class RelationInfo:
-    """A relation as pgoutput described it, plus the key walstream uses for `pk`."""
-
-    oid: int
-    schema: str
-    table: str
-    replica_identity: str
-    columns: tuple[po.Column, ...]
-    key_columns: tuple[str, ...]
-
-    @classmethod
-    def from_message(
-        cls, rel: po.Relation, primary_key: Sequence[str] | None = None
-    ) -> RelationInfo:
-        names = {c.name for c in rel.columns}
-        if primary_key and all(k in names for k in primary_key):
-            key = tuple(primary_key)
-        else:
-            key = tuple(c.name for c in rel.columns if c.is_key)
-        return cls(rel.oid, rel.schema, rel.name, rel.replica_identity, rel.columns, key)
-
-
-class _Compiled:
-    """Per-relation encoders: column JSON keys, value encoders, key positions."""
-
-    __slots__ = ("encoders", "fast", "info", "key_idx", "key_set", "keys", "names")
-
-    def __init__(self, info: RelationInfo, types: TypeRegistry) -> None:
-        self.info = info
-        self.names = [c.name for c in info.columns]
-        self.keys = [encode_basestring(c.name) + ":" for c in info.columns]
-        self.encoders = [types.codec(c.type_oid).json for c in info.columns]
-        pos = {n: i for i, n in enumerate(self.names)}
-        self.key_idx = [pos[k] for k in info.key_columns]
-        self.key_set = frozenset(self.key_idx)
-        codecs = [types.codec(c.type_oid) for c in info.columns]
-        self.fast = compile_tuple_encoder(self.names, codecs, self.key_idx)
-
-    def pk(self, values: po.TupleData, fallback: po.TupleData | None = None) -> list[str | None]:
-        out: list[str | None] = []
-        for i in self.key_idx:
-            v = values[i] if i < len(values) else None
-            if (v is None or v is _UNCHANGED) and fallback is not None and i < len(fallback):
-                v = fallback[i]
-            out.append(None if v is None or v is _UNCHANGED else v.decode("utf-8"))
-        return out
-
-    def fused(self, buf: bytes, pos: int) -> tuple[str, list[str | None], list[str] | None]:
-        """Parse TupleData at `pos` and build (record JSON, pk, omitted columns) in one pass."""
-        (ncols,) = _I16(buf, pos)
-        pos += 2
-        keys, encs, names = self.keys, self.encoders, self.names
-        parts: list[str] = []
-        append = parts.append
-        omitted: list[str] | None = None
-        key_vals: dict[int, bytes] = {}
-        key_set = self.key_set
-        for i in range(ncols):
-            kind = buf[pos]
-            if kind == 116:  # 't'
-                (n,) = _I32(buf, pos + 1)
-                v = buf[pos + 5 : pos + 5 + n]
-                pos += 5 + n
-                append(keys[i] + encs[i](v))
-                if i in key_set:
-                    key_vals[i] = v
-            elif kind == 110:  # 'n'
-                pos += 1
-                append(keys[i] + "null")
-            elif kind == 117:  # 'u'
-                pos += 1
-                if omitted is None:
-                    omitted = []
-                omitted.append(names[i])
-            else:
-                raise IndexError(f"tuple column kind {kind}")  # slow path reports it
-        pk: list[str | None] = [
-            None if (kv := key_vals.get(i)) is None else kv.decode("utf-8") for i in self.key_idx
-        ]
-        return "{" + ",".join(parts) + "}", pk, omitted
-
-    def record(
-        self, values: po.TupleData, fill: po.TupleData | None = None, only_keys: bool = False
-    ) -> tuple[str, list[str] | None]:
-        """JSON object of the tuple; unchanged TOAST filled from `fill` or left out and listed."""
-        parts = []
-        omitted: list[str] | None = None
-        keys, encs = self.keys, self.encoders
-        key_set = self.key_set
-        for i, v in enumerate(values):
-            if only_keys and i not in key_set:
-                continue
-            if v is None:
-                parts.append(keys[i] + "null")
-            elif v is _UNCHANGED:
-                f = fill[i] if fill is not None and i < len(fill) else _UNCHANGED
-                if f is _UNCHANGED:
-                    if omitted is None:
-                        omitted = []
-                    omitted.append(self.names[i])
-                elif f is None:
-                    parts.append(keys[i] + "null")
-                else:
-                    parts.append(keys[i] + encs[i](f))
-            else:
-                parts.append(keys[i] + encs[i](v))
-        return "{" + ",".join(parts) + "}", omitted
 
 
 @dataclass(slots=True)
@@ -190,8 +79,8 @@ class ChangeDecoder:
         self.primary_keys = dict(primary_keys or {})
         self.on_message = on_message
         self.parser = po.PgOutputParser()
-        self.relations: dict[int, _Compiled] = {}
-        self._compiled: dict[RelationInfo, _Compiled] = {}
+        self.relations: dict[int, CompiledRelation] = {}
+        self._compiled: dict[RelationInfo, CompiledRelation] = {}
         self.txn: TxnContext | None = None
         self.streams: dict[int, _Stream] = {}
         self.type_names: dict[int, tuple[str, str]] = {}
@@ -200,7 +89,7 @@ class ChangeDecoder:
     def add_relation(self, info: RelationInfo) -> None:
         compiled = self._compiled.get(info)
         if compiled is None:
-            compiled = self._compiled[info] = _Compiled(info, self.types)
+            compiled = self._compiled[info] = CompiledRelation(info, self.types)
         self.relations[info.oid] = compiled
 
     def set_relations(self, infos: Sequence[RelationInfo]) -> None:
@@ -212,7 +101,7 @@ class ChangeDecoder:
     def relation_infos(self) -> list[RelationInfo]:
         return [c.info for c in self.relations.values()]
 
-    def _relation(self, oid: int) -> _Compiled:
+    def _relation(self, oid: int) -> CompiledRelation:
         rel = self.relations.get(oid)
         if rel is None:
             raise DecodeError(

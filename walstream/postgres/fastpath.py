@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring
 from typing import Any
 
-from walstream.postgres import types as t
+from walstream.postgres import codecs as t
 
 FastEncoder = Callable[[bytes, int], "tuple[str, list[str | None]] | None"]
 

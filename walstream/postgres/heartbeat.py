@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
+from typing import Any
 
 import psycopg
 
+from walstream.periodic import Periodic
 from walstream.postgres.capture import HEARTBEAT_PREFIX
 from walstream.postgres.replication import connect
 
@@ -28,33 +29,34 @@ class Heartbeat:
         self.slot = slot
         self.interval = interval
         self.sent = 0
-        self._stop = threading.Event()
-        self.thread = threading.Thread(
-            target=self._run, name=f"walstream-heartbeat-{slot}", daemon=True
-        )
+        self.conn: psycopg.Connection[Any] | None = None
+        # A missed heartbeat is reported by the staleness check; the next one reconnects.
+        self.task = Periodic(
+            f"walstream-heartbeat-{slot}", self._beat, interval, first=0.0,
+            level=logging.WARNING, what=f"heartbeat for slot {slot}", cleanup=self._close, logger=log,
+        )  # fmt: skip
 
     def start(self) -> Heartbeat:
-        self.thread.start()
+        self.task.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        self.task.stopping.set()  # the thread closes the connection on its way out
 
-    def _run(self) -> None:
-        conn: psycopg.Connection | None = None
-        while not self._stop.wait(0 if self.sent == 0 else self.interval):
-            try:
-                if conn is None or conn.closed:
-                    conn = connect(self.dsn, autocommit=True, connect_timeout=10)
-                body = json.dumps({"slot": self.slot, "at": time.time()})
-                conn.execute(
-                    "SELECT pg_logical_emit_message(true, %s, %s)", (HEARTBEAT_PREFIX, body)
-                )
-                self.sent += 1
-            except Exception as exc:  # a missed heartbeat is reported by the staleness check
-                log.warning("heartbeat for slot %s failed: %s", self.slot, exc)
-                if conn is not None:
-                    conn.close()
-                conn = None
+    def _beat(self) -> None:
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = connect(self.dsn, autocommit=True, connect_timeout=10)
+            body = json.dumps({"slot": self.slot, "at": time.time()})
+            self.conn.execute(
+                "SELECT pg_logical_emit_message(true, %s, %s)", (HEARTBEAT_PREFIX, body)
+            )
+            self.sent += 1
+        except Exception:
+            self._close()
+            raise
+
+    def _close(self) -> None:
+        conn, self.conn = self.conn, None
         if conn is not None:
             conn.close()

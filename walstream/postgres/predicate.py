@@ -198,7 +198,7 @@ def _function(text: str, node: Any) -> None:
         raise BadPredicate(
             text,
             f"it calls {name}(), which a predicate may not call (allowed: the built-in text, "
-            "number, time, json and array functions listed in the README's Backfills section)",
+            "number, time, json and array functions listed in docs/backfills.md)",
         )
     if (
         node.agg_star or node.agg_distinct or node.agg_order or node.agg_filter or node.over

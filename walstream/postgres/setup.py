@@ -26,7 +26,7 @@ class Finding:
     fix: str | None = None
 
 
-def _q(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
+def _rows(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
     return conn.execute(query, params or None).fetchall()
 
 
@@ -62,8 +62,8 @@ def check_database(
 
 def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
     out: list[Finding] = []
-    version = int(_q(conn, "SHOW server_version_num")[0][0])
-    human = _q(conn, "SHOW server_version")[0][0]
+    version = int(_rows(conn, "SHOW server_version_num")[0][0])
+    human = _rows(conn, "SHOW server_version")[0][0]
     if version < MIN_SERVER_VERSION:
         out.append(
             Finding(
@@ -75,7 +75,7 @@ def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
         )
     else:
         out.append(Finding("ok", "server version", f"PostgreSQL {human}"))
-    wal_level = _q(conn, "SHOW wal_level")[0][0]
+    wal_level = _rows(conn, "SHOW wal_level")[0][0]
     if wal_level != "logical":
         out.append(
             Finding(
@@ -92,7 +92,7 @@ def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
 
 
 def _role(conn: psycopg.Connection[Any]) -> list[Finding]:
-    user, can_replicate, superuser = _q(
+    user, can_replicate, superuser = _rows(
         conn,
         "SELECT current_user, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
     )[0]
@@ -110,10 +110,10 @@ def _role(conn: psycopg.Connection[Any]) -> list[Finding]:
 
 def _capacity(conn: psycopg.Connection[Any], slot: str | None) -> list[Finding]:
     out: list[Finding] = []
-    max_slots = int(_q(conn, "SHOW max_replication_slots")[0][0])
-    used = int(_q(conn, "SELECT count(*) FROM pg_replication_slots")[0][0])
+    max_slots = int(_rows(conn, "SHOW max_replication_slots")[0][0])
+    used = int(_rows(conn, "SELECT count(*) FROM pg_replication_slots")[0][0])
     exists = bool(slot) and bool(
-        _q(conn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", slot)
+        _rows(conn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", slot)
     )
     free = max_slots - used
     if free <= 0 and not exists:
@@ -136,8 +136,8 @@ def _capacity(conn: psycopg.Connection[Any], slot: str | None) -> list[Finding]:
         )
     else:
         out.append(Finding("ok", "replication slots", f"{free} of {max_slots} free"))
-    max_senders = int(_q(conn, "SHOW max_wal_senders")[0][0])
-    senders = int(_q(conn, "SELECT count(*) FROM pg_stat_replication")[0][0])
+    max_senders = int(_rows(conn, "SHOW max_wal_senders")[0][0])
+    senders = int(_rows(conn, "SELECT count(*) FROM pg_stat_replication")[0][0])
     if max_senders - senders <= 0:
         out.append(
             Finding(
@@ -151,7 +151,7 @@ def _capacity(conn: psycopg.Connection[Any], slot: str | None) -> list[Finding]:
 
 
 def _slot(conn: psycopg.Connection[Any], slot: str) -> list[Finding]:
-    rows = _q(
+    rows = _rows(
         conn,
         "SELECT plugin, database, active, slot_type FROM pg_replication_slots WHERE slot_name = %s",
         slot,
@@ -161,7 +161,7 @@ def _slot(conn: psycopg.Connection[Any], slot: str) -> list[Finding]:
             Finding("ok", f"slot {slot}", "does not exist yet; walstream run creates it (pgoutput)")
         ]
     plugin, database, active, slot_type = rows[0]
-    current_db = _q(conn, "SELECT current_database()")[0][0]
+    current_db = _rows(conn, "SELECT current_database()")[0][0]
     drop = f"SELECT pg_drop_replication_slot('{slot}');"
     if slot_type != "logical" or plugin != "pgoutput":
         return [
@@ -199,7 +199,7 @@ def _resolve_tables(
     """Expand `schema.table` names and globs (`public.*`) to existing tables."""
     if not tables:
         return [], []
-    existing = _q(
+    existing = _rows(
         conn,
         "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
@@ -229,7 +229,7 @@ def _publication(
 ) -> tuple[list[Finding], list[tuple[str, str]]]:
     """Findings about the publication; `named`: tables were asked for (an empty `tables`
     then means none of them exists, not "all tables")."""
-    rows = _q(
+    rows = _rows(
         conn,
         "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate "
         "FROM pg_publication WHERE pubname = %s",
@@ -278,7 +278,9 @@ def _publication(
             )
         )
     covered = set(
-        _q(conn, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", name)
+        _rows(
+            conn, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", name
+        )
     )
     uncovered = [t for t in tables if t not in covered]
     if uncovered and not all_tables:
@@ -301,7 +303,7 @@ def _publication(
 def _table(conn: psycopg.Connection[Any], schema: str, table: str) -> list[Finding]:
     ident = sql.Identifier(schema, table).as_string(conn)
     subject = f"table {schema}.{table}"
-    rows = _q(
+    rows = _rows(
         conn,
         """
         SELECT c.relreplident,

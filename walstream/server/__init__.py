@@ -10,23 +10,23 @@ from typing import TYPE_CHECKING
 from walstream.errors import SetupError
 
 if TYPE_CHECKING:
-    from walstream.runtime import Runtime
     from walstream.server.metrics import Metrics
     from walstream.server.monitor import Monitor
+    from walstream.server.status import Control
 
 log = logging.getLogger(__name__)
 
 
 class Server:
-    """Serves a Runtime's health, metrics, API and console until `stop()`."""
+    """Serves the health, metrics, API and console until `stop()`."""
 
-    def __init__(self, runtime: Runtime, monitor: Monitor, metrics: Metrics) -> None:
+    def __init__(self, control: Control, monitor: Monitor, metrics: Metrics) -> None:
         import uvicorn
 
         from walstream.server.app import create_app
 
-        cfg = runtime.config.server
-        self.app = create_app(runtime, monitor, metrics)
+        cfg = control.config.server
+        self.app = create_app(control, monitor, metrics)
         self.config = uvicorn.Config(
             self.app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
             lifespan="off",

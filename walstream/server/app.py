@@ -19,9 +19,7 @@ in `server.allowed_hosts` (DNS rebinding) and a body over `server.max_body_bytes
 
 from __future__ import annotations
 
-import hmac
 import logging
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, HTTPException, Path, Query, Request
@@ -30,13 +28,13 @@ from pydantic import BaseModel, Field
 
 from walstream.delivery.parking import DEAD, PARKED, Parked
 from walstream.errors import WalstreamError
-from walstream.secrets import scrub, scrub_json
-from walstream.sinks.base import url_for_messages
+from walstream.secrets import scrub_json
+from walstream.server.answers import backfill_json, check_bearer, parked_json, problem
 
 if TYPE_CHECKING:
-    from walstream.runtime import Runtime
     from walstream.server.metrics import Metrics
     from walstream.server.monitor import Monitor
+    from walstream.server.status import Control
 
 log = logging.getLogger(__name__)
 
@@ -84,25 +82,6 @@ class BackfillRequest(BaseModel):
     )
 
 
-def _problem(status: int, detail: str, fix: str | None = None) -> HTTPException:
-    return HTTPException(status, {"problem": detail, "fix": fix} if fix else {"problem": detail})
-
-
-def _check_bearer(request: Request, token: str | list[str], what: str) -> None:
-    """401 unless the request carries `Authorization: Bearer <token>` with the token (or
-    one of the tokens), compared in constant time."""
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    given = value.strip().encode()
-    tokens = [token] if isinstance(token, str) else token
-    matches = [hmac.compare_digest(given, t.encode()) for t in tokens]  # each one, always
-    if scheme.lower() != "bearer" or not any(matches):
-        raise HTTPException(
-            401,
-            {"problem": f"missing or wrong {what}", "fix": "send Authorization: Bearer <token>"},
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-
 def _has_nul(value: Any) -> bool:
     """A NUL character anywhere in a JSON value (Postgres jsonb cannot store it)."""
     if isinstance(value, str):
@@ -114,50 +93,9 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def parked_json(p: Parked, secrets: Iterable[str], full: bool = False) -> dict[str, Any]:
-    """A parked message or dead letter as the API shows it (errors without secrets)."""
-    secrets = list(secrets)
-    errors = scrub_json(p.errors, secrets)
-    last = errors[-1]["error"] if errors else None
-    out: dict[str, Any] = {
-        "id": p.id, "sink": p.sink, "status": p.status, "group": p.group,
-        "lsn": p.lsn, "seq": p.seq, "table": p.message.table, "action": p.message.action,
-        "attempts": p.attempts, "last_error": last,
-        "next_attempt_at": p.next_attempt_at.isoformat() if p.next_attempt_at else None,
-        "created_at": p.created_at.isoformat(),
-    }  # fmt: skip
-    if full:
-        value, key = p.message.value, p.message.key
-        route = p.message.route
-        if route is not None and route.startswith(("http://", "https://")):
-            route = url_for_messages(route)  # a webhook URL's path can be its secret
-        out.update(
-            key=key.decode(errors="replace") if key is not None else None,
-            route=route,
-            idempotency_key=p.message.idempotency_key,
-            errors=errors,
-            message=value.decode(errors="replace") if value is not None else None,
-        )
-    return out
-
-
-def backfill_json(b: Any, secrets: Iterable[str]) -> dict[str, Any]:
-    return {
-        "id": b.id, "sink": b.sink, "source": b.source, "table": b.qualified, "where": b.where,
-        "status": b.status, "error": scrub(b.error, secrets) if b.error else None,
-        "rows_read": b.rows_read,
-        "rows_estimated": b.rows_estimated, "chunks": b.chunks,
-        "chunks_delivered": b.chunks_emitted, "chunk_size": b.chunk_size,
-        "rate_per_second": round(b.rate, 1) if b.rate is not None else None,
-        "eta_seconds": round(b.eta, 1) if b.eta is not None else None,
-        "created_at": b.created_at.isoformat(),
-        "finished_at": b.finished_at.isoformat() if b.finished_at else None,
-    }  # fmt: skip
-
-
-def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
-    from walstream import __version__
+def create_app(control: Control, monitor: Monitor, metrics: Metrics) -> FastAPI:
     from walstream.server.guard import Guard
+    from walstream.version import __version__
 
     app = FastAPI(
         title="walstream",
@@ -168,53 +106,53 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
             "calls need `server.token`. Without a configured token those calls are disabled."
         ),
     )
-    server = runtime.config.server
-    events = runtime.config.events
+    server = control.config.server
+    events = control.config.events
     app.add_middleware(
         Guard,
         hosts=server.hosts(),
         max_body=max(server.max_body_bytes, events.max_bytes if events is not None else 0),
     )
-    sinks = {s.name: s for s in runtime.config.sinks}
+    sinks = {s.name: s for s in control.config.sinks}
 
     def reader(request: Request) -> None:
-        tokens = runtime.config.server.reader_tokens()
+        tokens = control.config.server.reader_tokens()
         if not tokens:
-            raise _problem(
+            raise problem(
                 403,
                 "reads that may show row values are disabled: no token is configured",
                 "set server.read_token (or server.token) in walstream.yaml, or "
                 "WALSTREAM_API_READ_TOKEN, then restart",
             )
-        _check_bearer(request, tokens, "read token")
+        check_bearer(request, tokens, "read token")
 
     Read = Depends(reader)
 
     def writer(request: Request) -> None:
-        token = runtime.config.server.api_token()
+        token = control.config.server.api_token()
         if token is None:
-            raise _problem(
+            raise problem(
                 403,
                 "write calls are disabled: no API token is configured",
                 "set server.token in walstream.yaml or WALSTREAM_API_TOKEN, then restart",
             )
-        _check_bearer(request, token, "bearer token")
+        check_bearer(request, token, "bearer token")
 
     Write = Depends(writer)
 
     def known_sink(name: str) -> None:
         if name not in sinks:
-            raise _problem(404, f"no sink named {name!r}", f"sinks are: {', '.join(sinks)}")
+            raise problem(404, f"no sink named {name!r}", f"sinks are: {', '.join(sinks)}")
 
     def lot() -> Any:
-        if runtime.parking is None:
-            raise _problem(503, "walstream is starting", "try again in a moment")
-        return runtime.parking
+        if control.parking is None:
+            raise problem(503, "walstream is starting", "try again in a moment")
+        return control.parking
 
     def store() -> Any:
-        if runtime.backfills is None:
-            raise _problem(503, "walstream is starting", "try again in a moment")
-        return runtime.backfills
+        if control.backfills is None:
+            raise problem(503, "walstream is starting", "try again in a moment")
+        return control.backfills
 
     @app.exception_handler(WalstreamError)
     async def _walstream_error(request: Request, exc: WalstreamError) -> JSONResponse:
@@ -276,7 +214,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         rows = lot().list(status, sink, group, limit)
         counts = lot().counts()
         total = sum(c.get(status, 0) for s, c in counts.items() if sink is None or s == sink)
-        return {"total": total, "items": [parked_json(p, runtime.secrets) for p in rows]}
+        return {"total": total, "items": [parked_json(p, control.secrets) for p in rows]}
 
     @app.get("/api/dead-letters", tags=["dead letters"], dependencies=[Read],
              summary="Dead letters, oldest first")  # fmt: skip
@@ -293,22 +231,22 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
     def one(id_: int) -> Parked:
         p = lot().get(id_)
         if p is None:
-            raise _problem(404, f"no parked message or dead letter with id {id_}")
+            raise problem(404, f"no parked message or dead letter with id {id_}")
         return p
 
     @app.get("/api/dead-letters/{id}", tags=["dead letters"], dependencies=[Read],
              summary="One dead letter or parked message, with its message and errors")  # fmt: skip
     def dead_letter(id: MessageId) -> dict[str, Any]:
         p = one(id)
-        config = scrub_json(lot().sink_config(id), runtime.secrets)  # stored before a fix, too
-        return {**parked_json(p, runtime.secrets, full=True), "sink_config": config}
+        config = scrub_json(lot().sink_config(id), control.secrets)  # stored before a fix, too
+        return {**parked_json(p, control.secrets, full=True), "sink_config": config}
 
     @app.post("/api/dead-letters/{id}/retry", tags=["dead letters"], dependencies=[Write],
               summary="Park a dead letter again, due now: the retrier delivers it")  # fmt: skip
     def retry(id: MessageId) -> dict[str, Any]:
         p = one(id)
         if p.status != DEAD:
-            raise _problem(409, f"message {id} is {p.status}, not a dead letter")
+            raise problem(409, f"message {id} is {p.status}, not a dead letter")
         n = lot().retry_dead([id])
         log.warning("dead letter %d of sink %s retried through the API", id, p.sink)
         return {"id": id, "retried": n == 1}
@@ -318,7 +256,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
     def discard(id: MessageId) -> dict[str, Any]:
         p = one(id)
         if p.status != DEAD:
-            raise _problem(409, f"message {id} is {p.status}, not a dead letter")
+            raise problem(409, f"message {id} is {p.status}, not a dead letter")
         n = lot().discard_dead([id])
         log.warning("dead letter %d of sink %s discarded through the API", id, p.sink)
         return {"id": id, "discarded": n == 1}
@@ -328,7 +266,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
              summary="Backfills, newest first")  # fmt: skip
     def backfills(sink: Filter = None, active: bool = False) -> list[dict[str, Any]]:
         return [
-            backfill_json(b, runtime.secrets) for b in store().find(sink=sink, active_only=active)
+            backfill_json(b, control.secrets) for b in store().find(sink=sink, active_only=active)
         ]
 
     @app.get("/api/backfills/{id}", tags=["backfills"], dependencies=[Read],
@@ -336,8 +274,8 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
     def backfill(id: BackfillId) -> dict[str, Any]:
         b = store().get(id)
         if b is None:
-            raise _problem(404, f"no backfill {id}")
-        return backfill_json(b, runtime.secrets)
+            raise problem(404, f"no backfill {id}")
+        return backfill_json(b, control.secrets)
 
     @app.post("/api/backfills", tags=["backfills"], dependencies=[Write], status_code=201,
               summary="Start backfills of a sink's tables")  # fmt: skip
@@ -348,26 +286,26 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         known_sink(body.sink)
         try:
             created = request(
-                runtime.config, store(), body.sink, body.tables, body.where, body.chunk_size,
+                control.config, store(), body.sink, body.tables, body.where, body.chunk_size,
                 body.target_seconds,
             )  # fmt: skip
         except BadPredicate as exc:
-            raise _problem(422, exc.problem, exc.fix) from None
+            raise problem(422, exc.problem, exc.fix) from None
         for b in created:
             log.warning(
                 "backfill %d of %s to sink %s started through the API", b.id, b.qualified, b.sink
             )
-        return [backfill_json(b, runtime.secrets) for b in created]
+        return [backfill_json(b, control.secrets) for b in created]
 
     @app.post("/api/backfills/{id}/cancel", tags=["backfills"], dependencies=[Write],
               summary="Cancel a backfill (rows delivered stay delivered)")  # fmt: skip
     def cancel_backfill(id: BackfillId) -> dict[str, Any]:
         b = store().get(id)
         if b is None:
-            raise _problem(404, f"no backfill {id}")
+            raise problem(404, f"no backfill {id}")
         done = store().cancel([id])
         if not done:
-            raise _problem(409, f"backfill {id} is {b.status} already")
+            raise problem(409, f"backfill {id} is {b.status} already")
         log.warning(
             "backfill %d of %s to sink %s cancelled through the API", id, b.qualified, b.sink
         )
@@ -375,15 +313,15 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
 
     # -- event ingestion ----------------------------------------------------------------------
     def producer(request: Request) -> None:
-        ev = runtime.config.events
+        ev = control.config.events
         token = ev.producer_token() if ev is not None else None
         if ev is None or token is None:
-            raise _problem(
+            raise problem(
                 403,
                 "event ingestion is off" if ev is None else "event ingestion has no producer token",
                 "add an events: section with a token (or WALSTREAM_EVENTS_TOKEN) to walstream.yaml",
             )
-        _check_bearer(request, token, "producer token")
+        check_bearer(request, token, "producer token")
 
     @app.post(
         "/v1/events", tags=["events"], status_code=202, dependencies=[Depends(producer)],
@@ -401,14 +339,14 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
         import anyio
         from pydantic import ValidationError
 
-        ev = runtime.config.events
+        ev = control.config.events
         assert ev is not None
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > ev.max_bytes:
-            raise _problem(413, f"the event is over {ev.max_bytes:,} bytes", "send smaller events")
+            raise problem(413, f"the event is over {ev.max_bytes:,} bytes", "send smaller events")
         raw = await request.body()
         if len(raw) > ev.max_bytes:
-            raise _problem(413, f"the event is over {ev.max_bytes:,} bytes", "send smaller events")
+            raise problem(413, f"the event is over {ev.max_bytes:,} bytes", "send smaller events")
         try:
             event = EventIn.model_validate_json(raw)
         except ValidationError as exc:
@@ -422,10 +360,10 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
                 },
             ) from None
         if _has_nul(event.payload):
-            raise _problem(422, "payload: a NUL character (\\u0000) cannot be stored", "remove it")
-        outbox = runtime.outbox
+            raise problem(422, "payload: a NUL character (\\u0000) cannot be stored", "remove it")
+        outbox = control.outbox
         if outbox is None:
-            raise _problem(503, "walstream is starting", "try again in a moment")
+            raise problem(503, "walstream is starting", "try again in a moment")
         accepted = await anyio.to_thread.run_sync(
             outbox.publish, event.event_type, event.payload, event.ordering_key, idempotency_key
         )
@@ -433,7 +371,7 @@ def create_app(runtime: Runtime, monitor: Monitor, metrics: Metrics) -> FastAPI:
 
     from walstream.server.streams import stream_routes
 
-    app.include_router(stream_routes(runtime, metrics))
+    app.include_router(stream_routes(control, metrics))
 
     # -- the console --------------------------------------------------------------------------
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

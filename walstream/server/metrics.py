@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -99,7 +99,8 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self.monitor.snapshot()
-        rt = self.monitor.runtime
+        rt = self.monitor.control
+        restarts_of = {s.name: s.restarts for s in rt.sources()}
 
         ingested = CounterMetricFamily(
             "walstream_changes_ingested", "Changes read from the source into batches.", labels=["source"]
@@ -124,7 +125,7 @@ class _Collector(Collector):
         )  # fmt: skip
         for s in snap.sources:
             ingested.add_metric([s["name"]], s["ingested"])
-            restarts.add_metric([s["name"]], _restarts(rt, s["name"]))
+            restarts.add_metric([s["name"]], restarts_of.get(s["name"], 0))
             if s["lag_bytes"] is not None:
                 lag.add_metric([s["name"]], s["lag_bytes"])
             if s["retained_wal_bytes"] is not None:
@@ -167,7 +168,3 @@ class _Collector(Collector):
             for v in STATUS_VALUES:
                 sink_up.add_metric([k["name"], v], 1.0 if k["status"] == v else 0.0)
         yield from (delivered, failures, parked, dead, sink_up)
-
-
-def _restarts(rt: Any, source: str) -> int:
-    return sum(sq.restarts for sq in rt.queries if sq.source.name == source)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from walstream.delivery.parking import DEAD, PARKED
 
 if TYPE_CHECKING:
-    from walstream.runtime import Runtime, SourceQuery
+    from walstream.server.status import Control, SourceStatus
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +138,11 @@ def slot_state(dsn: str, slot: str, timeout: float = 3.0) -> SlotState:
 
 
 class Monitor:
-    """Builds Snapshots of a Runtime (cached for `ttl` seconds: scrapes and page loads
-    may come often, and each look queries the databases)."""
+    """Builds Snapshots of what a Control publishes (cached for `ttl` seconds: scrapes and
+    page loads may come often, and each look queries the databases)."""
 
-    def __init__(self, runtime: Runtime, ttl: float = 1.0) -> None:
-        self.runtime = runtime
+    def __init__(self, control: Control, ttl: float = 1.0) -> None:
+        self.control = control
         self.ttl = ttl
         self._last: Snapshot | None = None
 
@@ -155,7 +155,7 @@ class Monitor:
         return snap
 
     def _build(self) -> Snapshot:
-        rt = self.runtime
+        rt = self.control
         snap = Snapshot(time.monotonic())
         counts: dict[str, dict[str, int]] = {}
         paused: dict[str, str | None] = {}
@@ -170,23 +170,24 @@ class Monitor:
                     f"{type(exc).__name__}: {exc}", "/api/sources",
                 )  # fmt: skip
         progress = rt.progress()
-        failing: dict[str, SourceQuery] = {}
-        for sq in rt.queries:
+        failing: dict[str, SourceStatus] = {}
+        statuses = rt.sources()
+        for sq in statuses:
             source = self._source(sq)
             if state_error:
                 source["reasons"].append(state_error)
                 source["status"] = ERROR
             snap.sources.append(source)
-            if sq.last_error and sq.query is None:
-                failing[sq.source.name] = sq
+            if sq.last_error and sq.failed:
+                failing[sq.name] = sq
         for sink in rt.config.sinks:
             p = progress.get(sink.name)
             c = counts.get(sink.name, {})
             reasons: list[Reason] = []
             status = OK
             holding = next(
-                (sq.pipeline.holding.get(sink.name) for sq in rt.queries
-                 if sq.source.name == sink.source and sink.name in sq.pipeline.holding),
+                (sq.holding.get(sink.name) for sq in statuses
+                 if sq.name == sink.source and sink.name in sq.holding),
                 None,
             )  # fmt: skip
             if sink.name in paused:
@@ -234,8 +235,7 @@ class Monitor:
             })  # fmt: skip
         return snap
 
-    def _source(self, sq: SourceQuery) -> dict[str, Any]:
-        s = sq.source
+    def _source(self, sq: SourceStatus) -> dict[str, Any]:
         reasons: list[Reason] = []
         status = OK
         leader = sq.leader
@@ -244,8 +244,8 @@ class Monitor:
             reasons.append(
                 reason("standby: another walstream holds this source; taking over when it stops")
             )
-        slot = slot_state(s.dsn.get_secret_value(), s.slot_name)
-        running = sq.query is not None and sq.query.isActive
+        slot = slot_state(sq.dsn, sq.slot)
+        running = sq.streaming
         if leader:
             if not running:
                 status = ERROR
@@ -259,11 +259,11 @@ class Monitor:
                 reasons.append(reason(f"cannot reach the source database: {slot.error}"))
             elif not slot.exists:
                 status = ERROR
-                reasons.append(reason(f"replication slot {s.slot_name} does not exist"))
+                reasons.append(reason(f"replication slot {sq.slot} does not exist"))
             else:
                 if not slot.active:
                     status = worst([status, WARNING])
-                    reasons.append(reason(f"replication slot {s.slot_name} has no connection"))
+                    reasons.append(reason(f"replication slot {sq.slot} has no connection"))
                 elif (slot.reply_age_seconds or 0) > STALE_REPLY_SECONDS:
                     status = worst([status, WARNING])
                     reasons.append(reason(
@@ -287,12 +287,12 @@ class Monitor:
                     sq.last_error, "/api/sources",
                 ))  # fmt: skip
         return {
-            "name": s.name,
+            "name": sq.name,
             "status": status,
             "reasons": reasons,
             "role": "leader" if leader else "standby",
             "streaming": running,
-            "slot": s.slot_name,
+            "slot": sq.slot,
             "slot_active": slot.active,
             "lag_bytes": slot.lag_bytes,
             "retained_wal_bytes": slot.retained_wal_bytes,

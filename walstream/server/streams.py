@@ -18,23 +18,27 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from walstream.config import StreamDestination, parse_duration
+from walstream.fields import parse_duration
+from walstream.server.answers import check_bearer, problem
+from walstream.server.connections import Connections
+from walstream.sinks.stream import StreamDestination
+from walstream.state.streams import version
 from walstream.streams import markers
 from walstream.streams.coalesce import coalesce, rewrite
 from walstream.streams.markers import BadMarker, Cursor
-from walstream.streams.store import Ahead, Expired, Page, version
+from walstream.streams.store import Ahead, Expired, Page
 
 if TYPE_CHECKING:
     from walstream.config import SinkConfig
-    from walstream.runtime import Runtime
     from walstream.server.metrics import Metrics
+    from walstream.server.status import Control
 
 StreamName = Annotated[
     str, Path(min_length=1, max_length=63, pattern=r"^[a-z][a-z0-9_-]*$", description="A stream.")
@@ -60,60 +64,11 @@ class Ack(BaseModel):
     progress: str = Field(min_length=1, max_length=20_000, description="A progress marker.")
 
 
-class Connections:
-    """Open long-polls and SSE subscriptions, counted per stream and per client address.
-    Used from the event loop's thread only (async handlers): no lock."""
-
-    RETRY_AFTER = 5
-
-    def __init__(self, per_stream: int, per_client: int) -> None:
-        self.per_stream = per_stream
-        self.per_client = per_client
-        self.streams: dict[str, int] = {}
-        self.clients: dict[str, int] = {}
-
-    def open(self, stream: str, client: str) -> Callable[[], None]:
-        """Count one more, or raise 429; returns the (idempotent) release."""
-        from walstream.server.app import _problem
-
-        if self.streams.get(stream, 0) >= self.per_stream:
-            raise _busy(_problem(
-                429, f"stream {stream} has {self.per_stream} open reads already",
-                "try again later (server.max_stream_connections sets the limit)",
-            ))  # fmt: skip
-        if self.clients.get(client, 0) >= self.per_client:
-            raise _busy(_problem(
-                429, f"this client has {self.per_client} open reads already",
-                "close one, or try again later (server.max_client_connections sets the limit)",
-            ))  # fmt: skip
-        self.streams[stream] = self.streams.get(stream, 0) + 1
-        self.clients[client] = self.clients.get(client, 0) + 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if released:
-                return
-            released = True
-            for counts, key in ((self.streams, stream), (self.clients, client)):
-                counts[key] -= 1
-                if not counts[key]:
-                    del counts[key]
-
-        return release
-
-
-def _busy(exc: HTTPException) -> HTTPException:
-    exc.headers = {"Retry-After": str(Connections.RETRY_AFTER)}
-    return exc
-
-
-def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
-    from walstream.server.app import _check_bearer, _problem
+def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
 
     router = APIRouter(prefix="/v1/streams", tags=["streams"])
-    streams = runtime.config.streams()
-    server = runtime.config.server
+    streams = control.config.streams()
+    server = control.config.server
     connections = Connections(server.max_stream_connections, server.max_client_connections)
 
     def client(request: Request) -> str:
@@ -121,7 +76,7 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
 
     def feeding(name: str) -> list[SinkConfig]:
         if name not in streams:
-            raise _problem(
+            raise problem(
                 404, f"no stream named {name!r}",
                 f"streams are: {', '.join(streams) or 'none (add a sink with type: stream)'}",
             )  # fmt: skip
@@ -138,18 +93,18 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
     def consumer(request: Request, name: StreamName) -> None:
         token = settings(name).consumer_token()
         if token is None:
-            raise _problem(
+            raise problem(
                 403, f"stream {name} has no consumer token: its read API is off",
                 "set destination.token of its sinks (or WALSTREAM_STREAMS_TOKEN) and restart",
             )  # fmt: skip
-        _check_bearer(request, token, "consumer token")
+        check_bearer(request, token, "consumer token")
 
     Consumer = Depends(consumer)
 
     def store() -> Any:
-        if runtime.streams is None:
-            raise _problem(503, "walstream is starting", "try again in a moment")
-        return runtime.streams
+        if control.streams is None:
+            raise problem(503, "walstream is starting", "try again in a moment")
+        return control.streams
 
     def head(name: str) -> dict[str, Cursor]:
         return {s: p.visible for s, p in store().positions(name).items()}
@@ -161,19 +116,19 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
         if after.startswith("group:"):
             group = after.removeprefix("group:")
             if not group or len(group) > 200:
-                raise _problem(400, "after=group:<name> needs a group name (1-200 characters)")
+                raise problem(400, "after=group:<name> needs a group name (1-200 characters)")
             return store().group(name, group, head(name))
         try:
             return markers.decode(name, after, sources(name))
         except BadMarker as exc:
-            raise _problem(
+            raise problem(
                 400, f"after: {exc}", "pass a `progress` value this stream returned"
             ) from None
 
     def gone(name: str, exc: Expired | Ahead) -> HTTPException:
         metrics.stream_gaps.labels(name).inc()
         if isinstance(exc, Expired):
-            return _problem(
+            return problem(
                 410,
                 f"the consumer has a gap: messages of source {exc.source} after its position "
                 f"{exc.at[0]}:{exc.at[1]} were deleted by the stream's retention (through "
@@ -181,7 +136,7 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
                 "rebuild the consumer's state from the source (e.g. a backfill to this stream), "
                 "then read from now (no after)",
             )
-        return _problem(
+        return problem(
             410,
             f"the position {exc.at[0]}:{exc.at[1]} of source {exc.source} is past what the "
             f"stream holds ({exc.visible[0]}:{exc.visible[1]}): the stream was reset or the "
@@ -366,14 +321,14 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
         try:
             at = markers.decode(name, body.progress, sources(name))
         except BadMarker as exc:
-            raise _problem(
+            raise problem(
                 400, f"progress: {exc}", "pass a `progress` value this stream returned"
             ) from None
         visible = head(name)
         for source, cursor in sorted(at.items()):
             if cursor > visible.get(source, markers.START):
                 shown = visible.get(source, markers.START)
-                raise _problem(
+                raise problem(
                     400,
                     f"progress: the position {cursor[0]}:{cursor[1]} of source {source} is past "
                     f"what the stream has made visible ({shown[0]}:{shown[1]})",
@@ -388,7 +343,7 @@ def stream_routes(runtime: Runtime, metrics: Metrics) -> APIRouter:
 def _message(m: Any, action: str, value: str | None, progress: str, count: int | None) -> str:
     head = {
         "source": m.source, "table": m.table, "action": action, "key": m.key,
-        "lsn": m.lsn, "seq": m.seq, "idempotency_key": m.ikey, "progress": progress,
+        "lsn": m.lsn, "seq": m.seq, "idempotency_key": m.idempotency_key, "progress": progress,
     }  # fmt: skip
     if count is not None:
         head["coalesced"] = count
@@ -397,16 +352,15 @@ def _message(m: Any, action: str, value: str | None, progress: str, count: int |
 
 
 def _wait_seconds(wait: str) -> float:
-    from walstream.server.app import _problem
 
     try:
         seconds = float(parse_duration(wait))
     except ValueError:
-        raise _problem(
+        raise problem(
             422, f"wait: {wait!r} is not a duration", "write e.g. 30s, 500ms or 10"
         ) from None
     if not 0 <= seconds <= MAX_WAIT:
-        raise _problem(422, f"wait: at most {MAX_WAIT:g}s", f"pass wait <= {MAX_WAIT:g}s")
+        raise problem(422, f"wait: at most {MAX_WAIT:g}s", f"pass wait <= {MAX_WAIT:g}s")
     return seconds
 
 

@@ -23,8 +23,12 @@ messages as delivered, and only then may the replication slot move past them.
 Errors: `deliver` raises `walstream.errors.SinkError` with `retryable` set and,
 for a partial failure, `delivered` = the indices known to be delivered. A sink
 never retries on its own beyond its client's built-in retries, never sleeps to
-back off, never drops a message: the delivery layer decides (retry, fail the
-batch, later: park or dead-letter).
+back off, never drops a message: the delivery layer decides (retry inline, park
+and retry later, dead-letter, or fail the batch for sinks that replace batches).
+
+A sink type is one module: its `DestinationSettings` subclass (the `destination:`
+section, with `type: <name>`), its `Sink` subclass naming those settings and its
+optional-dependency extra, decorated with `@register` (see `registry.py`).
 """
 
 from __future__ import annotations
@@ -32,10 +36,62 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Self
 from urllib.parse import urlsplit
 
 from walstream.change import idempotency_key
+from walstream.fields import Model
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """Where a sink runs, as the config's plan knows it: its source and the state database."""
+
+    source: str
+    source_dsn: str
+    state_dsn: str
+    state_schema: str
+
+
+class DestinationSettings(Model):
+    """Base of every sink's `destination:` settings: how the pipeline keys and routes them.
+
+    Each sink narrows `type` to its own name (`type: Literal["kafka"]`).
+    `key_expression`: the message key (Spark SQL), kept with every message (Kafka's key,
+    the key a dead letter is listed by). `route_expression`: where each message goes, when
+    that is computed per change (a topic, stream, subject, URL... given as an expression);
+    None when every message goes to the one place the settings name.
+    """
+
+    type: str
+    #: The destination has tombstones (Kafka: a null-value message after a delete).
+    has_tombstones: ClassVar[bool] = False
+
+    def key_expression(self) -> str:
+        return "concat_ws(',', pk)"
+
+    def route_expression(self) -> str | None:
+        return None
+
+    def message_format(self) -> str | None:
+        """A format this destination needs whatever the sink's `format` says (or None)."""
+        return None
+
+    def group_by(self) -> list[str] | None:
+        """The grouping this destination needs (None: the sink's `group_by`, default per row)."""
+        return None
+
+    def for_shard(self, shard: int) -> Self:
+        """These settings for the sink's copy in shard `shard` of a sharded source."""
+        return self.model_copy()
+
+    def resolved(self, context: SinkContext) -> Self:
+        """These settings completed with what the plan knows (a copy; default: unchanged)."""
+        return self.model_copy()
+
+    def unwrapped(self) -> DestinationSettings:
+        """The destination that receives the messages (a wrapper's innermost one)."""
+        return self
 
 
 class Message(NamedTuple):
@@ -53,7 +109,7 @@ class Message(NamedTuple):
     #: sent; the delivery layer makes it a dead letter with this reason.
     error: str | None = None
     #: The idempotency key when it is not the cursor's (backfill rows: backfill id + pk).
-    ikey: str | None = None
+    idempotency_override: str | None = None
 
     @property
     def cursor(self) -> tuple[int, int]:
@@ -61,8 +117,9 @@ class Message(NamedTuple):
 
     @property
     def idempotency_key(self) -> str:
-        """What the sink passes on for deduplication: `base64("lsn:seq")` or `ikey`."""
-        return self.ikey or idempotency_key(self.lsn, self.seq)
+        """What the sink passes on for deduplication: `base64("lsn:seq")`, or
+        `idempotency_override` (backfill rows: backfill id and key)."""
+        return self.idempotency_override or idempotency_key(self.lsn, self.seq)
 
 
 @dataclass(frozen=True)
@@ -75,6 +132,11 @@ class BatchInfo:
 
 class Sink(ABC):
     """One destination, as used inside one Spark task (see the module docstring)."""
+
+    #: The settings model of the `destination:` section this sink serves.
+    settings_model: ClassVar[type[DestinationSettings]]
+    #: `pip install 'walstream[<extra>]'` installs what the sink needs (None: nothing).
+    extra: ClassVar[str | None] = None
 
     #: True when `finish()` is the durability point and a replayed batch replaces its output.
     replaces_batches: ClassVar[bool] = False

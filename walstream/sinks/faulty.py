@@ -9,14 +9,60 @@ remove it to heal.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
 
-from walstream.config import FaultyDestination
+from pydantic import Field
+
 from walstream.errors import SinkError
-from walstream.sinks.base import BatchInfo, Message, Sink
-from walstream.sinks.registry import sink_for
+from walstream.fields import Duration, LocalPath
+from walstream.sinks.base import BatchInfo, DestinationSettings, Message, Sink, SinkContext
+from walstream.sinks.registry import register, sink_for
+
+if TYPE_CHECKING:
+    AnyDestination = DestinationSettings  # at run time: every registered one (registry.py)
 
 
+class FaultyDestination(DestinationSettings):
+    """A fault-injecting wrapper around another destination (chaos tests, rehearsals).
+
+    While it is active (always, or while the file `while_exists` exists), messages
+    whose key is in `fail_keys` (every message when the list is empty) fail with a
+    retryable or non-retryable SinkError; the others go to `inner`, which may be
+    another faulty destination (two rules at once).
+    """
+
+    type: Literal["faulty"]
+    inner: AnyDestination
+    fail_keys: list[str] = Field(default_factory=list)
+    retryable: bool = True
+    while_exists: LocalPath | None = None
+    retry_timeout: Duration = 0.5  # inline retries before a failed message is parked
+
+    def key_expression(self) -> str:  # keyed and routed as the destination it wraps
+        return self.inner.key_expression()
+
+    def route_expression(self) -> str | None:
+        return self.inner.route_expression()
+
+    def message_format(self) -> str | None:
+        return self.inner.message_format()
+
+    def group_by(self) -> list[str] | None:
+        return self.inner.group_by()
+
+    def for_shard(self, shard: int) -> FaultyDestination:
+        return self.model_copy(update={"inner": self.inner.for_shard(shard)})
+
+    def resolved(self, context: SinkContext) -> FaultyDestination:
+        return self.model_copy(update={"inner": self.inner.resolved(context)})
+
+    def unwrapped(self) -> DestinationSettings:
+        return self.inner.unwrapped()
+
+
+@register
 class FaultySink(Sink):
+    settings_model = FaultyDestination
     config: FaultyDestination
 
     def __init__(self, config: FaultyDestination) -> None:

@@ -13,11 +13,23 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
-from walstream.config import FileDestination
 from walstream.errors import SinkError
-from walstream.sinks.base import BatchInfo, Message, Sink
+from walstream.fields import LocalPath
+from walstream.sinks.base import BatchInfo, DestinationSettings, Message, Sink
+from walstream.sinks.registry import register
+
+
+class FileDestination(DestinationSettings):
+    type: Literal["file"]
+    path: LocalPath
+    format: Literal["jsonl", "parquet"] = "jsonl"
+
+    def for_shard(self, shard: int) -> FileDestination:
+        """Each shard's copy writes under `shard-<i>` (the shards' batch ids overlap)."""
+        return self.model_copy(update={"path": self.path / f"shard-{shard}"})
+
 
 _NAME = re.compile(r"^batch-(\d+)-part-(\d+)\.(jsonl|parquet)$")
 
@@ -34,7 +46,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@register
 class FileSink(Sink):
+    settings_model = FileDestination
     replaces_batches = True
     columnar = True
     config: FileDestination

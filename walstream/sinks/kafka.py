@@ -14,12 +14,38 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from walstream.change import format_lsn
-from walstream.config import KafkaDestination, is_name
-from walstream.errors import MissingDependency, SinkError
-from walstream.sinks.base import Message, Sink
+from walstream.errors import SinkError, optional_import
+from walstream.fields import Duration, is_name
+from walstream.sinks.base import DestinationSettings, Message, Sink
+from walstream.sinks.clients import Clients
+from walstream.sinks.registry import register
+
+
+class KafkaDestination(DestinationSettings):
+    type: Literal["kafka"]
+    bootstrap_servers: str = Field(min_length=1)
+    topic: str = Field(min_length=1)  # a topic name, or a Spark SQL expression
+    key: str = "pk"  # "pk" (key values joined by ','), or a Spark SQL expression
+    producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    create_topics: bool = False
+    topic_partitions: int = Field(1, ge=1)
+    retry_timeout: Duration = 60.0  # retry inside a batch this long before the batch fails
+    has_tombstones: ClassVar[bool] = True
+
+    def client_settings(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap_servers, **self.producer}
+
+    def key_expression(self) -> str:
+        return super().key_expression() if self.key == "pk" else self.key
+
+    def route_expression(self) -> str | None:
+        return None if is_name(self.topic) else self.topic
+
 
 #: Our defaults under the user's `producer` settings (which win).
 DEFAULTS: dict[str, Any] = {
@@ -30,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "socket.connection.setup.timeout.ms": 5_000,
 }
 
-_PRODUCERS: dict[tuple[tuple[str, str], ...], Any] = {}
+_PRODUCERS: Clients[Any] = Clients()
 #: Topics known to exist, per producer (id): a metadata request only for a new topic.
 _TOPICS: dict[int, set[str]] = {}
 _LOCK = threading.Lock()
@@ -60,32 +86,25 @@ LIBRDKAFKA_LOG.addFilter(_OncePerMinute())
 
 
 def _kafka() -> Any:
-    try:
-        import confluent_kafka
-    except ImportError as exc:
-        raise MissingDependency("confluent-kafka (the Kafka sink)", "kafka") from exc
-    return confluent_kafka
+    return optional_import("confluent_kafka", "confluent-kafka (the Kafka sink)", "kafka")
 
 
 def producer_for(settings: dict[str, Any]) -> Any:
     """One producer per settings per worker process: connections and metadata are reused."""
     key = tuple(sorted((k, str(v)) for k, v in settings.items()))
-    with _LOCK:
-        p = _PRODUCERS.get(key)
-        if p is None:
-            p = _PRODUCERS[key] = _kafka().Producer({**settings, "logger": LIBRDKAFKA_LOG})
-        return p
+    return _PRODUCERS.get(key, lambda: _kafka().Producer({**settings, "logger": LIBRDKAFKA_LOG}))
 
 
 def _forget(producer: Any) -> None:
     with _LOCK:
         _TOPICS.pop(id(producer), None)
-        for k, v in list(_PRODUCERS.items()):
-            if v is producer:
-                del _PRODUCERS[k]
+    _PRODUCERS.forget(lambda _, p: p is producer)
 
 
+@register
 class KafkaSink(Sink):
+    settings_model = KafkaDestination
+    extra = "kafka"
     config: KafkaDestination
 
     def __init__(self, config: KafkaDestination) -> None:

@@ -1,12 +1,15 @@
 """The Postgres mirror's bookkeeping in its target database, written with each chunk.
 
-- `walstream.mirror_cursors`: per sink and source table, the cursor of the newest
+Its tables are in the target database's schema named like the state schema (`state.schema`,
+default `walstream`):
+
+- `<schema>.mirror_cursors`: per sink and source table, the cursor of the newest
   change applied; it only moves forward. A change at or before it is a replay.
-- `walstream.mirror_refused`: changes the target refused (they become dead letters),
+- `<schema>.mirror_refused`: changes the target refused (they become dead letters),
   with their row's key. A later applied change of the same row (or a truncate of the
   table) marks one superseded. A retried dead letter still listed is applied even
   behind the cursor; a superseded one is refused again, saying why.
-- `walstream.mirror_tables`: which sink and source table fill each target table. A
+- `<schema>.mirror_tables`: which sink and source table fill each target table. A
   second claim on one target table is a ConfigError (two sources would mix rows).
 """
 
@@ -17,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from psycopg import sql
+
 from walstream.errors import ConfigError
 
 Cursor = tuple[int, int]
@@ -25,14 +30,14 @@ Ident = tuple[str, str]  # a source table: (schema, table)
 APPLY, SKIP, SUPERSEDED = "apply", "skip", "superseded"
 
 DDL = (
-    "CREATE SCHEMA IF NOT EXISTS walstream",
-    "CREATE TABLE IF NOT EXISTS walstream.mirror_cursors (sink text, source_table text, "
+    "CREATE SCHEMA IF NOT EXISTS {s}",
+    "CREATE TABLE IF NOT EXISTS {s}.mirror_cursors (sink text, source_table text, "
     "lsn bigint NOT NULL, seq int NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), "
     "PRIMARY KEY (sink, source_table))",
-    "CREATE TABLE IF NOT EXISTS walstream.mirror_refused (sink text, source_table text, "
+    "CREATE TABLE IF NOT EXISTS {s}.mirror_refused (sink text, source_table text, "
     "lsn bigint, seq int, pk text, superseded_lsn bigint, superseded_seq int, "
     "refused_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink, source_table, lsn, seq))",
-    "CREATE TABLE IF NOT EXISTS walstream.mirror_tables (target_schema text, target_table text, "
+    "CREATE TABLE IF NOT EXISTS {s}.mirror_tables (target_schema text, target_table text, "
     "sink text NOT NULL, source_table text NOT NULL, PRIMARY KEY (target_schema, target_table))",
 )
 
@@ -100,27 +105,38 @@ class Book:
         self.refusals.setdefault(ident, {})[cursor] = Refusal(pk)
 
 
-def ensure(conn: Any) -> None:
+def _statement(text: str, schema: str) -> sql.Composed:
+    """A statement with `{s}` standing for the bookkeeping schema."""
+    return sql.SQL(text).format(s=sql.Identifier(schema))
+
+
+def ensure(conn: Any, schema: str) -> None:
     for statement in DDL:
-        conn.execute(statement)
+        conn.execute(_statement(statement, schema))
 
 
 def _name(ident: Ident) -> str:
     return f"{ident[0]}.{ident[1]}"
 
 
-def load(conn: Any, sink: str, tables: set[Ident]) -> Book:
+def load(conn: Any, schema: str, sink: str, tables: set[Ident]) -> Book:
     names = {_name(t): t for t in tables}
     rows = conn.execute(
-        "SELECT source_table, lsn, seq FROM walstream.mirror_cursors "
-        "WHERE sink = %s AND source_table = ANY(%s)",
+        _statement(
+            "SELECT source_table, lsn, seq FROM {s}.mirror_cursors "
+            "WHERE sink = %s AND source_table = ANY(%s)",
+            schema,
+        ),
         (sink, list(names)),
     ).fetchall()
     cursors = {names[r[0]]: (int(r[1]), int(r[2])) for r in rows}
     refusals: dict[Ident, dict[Cursor, Refusal]] = {}
     for table, lsn, seq, pk, s_lsn, s_seq in conn.execute(
-        "SELECT source_table, lsn, seq, pk, superseded_lsn, superseded_seq "
-        "FROM walstream.mirror_refused WHERE sink = %s AND source_table = ANY(%s)",
+        _statement(
+            "SELECT source_table, lsn, seq, pk, superseded_lsn, superseded_seq "
+            "FROM {s}.mirror_refused WHERE sink = %s AND source_table = ANY(%s)",
+            schema,
+        ),
         (sink, list(names)),
     ).fetchall():
         by = (int(s_lsn), int(s_seq)) if s_lsn is not None else None
@@ -128,46 +144,64 @@ def load(conn: Any, sink: str, tables: set[Ident]) -> Book:
     return Book(cursors, refusals)
 
 
-def save(conn: Any, sink: str, book: Book) -> None:
+def save(conn: Any, schema: str, sink: str, book: Book) -> None:
     """Write what the chunk did, in its transaction; a table's cursor never moves back."""
     for ident, (lsn, seq) in book.done.items():
         conn.execute(
-            "INSERT INTO walstream.mirror_cursors AS c (sink, source_table, lsn, seq) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT (sink, source_table) DO UPDATE SET "
-            "lsn = EXCLUDED.lsn, seq = EXCLUDED.seq, updated_at = now() "
-            "WHERE (c.lsn, c.seq) < (EXCLUDED.lsn, EXCLUDED.seq)",
+            _statement(
+                "INSERT INTO {s}.mirror_cursors AS c (sink, source_table, lsn, seq) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (sink, source_table) DO UPDATE SET "
+                "lsn = EXCLUDED.lsn, seq = EXCLUDED.seq, updated_at = now() "
+                "WHERE (c.lsn, c.seq) < (EXCLUDED.lsn, EXCLUDED.seq)",
+                schema,
+            ),
             (sink, _name(ident), lsn, seq),
         )
     for ident, (lsn, seq), pk in book.new:
         conn.execute(
-            "INSERT INTO walstream.mirror_refused (sink, source_table, lsn, seq, pk) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            _statement(
+                "INSERT INTO {s}.mirror_refused (sink, source_table, lsn, seq, pk) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                schema,
+            ),
             (sink, _name(ident), lsn, seq, pk),
         )
     for ident, (lsn, seq) in book.resolved:
         conn.execute(
-            "DELETE FROM walstream.mirror_refused "
-            "WHERE sink = %s AND source_table = %s AND lsn = %s AND seq = %s",
+            _statement(
+                "DELETE FROM {s}.mirror_refused "
+                "WHERE sink = %s AND source_table = %s AND lsn = %s AND seq = %s",
+                schema,
+            ),
             (sink, _name(ident), lsn, seq),
         )
     for ident, (lsn, seq), (by_lsn, by_seq) in book.superseded:
         conn.execute(
-            "UPDATE walstream.mirror_refused SET superseded_lsn = %s, superseded_seq = %s "
-            "WHERE sink = %s AND source_table = %s AND lsn = %s AND seq = %s",
+            _statement(
+                "UPDATE {s}.mirror_refused SET superseded_lsn = %s, superseded_seq = %s "
+                "WHERE sink = %s AND source_table = %s AND lsn = %s AND seq = %s",
+                schema,
+            ),
             (by_lsn, by_seq, sink, _name(ident), lsn, seq),
         )
 
 
-def claim(conn: Any, sink: str, source: Ident, target: Ident) -> None:
+def claim(conn: Any, schema: str, sink: str, source: Ident, target: Ident) -> None:
     """Record that `sink` fills `target` from `source`; ConfigError if another does."""
     conn.execute(
-        "INSERT INTO walstream.mirror_tables (target_schema, target_table, sink, source_table) "
-        "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        _statement(
+            "INSERT INTO {s}.mirror_tables (target_schema, target_table, sink, source_table) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            schema,
+        ),
         (*target, sink, _name(source)),
     )
     owner, table = conn.execute(
-        "SELECT sink, source_table FROM walstream.mirror_tables "
-        "WHERE target_schema = %s AND target_table = %s",
+        _statement(
+            "SELECT sink, source_table FROM {s}.mirror_tables "
+            "WHERE target_schema = %s AND target_table = %s",
+            schema,
+        ),
         target,
     ).fetchone()
     if (owner, table) != (sink, _name(source)):
@@ -176,6 +210,6 @@ def claim(conn: Any, sink: str, source: Ident, target: Ident) -> None:
             f"{owner} already fills from {table}: two source tables in one target table "
             "would mix their rows",
             "give one of the sinks its own destination.schema (or database); if the other "
-            f"sink is gone, DELETE FROM walstream.mirror_tables WHERE target_schema = "
+            f"sink is gone, DELETE FROM {schema}.mirror_tables WHERE target_schema = "
             f"'{target[0]}' AND target_table = '{target[1]}'",
         )

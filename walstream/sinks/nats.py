@@ -15,14 +15,49 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
-from walstream.config import NatsDestination
-from walstream.errors import MissingDependency, SinkError
+from pydantic import Field, SecretStr, model_validator
+
+from walstream.errors import SinkError, optional_import
+from walstream.fields import Duration, is_name
 from walstream.sinks import aio
-from walstream.sinks.base import Message, Sink, servers_for_messages
+from walstream.sinks.base import DestinationSettings, Message, Sink, servers_for_messages
+from walstream.sinks.clients import Clients
+from walstream.sinks.registry import register
 
-_CONNECTIONS: dict[tuple[Any, ...], Any] = {}
+
+class NatsDestination(DestinationSettings):
+    """NATS JetStream: a publish per message with the `Nats-Msg-Id` header (the idempotency
+    key), acknowledged by the stream, which drops a replayed message as a duplicate."""
+
+    type: Literal["nats"]
+    servers: str = "nats://127.0.0.1:4222"  # comma-separated
+    subject: str = Field(min_length=1)  # a subject, or a Spark SQL expression
+    stream: str | None = None  # expect this stream (its subjects must cover `subject`)
+    create_stream: bool = False  # create `stream` for the subject(s) if it is missing
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    timeout: Duration = 10.0  # connect and acknowledgement timeout
+    retry_timeout: Duration = 60.0
+
+    def route_expression(self) -> str | None:
+        return None if is_name(self.subject, "._-*>") else self.subject
+
+    @model_validator(mode="after")
+    def _creatable(self) -> NatsDestination:
+        if self.create_stream and (self.stream is None or self.route_expression() is not None):
+            raise ValueError(
+                "create_stream: needs `stream` and a plain `subject` (the stream is made for "
+                "that subject); with a subject expression, create the stream yourself "
+                "(nats stream add NAME --subjects 'prefix.>')"
+            )
+        return self
+
+
+#: Connections live on the shared loop; only its thread reads or writes them.
+_CONNECTIONS: Clients[Any] = Clients()
 _STREAMS_READY: set[tuple[Any, ...]] = set()
 
 #: JetStream API error codes that a retry cannot fix (wrong stream, too large, ...).
@@ -30,15 +65,15 @@ _FATAL_CODES = {10060, 10054, 10055, 10026}
 
 
 def _nats() -> Any:
-    try:
-        import nats
-        import nats.js.errors
-    except ImportError as exc:
-        raise MissingDependency("nats-py (the NATS JetStream sink)", "nats") from exc
+    nats = optional_import("nats", "nats-py (the NATS JetStream sink)", "nats")
+    optional_import("nats.js.errors", "nats-py (the NATS JetStream sink)", "nats")
     return nats
 
 
+@register
 class NatsSink(Sink):
+    settings_model = NatsDestination
+    extra = "nats"
     config: NatsDestination
 
     def __init__(self, config: NatsDestination) -> None:
@@ -63,8 +98,8 @@ class NatsSink(Sink):
             ) from None
 
     async def _connection(self) -> Any:
-        nc = _CONNECTIONS.get(self.key)
-        if nc is not None and not nc.is_closed:
+        nc = _CONNECTIONS.find(self.key, lambda c: not c.is_closed)
+        if nc is not None:
             return nc
         nats = _nats()
         c = self.config
@@ -82,7 +117,7 @@ class NatsSink(Sink):
                 "check destination.servers (and user/password/token) and that NATS is up",
                 retryable=not isinstance(exc, nats.errors.AuthorizationError),
             ) from exc
-        _CONNECTIONS[self.key] = nc
+        _CONNECTIONS.put(self.key, nc)
         return nc
 
     async def _ensure_stream(self, js: Any) -> None:

@@ -18,26 +18,47 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
-from walstream.config import RabbitMqDestination
-from walstream.errors import MissingDependency, SinkError
+from pydantic import Field, SecretStr
+
+from walstream.errors import SinkError, optional_import
+from walstream.fields import Duration, is_name
 from walstream.sinks import aio
-from walstream.sinks.base import Message, Sink, url_for_messages
+from walstream.sinks.base import DestinationSettings, Message, Sink, url_for_messages
+from walstream.sinks.clients import Clients
+from walstream.sinks.registry import register
 
-#: (url) -> (connection, channel); a closed channel is reopened on the next chunk.
-_CHANNELS: dict[str, tuple[Any, Any]] = {}
+
+class RabbitMqDestination(DestinationSettings):
+    """RabbitMQ: persistent messages with publisher confirms; `message_id` is the
+    idempotency key. The exchange must exist (or `declare_exchange`)."""
+
+    type: Literal["rabbitmq"]
+    url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/%2F")
+    exchange: str = ""  # "" is the default exchange: the routing key names a queue
+    routing_key: str = Field(min_length=1)  # a routing key, or a Spark SQL expression
+    declare_exchange: str | None = None  # e.g. "topic": declare `exchange` durable, this type
+    timeout: Duration = 10.0
+    retry_timeout: Duration = 60.0
+
+    def route_expression(self) -> str | None:
+        return None if is_name(self.routing_key, "._-*#") else self.routing_key
+
+
+#: (url) -> (connection, channel); a closed channel is reopened on the next chunk. Used
+#: on the shared loop's thread only.
+_CHANNELS: Clients[tuple[Any, Any]] = Clients()
 
 
 def _aiormq() -> Any:
-    try:
-        import aiormq
-    except ImportError as exc:
-        raise MissingDependency("aiormq (the RabbitMQ sink)", "rabbitmq") from exc
-    return aiormq
+    return optional_import("aiormq", "aiormq (the RabbitMQ sink)", "rabbitmq")
 
 
+@register
 class RabbitMqSink(Sink):
+    settings_model = RabbitMqDestination
+    extra = "rabbitmq"
     config: RabbitMqDestination
 
     def __init__(self, config: RabbitMqDestination) -> None:
@@ -46,7 +67,9 @@ class RabbitMqSink(Sink):
 
     async def _channel(self) -> Any:
         aiormq = _aiormq()
-        conn, ch = _CHANNELS.get(self.url, (None, None))
+        conn: Any
+        ch: Any
+        conn, ch = _CHANNELS.find(self.url) or (None, None)
         if ch is not None and not ch.is_closed and not conn.is_closed:
             return ch
         if conn is None or conn.is_closed:
@@ -68,7 +91,7 @@ class RabbitMqSink(Sink):
         kind = self.config.declare_exchange
         if kind and self.config.exchange:
             await ch.exchange_declare(self.config.exchange, exchange_type=kind, durable=True)
-        _CHANNELS[self.url] = (conn, ch)
+        _CHANNELS.put(self.url, (conn, ch))
         return ch
 
     async def _publish(self, messages: Sequence[Message]) -> list[Any]:
@@ -152,7 +175,9 @@ class RabbitMqSink(Sink):
         except SinkError:
             raise
         except Exception as exc:
-            _CHANNELS.pop(self.url, None)  # a failed passive declare closes the channel
+            _CHANNELS.forget(
+                lambda url, _: url == self.url
+            )  # a failed passive declare closes the channel
             raise SinkError(
                 f"RabbitMQ: {type(exc).__name__}: {exc} on {url_for_messages(self.url, 5672)}",
                 "check destination.url; create destination.exchange or set declare_exchange",

@@ -11,41 +11,57 @@ again, which the consumer drops by `idempotency_key`.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
-from walstream.config import RedisStreamDestination
-from walstream.errors import MissingDependency, SinkError
-from walstream.sinks.base import Message, Sink, url_for_messages
+from pydantic import Field, SecretStr
 
-_CLIENTS: dict[tuple[str, float], Any] = {}
-_LOCK = threading.Lock()
+from walstream.errors import SinkError, optional_import
+from walstream.fields import Duration, is_name
+from walstream.sinks.base import DestinationSettings, Message, Sink, url_for_messages
+from walstream.sinks.clients import Clients
+from walstream.sinks.registry import register
+
+
+class RedisStreamDestination(DestinationSettings):
+    """Redis Streams: one XADD per message (fields `message`, `idempotency_key`, `key`),
+    pipelined per chunk on one connection, so a stream receives them in order."""
+
+    type: Literal["redis_stream"]
+    url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password
+    stream: str = Field(min_length=1)  # a stream name, or a Spark SQL expression
+    maxlen: int | None = Field(None, ge=1)  # trim each stream to about this many entries
+    timeout: Duration = 10.0  # socket timeout per chunk
+    retry_timeout: Duration = 60.0
+
+    def route_expression(self) -> str | None:
+        return None if is_name(self.stream, "._-:{}") else self.stream
+
+
+_CLIENTS: Clients[Any] = Clients()
 
 #: Replies that say Redis could take the command later (memory, replicas, loading).
 _TRANSIENT = ("OOM", "BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "NOREPLICAS")
 
 
 def _redis() -> Any:
-    try:
-        import redis
-    except ImportError as exc:
-        raise MissingDependency("redis (the Redis Streams sink)", "redis") from exc
-    return redis
+    return optional_import("redis", "redis (the Redis Streams sink)", "redis")
 
 
 def client_for(url: str, timeout: float) -> Any:
     """One client (with its connection pool) per URL per worker process."""
-    with _LOCK:
-        c = _CLIENTS.get((url, timeout))
-        if c is None:
-            c = _CLIENTS[(url, timeout)] = _redis().Redis.from_url(
-                url, socket_timeout=timeout, socket_connect_timeout=timeout
-            )
-        return c
+    return _CLIENTS.get(
+        (url, timeout),
+        lambda: _redis().Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout
+        ),
+    )
 
 
+@register
 class RedisStreamSink(Sink):
+    settings_model = RedisStreamDestination
+    extra = "redis"
     config: RedisStreamDestination
 
     def __init__(self, config: RedisStreamDestination) -> None:

@@ -1,49 +1,74 @@
-"""Which Sink class serves which `destination.type`."""
+"""Every sink type, found by importing the modules of `walstream.sinks` that `@register` one.
+
+The `destination:` union of the config, `sink_for`, `walstream check` and the
+contract suite's list of sinks are all built from here: a new sink is its module
+(settings + Sink + `@register`), a harness entry in `tests/sinks/conftest.py` and
+its tests.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import pkgutil
+import threading
+from typing import Annotated, Any, TypeVar, Union, get_args
 
-from walstream.sinks.base import Sink
+from pydantic import Field
+
+from walstream.sinks.base import DestinationSettings, Sink
+
+S = TypeVar("S", bound=type[Sink])
+
+_TYPES: dict[str, type[Sink]] = {}
+_LOCK = threading.RLock()
+_loaded = False
+_union: Any = None
 
 
-def sink_for(destination: Any) -> Sink:
-    """A new Sink for a destination config (imports the sink's module only when used)."""
-    kind = destination.type
-    if kind == "kafka":
-        from walstream.sinks.kafka import KafkaSink
+def type_name(settings: type[DestinationSettings]) -> str:
+    """The `type:` a settings model declares (its `Literal[...]`)."""
+    names = get_args(settings.model_fields["type"].annotation)
+    if len(names) != 1 or not isinstance(names[0], str):
+        raise TypeError(f"{settings.__name__}.type must be a Literal of one name")
+    return names[0]
 
-        return KafkaSink(destination)
-    if kind == "file":
-        from walstream.sinks.file import FileSink
 
-        return FileSink(destination)
-    if kind == "redis_stream":
-        from walstream.sinks.redis_stream import RedisStreamSink
+def register(cls: S) -> S:
+    """Class decorator: `cls` serves destinations of its settings' `type`."""
+    name = type_name(cls.settings_model)
+    other = _TYPES.get(name)
+    if other is not None and other is not cls:
+        raise TypeError(f"two sinks for destination type {name!r}: {other} and {cls}")
+    _TYPES[name] = cls
+    return cls
 
-        return RedisStreamSink(destination)
-    if kind == "nats":
-        from walstream.sinks.nats import NatsSink
 
-        return NatsSink(destination)
-    if kind == "rabbitmq":
-        from walstream.sinks.rabbitmq import RabbitMqSink
+def sink_types() -> dict[str, type[Sink]]:
+    """Every registered sink type by name (importing the sink modules once)."""
+    global _loaded, _union
+    with _LOCK:
+        if not _loaded:
+            import walstream.sinks as package
 
-        return RabbitMqSink(destination)
-    if kind == "webhook":
-        from walstream.sinks.webhook import WebhookSink
+            for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+                importlib.import_module(f"{package.__name__}.{info.name}")
+            settings = [cls.settings_model for cls in _TYPES.values()]
+            _union = Annotated[Union[tuple(settings)], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
+            for model in settings:  # wrappers (faulty) name `AnyDestination` for their inner one
+                model.model_rebuild(force=True, _types_namespace={"AnyDestination": _union})
+            _loaded = True
+        return dict(_TYPES)
 
-        return WebhookSink(destination)
-    if kind == "postgres":
-        from walstream.sinks.postgres import PostgresSink
 
-        return PostgresSink(destination)
-    if kind == "stream":
-        from walstream.sinks.stream import StreamSink
+def destination_union() -> Any:
+    """The type of a `destination:` section: any registered settings, chosen by `type`."""
+    sink_types()
+    return _union
 
-        return StreamSink(destination)
-    if kind == "faulty":
-        from walstream.sinks.faulty import FaultySink
 
-        return FaultySink(destination)
-    raise ValueError(f"no sink for destination type {kind!r}")
+def sink_for(destination: DestinationSettings) -> Sink:
+    """A new Sink for validated destination settings."""
+    cls = sink_types().get(destination.type)
+    if cls is None:
+        raise ValueError(f"no sink for destination type {destination.type!r}")
+    return cls(destination)

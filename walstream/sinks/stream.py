@@ -11,23 +11,60 @@ earlier one. See walstream/streams/store.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import psycopg
+from pydantic import Field, PrivateAttr, SecretStr
 
-from walstream.config import StreamDestination
 from walstream.errors import SinkError
-from walstream.sinks.base import Message, Sink
-from walstream.streams.store import Row, StreamStore
+from walstream.fields import Duration, Size, token_from
+from walstream.sinks.base import DestinationSettings, Message, Sink, SinkContext
+from walstream.sinks.registry import register
+from walstream.state.streams import Row, StreamTables
 
 
+class StreamDestination(DestinationSettings):
+    """Messages kept in the state database for pull consumers (`GET /v1/streams/{stream}`).
+
+    Several sinks, each of another source, may feed one stream: consumers read one merged
+    stream whose progress markers carry every source's position. Messages are kept for
+    `retention` and while the stream holds at most `max_bytes`; a consumer behind by more
+    than `catch_up_threshold` messages may ask for coalesced changes.
+    """
+
+    type: Literal["stream"]
+    stream: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")
+    retention: Duration = 3600.0
+    max_bytes: Size = 1 << 30
+    catch_up_threshold: int = Field(10_000, ge=1)
+    #: Consumers' bearer token. Unset: `WALSTREAM_STREAMS_TOKEN`; neither: the stream's
+    #: read API is off (403).
+    token: SecretStr | None = None
+    # Set by the config's plan (`resolved`): the sink's source, where the state database is.
+    _source: str = PrivateAttr("")
+    _dsn: str = PrivateAttr("")
+    _schema: str = PrivateAttr("walstream")
+
+    def consumer_token(self) -> str | None:
+        return token_from(self.token, "WALSTREAM_STREAMS_TOKEN")
+
+    def resolved(self, context: SinkContext) -> StreamDestination:
+        """A copy that knows the sink's source and the state database it writes to."""
+        copy = self.model_copy()
+        copy._source, copy._dsn = context.source, context.state_dsn
+        copy._schema = context.state_schema
+        return copy
+
+
+@register
 class StreamSink(Sink):
+    settings_model = StreamDestination
     replaces_batches: ClassVar[bool] = True
     columnar: ClassVar[bool] = True
 
     def __init__(self, config: StreamDestination) -> None:
         super().__init__(config)
-        self.store = StreamStore(config._dsn, config._schema)
+        self.store = StreamTables(config._dsn, config._schema)
         self.stream, self.source = config.stream, config._source
 
     def deliver(self, messages: Sequence[Message]) -> None:

@@ -24,53 +24,95 @@ import base64
 import gzip
 import hashlib
 import hmac
-import threading
+import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Literal
 
-from walstream.config import WebhookDestination
-from walstream.errors import MissingDependency, SinkError
-from walstream.sinks.base import Message, Sink, url_for_messages
+from pydantic import Field, SecretStr, field_validator
 
-_CLIENTS: dict[tuple[float, int], Any] = {}
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_LOCK = threading.Lock()
+from walstream.errors import SinkError, optional_import
+from walstream.fields import Duration
+from walstream.sinks.base import DestinationSettings, Message, Sink, url_for_messages
+from walstream.sinks.clients import Clients
+from walstream.sinks.registry import register
+
+#: Shortest signing secret accepted (bytes after base64; Standard Webhooks: 24 to 64).
+MIN_WEBHOOK_SECRET = 24
+
+
+class WebhookDestination(DestinationSettings):
+    """HTTP webhooks: one request per message, or per chunk with `batch: true`
+    (`{"data": [...]}`), signed per the Standard Webhooks spec when `secrets` are set."""
+
+    type: Literal["webhook"]
+    url: str = Field(min_length=1)  # an http(s) URL, or a Spark SQL expression giving one
+    method: Literal["POST", "PUT", "PATCH"] = "POST"
+    headers: dict[str, SecretStr] = Field(default_factory=dict)  # e.g. Authorization
+    timeout: Duration = 30.0  # per request
+    batch: bool = False
+    gzip: bool = False
+    secrets: list[SecretStr] = Field(default_factory=list)  # whsec_...; several while rotating
+    concurrency: int = Field(1, ge=1, le=256)  # requests at once (per task); order kept per group
+    retry_timeout: Duration = 60.0
+
+    @field_validator("secrets")
+    @classmethod
+    def _whsec(cls, v: list[SecretStr]) -> list[SecretStr]:
+        import base64
+        import binascii
+
+        generate = (
+            'generate one with: python -c "import base64,os; '
+            "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\""
+        )
+        for s in v:
+            raw = s.get_secret_value()
+            try:
+                key = base64.b64decode(raw.removeprefix("whsec_"), validate=True)
+            except binascii.Error:
+                raise ValueError(
+                    "a signing secret is 'whsec_' followed by base64 (Standard Webhooks); "
+                    + generate
+                ) from None
+            if len(key) < MIN_WEBHOOK_SECRET:
+                raise ValueError(
+                    f"a signing secret of {len(key)} bytes is too short to sign with: at least "
+                    f"{MIN_WEBHOOK_SECRET} random bytes; " + generate
+                )
+        return v
+
+    def route_expression(self) -> str | None:
+        literal = re.match(r"^https?://[^\s'\"()`]+$", self.url)
+        return None if literal else self.url
+
+
+_CLIENTS: Clients[Any] = Clients()
+_POOLS: Clients[ThreadPoolExecutor] = Clients()
 _RETRYABLE = {408, 425, 429}
 
 
 def _httpx() -> Any:
-    try:
-        import httpx
-    except ImportError as exc:
-        raise MissingDependency("httpx (the webhook sink)", "webhook") from exc
-    return httpx
+    return optional_import("httpx", "httpx (the webhook sink)", "webhook")
 
 
 def client_for(timeout: float, connections: int) -> Any:
     """One pooled keep-alive client per settings per worker process (thread-safe)."""
     httpx = _httpx()
-    with _LOCK:
-        c = _CLIENTS.get((timeout, connections))
-        if c is None:
-            c = _CLIENTS[(timeout, connections)] = httpx.Client(
-                timeout=timeout,
-                limits=httpx.Limits(
-                    max_connections=connections, max_keepalive_connections=connections
-                ),
-                follow_redirects=False,
-            )
-        return c
+    return _CLIENTS.get(
+        (timeout, connections),
+        lambda: httpx.Client(
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            follow_redirects=False,
+        ),
+    )
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
-    with _LOCK:
-        p = _POOLS.get(n)
-        if p is None:
-            p = _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="walstream-webhook")
-        return p
+    return _POOLS.get(n, lambda: ThreadPoolExecutor(n, thread_name_prefix="walstream-webhook"))
 
 
 def sign(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> str:
@@ -97,7 +139,10 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
+@register
 class WebhookSink(Sink):
+    settings_model = WebhookDestination
+    extra = "webhook"
     config: WebhookDestination
 
     def __init__(self, config: WebhookDestination) -> None:

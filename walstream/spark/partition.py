@@ -16,15 +16,15 @@ from typing import Any
 from pyspark.sql.datasource import InputPartition
 
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
-from walstream.postgres.capture import Piece
 from walstream.postgres.decoder import ChangeDecoder, RelationInfo, TxnContext
 from walstream.postgres.types import PgType, TypeRegistry
+from walstream.postgres.wal_buffer import TxnSlice
 
 ARROW_BATCH_ROWS = 8192
 
 
 @dataclass(frozen=True)
-class PackedPiece:
+class PackedSlice:
     lsn: int
     xid: int
     commit_ts: int
@@ -35,7 +35,7 @@ class PackedPiece:
     ends: bytes  # array('I') of message end offsets in blob
 
     @classmethod
-    def pack(cls, piece: Piece) -> PackedPiece:
+    def pack(cls, piece: TxnSlice) -> PackedSlice:
         ends = array("I")
         pos = 0
         for m in piece.msgs:
@@ -62,7 +62,7 @@ class ChangePartition(InputPartition):
     def __init__(
         self,
         source: str,
-        pieces: Sequence[PackedPiece],
+        pieces: Sequence[PackedSlice],
         types: Sequence[PgType],
         primary_keys: Mapping[tuple[str, str], Sequence[str]],
     ) -> None:
@@ -77,10 +77,10 @@ class ChangePartition(InputPartition):
         return f"ChangePartition({self.source}, {len(self.pieces)} pieces, {n} bytes)"
 
 
-def group_pieces(pieces: Sequence[Piece], target_bytes: int) -> list[list[Piece]]:
+def group_slices(pieces: Sequence[TxnSlice], target_bytes: int) -> list[list[TxnSlice]]:
     """Cut a batch into partitions of about `target_bytes`, splitting big pieces."""
-    groups: list[list[Piece]] = []
-    current: list[Piece] = []
+    groups: list[list[TxnSlice]] = []
+    current: list[TxnSlice] = []
     size = 0
     for piece in pieces:
         for part in _split(piece, target_bytes):
@@ -94,12 +94,12 @@ def group_pieces(pieces: Sequence[Piece], target_bytes: int) -> list[list[Piece]
     return groups
 
 
-def _split(piece: Piece, target_bytes: int) -> Iterator[Piece]:
+def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
     """A piece larger than the target becomes several, each with its starting seq."""
     if piece.nbytes <= target_bytes:
         yield piece
         return
-    from walstream.postgres.capture import context_after, row_count
+    from walstream.postgres.wal_buffer import context_after, row_count
 
     msgs: list[bytes] = []
     size = 0
@@ -108,7 +108,7 @@ def _split(piece: Piece, target_bytes: int) -> Iterator[Piece]:
     start_seq = seq
     for m in piece.msgs:
         if msgs and size + len(m) > target_bytes:
-            yield Piece(
+            yield TxnSlice(
                 piece.lsn, piece.xid, piece.commit_ts, start_seq, annotations, relations, msgs, size
             )
             relations, annotations = context_after(msgs, relations, annotations)
@@ -117,7 +117,7 @@ def _split(piece: Piece, target_bytes: int) -> Iterator[Piece]:
         size += len(m)
         seq += row_count(m)
     if msgs:
-        yield Piece(
+        yield TxnSlice(
             piece.lsn, piece.xid, piece.commit_ts, start_seq, annotations, relations, msgs, size
         )
 

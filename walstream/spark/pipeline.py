@@ -10,7 +10,6 @@ when every sink's job finished; only then does Spark write its commit log.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import threading
 import time
@@ -19,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from walstream.backfill.merge import BackfillMerge
-from walstream.change import CHANGE_COLUMNS, ChangeRow
+from walstream.backoff import Backoff
+from walstream.change import ChangeRow
 from walstream.config import (
-    DestinationModel,
     SinkConfig,
     SourceConfig,
     sink_snapshot,
@@ -34,10 +33,11 @@ from walstream.delivery.deliver import (
     deliver_partition,
 )
 from walstream.delivery.ledger import Ledger
-from walstream.delivery.parking import Backoff, ParkingLot
+from walstream.delivery.parking import ParkingLot
+from walstream.delivery.progress import SinkProgress
 from walstream.errors import ConfigError
-from walstream.formats import sql_format, sql_idempotency_key
 from walstream.sinks.registry import sink_for
+from walstream.spark.expressions import projection
 
 log = logging.getLogger(__name__)
 
@@ -45,56 +45,6 @@ STATS_DDL = (
     "partition INT, delivered BIGINT, skipped BIGINT, last_lsn BIGINT, last_seq INT, "
     "max_committed_us BIGINT, parked BIGINT, dead BIGINT, discarded BIGINT"
 )
-
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def group_expr(items: list[str] | None) -> str:
-    """SQL for the group key: default schema + table + pk; `pk`, a column, `record.x` paths."""
-    if not items:
-        return "concat_ws('\u001f', `schema`, `table`, concat_ws(',', pk))"
-    parts = []
-    for item in items:
-        if item == "pk":
-            parts.append("concat_ws(',', pk)")
-        elif item == "ordering_key":  # ingested events: their ordering key, else each its own
-            parts.append(
-                "coalesce(get_json_object(record, '$.ordering_key'), "
-                "get_json_object(record, '$.id'))"
-            )
-        elif item in CHANGE_COLUMNS:
-            parts.append(f"CAST(`{item}` AS STRING)")
-        elif (
-            item.startswith(("record.", "old."))
-            and item.replace(".", "").replace("_", "").isalnum()
-        ):
-            col, _, path = item.partition(".")
-            parts.append(f"get_json_object(`{col}`, {_quote('$.' + path)})")
-        else:
-            parts.append(f"CAST(({item}) AS STRING)")
-    return "concat_ws('\u001f', " + ", ".join(parts) + ")"
-
-
-def selection_expr(sink: SinkConfig) -> str:
-    conds = ["action IN (" + ", ".join(_quote(a) for a in sink.actions) + ")"]
-    if sink.tables:
-        regexes = [fnmatch.translate(t) for t in sink.tables]
-        conds.append(
-            "("
-            + " OR ".join(f"concat(`schema`, '.', `table`) RLIKE {_quote(r)}" for r in regexes)
-            + ")"
-        )
-    elif sink._outbox is not None:  # every table but the event outbox
-        schema, table = sink._outbox
-        conds.append(f"NOT (`schema` = {_quote(schema)} AND `table` = {_quote(table)})")
-    if sink.event_types:
-        types = ", ".join(_quote(t) for t in sink.event_types)
-        conds.append(f"get_json_object(record, '$.event_type') IN ({types})")
-    if sink.filter:
-        conds.append(f"({sink.filter})")
-    return " AND ".join(conds)
 
 
 def prepare(
@@ -110,31 +60,12 @@ def prepare(
     `backfill`: `df` has the `backfill` column (a batch with backfill rows); keep it.
     `db`: the source's database name (Debezium's `source.db`).
     """
-    dest = sink.destination
-    cols = [f"({group_expr(sink.group_by or dest.group_by())}) AS _group"]
-    cols.append(f"CAST(({dest.key_expression()}) AS STRING) AS _key")
-    route = dest.route_expression()
-    if route is not None:
-        cols.append(f"CAST(({route}) AS STRING) AS _route")
-    if isinstance(sink.transform, dict):
-        fields = ", ".join(f"{_quote(k)}, ({v})" for k, v in sink.transform.items())
-        cols.append(f"to_json(named_struct({fields})) AS _message")
-    formatted = sql_message(sink, db, backfill)
-    if formatted is not None:
-        cols.append(f"{formatted} AS _message")
-    if formatted is not None or isinstance(sink.transform, dict):
-        cols.append(f"{sql_idempotency_key(backfill)} AS _ikey")
+    p = projection(sink, skip_before, backfill, db)
     # This runs every batch: SQL text in two calls (each one analysis, few py4j round
     # trips) costs a third less than Column objects. Only the columns delivery reads
     # travel on (through the shuffle, into Python).
-    keep = [f"`{c}`" for c in delivery_columns(sink)]
-    if backfill:  # a read row's idempotency key is its backfill id and pk
-        keep += ["backfill"] + ([] if "`pk`" in keep else ["`pk`"])
-    where = selection_expr(sink)
-    if skip_before is not None:
-        where = f"lsn >= {int(skip_before)} AND {where}"
-    out = df.where(where).selectExpr(*keep, *cols)
-    if formatted is not None:
+    out = df.where(p.where).selectExpr(*p.keep, *p.columns)
+    if p.sql_message:
         # Where SQL made the message, the row's JSON columns need not travel on.
         out = out.selectExpr(*(
             f"CASE WHEN _message IS NULL THEN `{c}` END AS `{c}`"
@@ -142,45 +73,6 @@ def prepare(
             for c in out.columns
         ))  # fmt: skip
     return out
-
-
-def sql_message(sink: SinkConfig, db: str, backfill: bool) -> str | None:
-    """The sink's message format as SQL (see formats.sql_format), when delivery uses it:
-    no transform (a SQL one makes `_message` itself, a Python one needs the row)."""
-    if sink.transform is not None:
-        return None
-    name = sink.destination.message_format() or sink.format
-    return sql_format(name, sink=sink.name, db=db, backfill=backfill)
-
-
-def delivery_columns(sink: SinkConfig) -> list[str]:
-    """The change columns an executor reads to build this sink's messages.
-
-    `pk` and `unchanged_toast` are never in a message (the key and group are computed
-    before); a SQL transform's `_message` replaces the formatted row entirely.
-    """
-    if sink.destination.message_format() == "mirror":
-        return [c for c in CHANGE_COLUMNS if c not in ("annotations", "xid")]
-    skip = {"pk", "unchanged_toast"}
-    if isinstance(sink.transform, dict):
-        skip |= {"xid", "record", "old", "annotations"}
-    return [c for c in CHANGE_COLUMNS if c not in skip]
-
-
-def expressions(sink: SinkConfig) -> list[str]:
-    """The Spark SQL a sink's config brings (filter, transform fields, group_by, a key or
-    route expression): what `validate` must analyze. None: nothing needs Spark to check."""
-    dest = sink.destination
-    found = [sink.filter] if sink.filter else []
-    if isinstance(sink.transform, dict):
-        found += list(sink.transform.values())
-    found += list(sink.group_by or [])
-    if dest.key_expression() != DestinationModel.key_expression(dest):  # not the default
-        found.append(dest.key_expression())
-    route = dest.route_expression()
-    if route is not None:
-        found.append(route)
-    return found
 
 
 def validate(spark: Any, sink: SinkConfig) -> None:
@@ -252,21 +144,6 @@ def planned_partitions(df: Any) -> int:
 
 class Stopping(Exception):
     """A batch refused because walstream is stopping: it is replayed on the next start."""
-
-
-@dataclass
-class SinkProgress:
-    delivered: int = 0
-    skipped: int = 0
-    parked: int = 0  # parked by batches (the retrier's deliveries are counted in `retried`)
-    dead: int = 0
-    discarded: int = 0
-    retried: int = 0  # parked messages the retrier delivered
-    batches: int = 0
-    last_committed_us: int = 0
-    last_batch_at: float = 0.0
-    #: Commit → delivered (s) of the newest change of the last batch that delivered any.
-    latency: float | None = None
 
 
 @dataclass

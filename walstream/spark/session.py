@@ -143,9 +143,7 @@ def ship_package(spark: Any) -> Path:
     """Send this walstream to the executors (`addPyFile` of a zip of the package), so they
     run the driver's code whatever they have installed. Its dependencies (psycopg,
     pyarrow, the sinks' clients) must be on the executors' Python already."""
-    import walstream
-
-    root = Path(walstream.__file__).parent
+    root = Path(__file__).resolve().parents[1]  # the walstream package
     target = Path(tempfile.mkdtemp(prefix="walstream-ship-")) / "walstream.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
         for f in sorted(root.rglob("*")):

@@ -29,10 +29,10 @@ from walstream.postgres.types import PgType
 from walstream.spark.options import SourceOptions
 from walstream.spark.partition import (
     ChangePartition,
-    PackedPiece,
+    PackedSlice,
     arrow_batches,
     decode_partition,
-    group_pieces,
+    group_slices,
 )
 
 log = logging.getLogger(__name__)
@@ -163,11 +163,11 @@ class WalstreamStreamReader(DataSourceStreamReader):
             return []
         driver = self._running(s)
         pieces = driver.capture.slice(s, e, timeout=self.options.replay_timeout)
-        groups = group_pieces(pieces, self.options.partition_bytes)
+        groups = group_slices(pieces, self.options.partition_bytes)
         return [
             ChangePartition(
                 self.options.name,
-                [PackedPiece.pack(p) for p in group],
+                [PackedSlice.pack(p) for p in group],
                 driver.types,
                 driver.primary_keys,
             )

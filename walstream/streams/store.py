@@ -18,57 +18,17 @@ retention deletes rows; a position below `expired` is a gap (`Expired`).
 from __future__ import annotations
 
 import heapq
-import itertools
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from psycopg import sql
 
-from walstream.delivery.ledger import execute, state_connection
+from walstream.state.db import once_more
+from walstream.state.streams import StreamTables
 from walstream.streams.markers import START, Cursor
-
-_DDL = """
-CREATE SCHEMA IF NOT EXISTS {schema};
-CREATE TABLE IF NOT EXISTS {messages} (
-    stream text NOT NULL,
-    source text NOT NULL,
-    lsn bigint NOT NULL,
-    seq int NOT NULL,
-    tbl text NOT NULL,
-    action text NOT NULL,
-    key text,
-    ikey text NOT NULL,
-    value text,
-    bytes int NOT NULL,
-    stored_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (stream, source, lsn, seq)
-);
-CREATE INDEX IF NOT EXISTS stream_messages_stored_at ON {messages} (stream, stored_at);
-CREATE TABLE IF NOT EXISTS {positions} (
-    stream text NOT NULL,
-    source text NOT NULL,
-    visible_lsn bigint NOT NULL DEFAULT -1,
-    visible_seq int NOT NULL DEFAULT -1,
-    expired_lsn bigint NOT NULL DEFAULT -1,
-    expired_seq int NOT NULL DEFAULT -1,
-    PRIMARY KEY (stream, source)
-);
-CREATE TABLE IF NOT EXISTS {groups} (
-    stream text NOT NULL,
-    name text NOT NULL,
-    positions jsonb NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (stream, name)
-);
-"""
-
-#: The columns a writer sends, in this order.
-COLUMNS = ("stream", "source", "lsn", "seq", "tbl", "action", "key", "ikey", "value", "bytes")
-Row = tuple[str, str, int, int, str, str, str | None, str, str | None, int]
 
 
 @dataclass(frozen=True)
@@ -81,7 +41,7 @@ class Stored:
     table: str
     action: str
     key: str | None
-    ikey: str
+    idempotency_key: str
     value: str | None
     stored_at: float
 
@@ -121,157 +81,14 @@ class Page:
 
 
 T = TypeVar("T")
-_TICK = timedelta(microseconds=1)
-
-# In-process wake-up: readers in the driver's process see new messages at once (others,
-# e.g. a standby's server, look at the positions table every second).
-_versions = itertools.count(1)
-_version = 0
 
 
-def version() -> int:
-    """Changes each time a stream of this process got new visible messages."""
-    return _version
+class StreamStore(StreamTables):
+    """Reads of the stream tables (the server) on top of the writes (`StreamTables`)."""
 
-
-def _bump() -> None:
-    global _version
-    _version = next(_versions)
-
-
-class StreamStore:
-    """The tables above, in the state database (`dsn`, `schema`); picklable."""
-
-    def __init__(self, dsn: str, schema: str = "walstream") -> None:
-        self.dsn = dsn
-        self.schema = schema
-        self.messages = sql.Identifier(schema, "stream_messages")
-        self.positions_table = sql.Identifier(schema, "stream_positions")
-        self.groups = sql.Identifier(schema, "stream_groups")
+    def _setup(self) -> None:
+        super()._setup()
         self._local = threading.local()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"dsn": self.dsn, "schema": self.schema}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["dsn"], state["schema"])  # type: ignore[misc]
-
-    def _exec(self, query: sql.Composable, params: Any = None) -> list[tuple[Any, ...]]:
-        return execute(self.dsn, query, params)  # type: ignore[arg-type]
-
-    def ensure(self) -> None:
-        """Create the tables when missing (driver, once at start)."""
-        self._exec(
-            sql.SQL(_DDL).format(
-                schema=sql.Identifier(self.schema),
-                messages=self.messages,
-                positions=self.positions_table,
-                groups=self.groups,
-            )
-        )
-
-    # -- writing (executors) -------------------------------------------------------------
-    def write(self, rows: Sequence[Row]) -> None:
-        """Keep messages; those already kept (a replayed batch) are left as they are."""
-        if not rows:
-            return
-        conn = state_connection(self.dsn)
-        staging = sql.Identifier("walstream_stream_in")
-        cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
-        with conn.transaction():
-            conn.execute(
-                sql.SQL(
-                    "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) "
-                    "ON COMMIT DELETE ROWS"
-                ).format(staging, self.messages)
-            )
-            with conn.cursor() as cur:
-                with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(staging, cols)) as copy:
-                    for row in rows:
-                        copy.write_row(row)
-                cur.execute(
-                    sql.SQL(
-                        "INSERT INTO {} ({cols}) SELECT {cols} FROM {} ON CONFLICT DO NOTHING"
-                    ).format(self.messages, staging, cols=cols)
-                )
-
-    # -- the driver ------------------------------------------------------------------------
-    def make_visible(self, stream: str, source: str, cursor: Cursor) -> None:
-        """Every message of `source` at or below `cursor` is written: readers may see them."""
-        self._exec(
-            sql.SQL(
-                """INSERT INTO {t} AS p (stream, source, visible_lsn, visible_seq)
-                   VALUES (%s, %s, %s, %s)
-                   ON CONFLICT (stream, source) DO UPDATE
-                     SET visible_lsn = EXCLUDED.visible_lsn, visible_seq = EXCLUDED.visible_seq
-                   WHERE (p.visible_lsn, p.visible_seq)
-                         < (EXCLUDED.visible_lsn, EXCLUDED.visible_seq)"""
-            ).format(t=self.positions_table),
-            (stream, source, cursor[0], cursor[1]),
-        )
-        _bump()
-
-    def expire(self, stream: str, retention: float, max_bytes: int) -> int:
-        """Delete what is past `retention` or over `max_bytes` (oldest first), per source
-        a prefix of its messages; remember the last deleted cursor. Returns rows deleted."""
-        conn = state_connection(self.dsn)
-        deleted = 0
-        with conn.transaction():
-            cutoff = conn.execute(
-                "SELECT now() - make_interval(secs => %s)", (retention,)
-            ).fetchone()[0]  # type: ignore[index]
-            total = conn.execute(
-                sql.SQL("SELECT coalesce(sum(bytes), 0) FROM {} WHERE stream = %s").format(
-                    self.messages
-                ),
-                (stream,),
-            ).fetchone()[0]  # type: ignore[index]
-            if total > max_bytes:  # the newest messages that fit; everything older goes
-                row = conn.execute(
-                    sql.SQL(
-                        """SELECT stored_at FROM (
-                             SELECT stored_at, sum(bytes) OVER (ORDER BY stored_at DESC,
-                               source, lsn DESC, seq DESC) AS newer
-                             FROM {} WHERE stream = %s) x
-                           WHERE newer > %s ORDER BY stored_at DESC LIMIT 1"""
-                    ).format(self.messages),
-                    (stream, max_bytes),
-                ).fetchone()
-                if row is not None:
-                    cutoff = max(cutoff, row[0] + _TICK)
-            sources = conn.execute(
-                sql.SQL(
-                    "SELECT source, visible_lsn, visible_seq FROM {} WHERE stream = %s FOR UPDATE"
-                ).format(self.positions_table),
-                (stream,),
-            ).fetchall()
-            for source, vlsn, vseq in sources:
-                last = conn.execute(
-                    sql.SQL(
-                        "SELECT lsn, seq FROM {} WHERE stream = %s AND source = %s "
-                        "AND stored_at < %s AND (lsn, seq) <= (%s, %s) "
-                        "ORDER BY lsn DESC, seq DESC LIMIT 1"
-                    ).format(self.messages),
-                    (stream, source, cutoff, vlsn, vseq),
-                ).fetchone()
-                if last is None:
-                    continue
-                cur = conn.execute(
-                    sql.SQL(
-                        "DELETE FROM {} WHERE stream = %s AND source = %s AND (lsn, seq) <= (%s, %s)"
-                    ).format(self.messages),
-                    (stream, source, last[0], last[1]),
-                )
-                deleted += cur.rowcount or 0
-                conn.execute(
-                    sql.SQL(
-                        """UPDATE {} SET expired_lsn = %s, expired_seq = %s
-                           WHERE stream = %s AND source = %s
-                             AND (expired_lsn, expired_seq) < (%s, %s)"""
-                    ).format(self.positions_table),
-                    (last[0], last[1], stream, source, last[0], last[1]),
-                )
-        return deleted
 
     # -- reading (the server) ----------------------------------------------------------------
     def _reader(self) -> Any:
@@ -305,20 +122,9 @@ class StreamStore:
         return {r[0]: Position((r[1], r[2]), (r[3], r[4])) for r in rows}
 
     def _retrying(self, fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args) on this thread's reading connection; after a failure the connection is
-        closed and fn runs once more on a new one (Expired and Ahead are answers: raised)."""
-        for attempt in (1, 2):
-            try:
-                return fn(*args)
-            except (Expired, Ahead):
-                raise
-            except Exception:
-                conn, self._local.conn = getattr(self._local, "conn", None), None
-                if conn is not None:
-                    conn.close()
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        """fn(*args) on this thread's reading connection, with the state database's retry
+        policy (`once_more`: a dropped connection is replaced and fn runs once more)."""
+        return once_more(self._reader, lambda _conn: fn(*args))
 
     def positions(self, stream: str) -> dict[str, Position]:
         return self._retrying(lambda: self._positions(self._reader(), stream))
@@ -417,7 +223,7 @@ class StreamStore:
         group ack in any order); returns the checkpoint."""
         from walstream.streams.markers import furthest
 
-        conn = state_connection(self.dsn)
+        conn = self._conn()
         with conn.transaction():
             row = conn.execute(
                 sql.SQL(

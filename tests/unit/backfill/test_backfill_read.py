@@ -1,0 +1,52 @@
+"""The backfill reader's pure parts: COPY text lines back to values, and the row encoder
+that must build the same record and pk as the decoder's tuple encoder."""
+
+from __future__ import annotations
+
+import struct
+
+from walstream.backfill.read import copy_fields
+from walstream.postgres import codecs as c
+from walstream.postgres.fastpath import compile_fields_encoder, compile_tuple_encoder
+from walstream.postgres.types import array_codec
+
+
+def test_copy_text_lines_become_their_values():
+    assert copy_fields(b"1\tplain\t") == [b"1", b"plain", b""]
+    assert copy_fields(b"2\t\\N\ta\\tb\\nc\\\\d\\re") == [b"2", None, b"a\tb\nc\\d\re"]
+    assert copy_fields(b"\\N") == [None]
+    assert copy_fields(b"x\\\\N") == [b"x\\N"]  # an escaped backslash before N is text
+    assert copy_fields("é\\b\\f\\v".encode()) == ["é\b\f\v".encode()]
+
+
+def tuple_bytes(values: list[bytes | None]) -> bytes:
+    out = struct.pack("!h", len(values))
+    for v in values:
+        out += b"n" if v is None else b"t" + struct.pack("!i", len(v)) + v
+    return out
+
+
+def test_the_fields_encoder_builds_what_the_tuple_encoder_builds():
+    names = ["id", "name", "ok", "amount", "doc", "raw", "tags", 'we"ird']
+    codecs = [c.INT, c.TEXT, c.BOOL, c.NUMERIC, c.JSON, c.BYTEA, array_codec(c.TEXT), c.TEXT]
+    rows = [
+        [
+            b"1",
+            'é "q" \\'.encode(),
+            b"t",
+            b"1.50",
+            b'{"a": [1, null]}',
+            b"\\x00ff",
+            b'{a,"b c",NULL}',
+            b"x",
+        ],
+        [b"2", None, None, None, None, None, None, None],
+    ]
+    by_fields = compile_fields_encoder(names, codecs, [0, 7])
+    by_tuple = compile_tuple_encoder(names, codecs, [0, 7])
+    for row in rows:
+        assert by_fields(row) == by_tuple(tuple_bytes(row), 0)
+    assert by_fields(rows[1]) == (
+        '{"id":2,"name":null,"ok":null,"amount":null,"doc":null,"raw":null,"tags":null,'
+        '"we\\"ird":null}', ["2", None],
+    )  # fmt: skip

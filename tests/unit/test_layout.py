@@ -1,0 +1,147 @@
+"""The package's shape: imports point down the floors, no cycles, no module over 400 lines.
+
+Read from the source with `ast` (every import, also inside functions and under
+TYPE_CHECKING), so the rule in CONTRIBUTING.md stays true as the code changes.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "walstream"
+
+#: Top to bottom: a part may import from its own floor (without a cycle) and from the
+#: floors below, never from a floor above.
+FLOORS: list[set[str]] = [
+    {"cli"},
+    {"runtime"},
+    {"spark", "server", "testing", "client"},
+    {"delivery", "backfill", "streams"},
+    {"postgres", "sinks", "formats", "config"},
+    {"state", "change", "errors", "fields", "secrets", "version", "backoff", "periodic"},
+]
+MAX_LINES = 400
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each module of the package -> the walstream modules it imports."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        mod = _module(path)
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                names = [base]
+            else:
+                continue
+            out[mod] |= {n for n in names if n == "walstream" or n.startswith("walstream.")}
+        out.setdefault(mod, set())
+    return out
+
+
+def _part(module: str) -> str:
+    """The floor unit of a module: `walstream.sinks.kafka` -> `sinks`."""
+    return module.split(".")[1] if "." in module else "walstream"
+
+
+def _floor(part: str) -> int:
+    for i, parts in enumerate(FLOORS):
+        if part in parts:
+            return i
+    raise AssertionError(f"walstream.{part} is on no floor: add it to FLOORS in {__file__}")
+
+
+def test_every_part_is_on_a_floor() -> None:
+    for module in _imports():
+        if module != "walstream":
+            _floor(_part(module))
+
+
+def test_imports_point_down_the_floors() -> None:
+    upward = set()
+    for module, imported in _imports().items():
+        if module == "walstream":  # the public API re-exports from anywhere
+            continue
+        for target in imported:
+            if target == "walstream":
+                upward.add((module, target))  # the public API is for users, not for parts
+            elif _floor(_part(target)) < _floor(_part(module)):
+                upward.add((module, target))
+    assert upward == set(), "imports from a higher floor"
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = itertools.count()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = next(counter)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles_between_modules_or_parts() -> None:
+    imports = _imports()
+    modules = {m: {t for t in ts if t in imports and t != m} for m, ts in imports.items()}
+    parts: dict[str, set[str]] = defaultdict(set)
+    for m, ts in imports.items():
+        if m != "walstream":
+            parts[_part(m)] |= {_part(t) for t in ts if t != "walstream"} - {_part(m)}
+    assert _cycles(modules) == []
+    assert _cycles(dict(parts)) == []
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {
+        _module(p): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, "split these"
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The rule can fail: an upward import and a cycle are found in a made-up graph."""
+    assert _floor("server") < _floor("sinks")  # server is above sinks
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -1,0 +1,103 @@
+"""`walstream run`: stream until stopped, showing progress."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from walstream.cli.output import console, err_console
+from walstream.cli.progress import log_progress, progress_table
+
+
+def run(
+    config: Annotated[
+        Path,
+        typer.Option(
+            "--config", "-c", envvar="WALSTREAM_CONFIG", help="The walstream.yaml to run."
+        ),
+    ] = Path("walstream.yaml"),
+    seconds: Annotated[
+        float | None,
+        typer.Option(help="Stop after this many seconds (default: run until stopped)."),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve /health, /metrics, /api and the console on this port instead of "
+            "server.port (0: any free port)."
+        ),
+    ] = None,
+) -> None:
+    """Stream every change of the configured sources to their sinks until stopped.
+
+    Validates the config, checks each source database (creating the slot and
+    publication when missing), checks the sink expressions, then runs one Spark
+    streaming query per source. Ctrl-C or SIGTERM stops cleanly; a batch in
+    flight is replayed on the next start and the delivery ledger skips what was
+    already delivered. A failed query (broker down, connection lost) is restarted
+    from its checkpoint with backoff; a configuration error stops the run.
+    """
+    import signal
+
+    from rich.live import Live
+
+    from walstream.config import load_config
+    from walstream.runtime import Runtime, check_destinations
+    from walstream.secrets import guard_logs, secret_values
+    from walstream.spark.session import find_java
+
+    cfg = load_config(config)
+    guard_logs(secret_values(cfg))  # no secret in any log line from here on
+    find_java()  # Spark's Java, before anything is created (a SetupError names the fix)
+    if port is not None:
+        cfg = dataclasses.replace(cfg, server=cfg.server.model_copy(update={"port": port}))
+    console.print(f"[dim]•[/] checking {len(cfg.sinks)} destination(s)")
+    for name, problem in check_destinations(cfg):
+        if problem is None:
+            continue
+        if problem.retryable:  # unreachable now: the run retries it
+            err_console.print(
+                f"[yellow]warning:[/] sink {name}: {escape(problem.problem)} "
+                "(walstream retries it while it runs)"
+            )
+            if problem.fix:
+                err_console.print(f"  [yellow]fix:[/] {escape(problem.fix)}")
+            continue
+        err_console.print(f"[bold red]error:[/] sink {name}: {escape(problem.problem)}")
+        if problem.fix:
+            err_console.print(f"  [yellow]fix:[/] {escape(problem.fix)}")
+        err_console.print("nothing was started: fix the sink, then run again")
+        raise typer.Exit(2)
+    runtime = Runtime(cfg)
+
+    def on_signal(*_: object) -> None:  # first: finish the batch in flight; second: abandon it
+        (runtime.abandon if runtime.stopping.is_set() else runtime.stopping).set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    console.print(f"[dim]•[/] starting Spark ({cfg.spark.master}) and {len(cfg.sources)} source(s)")
+    runtime.start()
+    if runtime.server is not None:
+        console.print(f"[dim]•[/] health, metrics, API and console at {runtime.server.url}")
+    until = time.monotonic() + seconds if seconds is not None else None
+    if console.is_interactive:
+        with Live(progress_table(runtime), console=console, refresh_per_second=2) as live:
+            runtime.run(until, on_tick=lambda rt: live.update(progress_table(rt)))
+    else:
+        runtime.run(until, on_tick=log_progress)
+    progress = runtime.progress()
+    totals = {k: v.delivered for k, v in progress.items()}
+    skipped = {k: v.skipped for k, v in progress.items() if v.skipped}
+    console.print(
+        escape(f"stopped; delivered this run: {totals}")
+        + (escape(f"; skipped as delivered before a restart: {skipped}") if skipped else "")
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(run)

@@ -1,0 +1,122 @@
+"""The settings sections besides sinks: state, server, events, spark, sources."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from walstream.fields import Dsn, Duration, Identifier, Location, Model, Name, Size, token_from
+
+
+class StateConfig(Model):
+    """Where walstream keeps its own state (delivery ledger)."""
+
+    dsn: Dsn | None = None  # default: the first source's database
+    schema_: Identifier = Field("walstream", alias="schema")
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class ServerConfig(Model):
+    """The HTTP server `walstream run` starts: health, metrics, management API, console."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    #: 0: any free port. Default: `WALSTREAM_SERVER_PORT`, else 8376.
+    port: int = Field(
+        default_factory=lambda: int(os.environ.get("WALSTREAM_SERVER_PORT") or 8376), ge=0, le=65535
+    )
+    #: Bearer token of the management calls (pause, resume, retry, discard, backfills) and of
+    #: every read. Without one the writes are disabled. `WALSTREAM_API_TOKEN` when unset.
+    token: SecretStr | None = None
+    #: Bearer token of the reads that may show row values (dead letters, parked messages,
+    #: backfills, errors): for dashboards and on-call. `WALSTREAM_API_READ_TOKEN` when unset.
+    read_token: SecretStr | None = None
+    #: Host header values the server answers (a browser page cannot reach it through DNS
+    #: rebinding). Default: loopback names and `host` when it is an address; "*": any.
+    allowed_hosts: list[Annotated[str, Field(min_length=1)]] | None = None
+    #: Largest request body (413 above it, before it is parsed or authenticated).
+    max_body_bytes: Size = 1 << 20
+    #: Open long-polls and SSE subscriptions, at most, per stream and per client address.
+    max_stream_connections: int = Field(200, ge=1)
+    max_client_connections: int = Field(16, ge=1)
+
+    def api_token(self) -> str | None:
+        return token_from(self.token, "WALSTREAM_API_TOKEN")
+
+    def reader_tokens(self) -> list[str]:
+        """Every token that may read row data: the read token and the management token."""
+        read = token_from(self.read_token, "WALSTREAM_API_READ_TOKEN")
+        return [t for t in (read, self.api_token()) if t]
+
+    def hosts(self) -> frozenset[str] | None:
+        """The allowed Host names (lowercase, no port); None: any."""
+        names = list(self.allowed_hosts) if self.allowed_hosts is not None else [*LOOPBACK_HOSTS]
+        if "*" in names:
+            return None
+        if self.allowed_hosts is None and self.host not in ("0.0.0.0", "::", ""):
+            names.append(self.host)
+        return frozenset(n.lower().strip("[]") for n in names)
+
+
+class EventsConfig(Model):
+    """The event ingestion API (`POST /v1/events`): an outbox table in a source database."""
+
+    source: str  # the source whose database holds the outbox (`<state schema>.events`)
+    #: Producers' bearer token. Unset: `WALSTREAM_EVENTS_TOKEN`; neither: ingestion is off.
+    token: SecretStr | None = None
+    max_bytes: int = Field(262_144, ge=64, le=64 << 20)  # a request body, at most
+    retention: Duration = 7 * 86400.0  # events older than this are deleted (with their keys)
+
+    def producer_token(self) -> str | None:
+        return token_from(self.token, "WALSTREAM_EVENTS_TOKEN")
+
+
+class SparkConfig(Model):
+    master: str = "local[*]"
+    # a local directory or a URI every node can reach (hdfs://, s3a://)
+    checkpoint_dir: Location = Field(".walstream/checkpoints", validate_default=True)
+    conf: dict[str, str] = Field(default_factory=dict)
+    trigger_interval: Duration = 0.0
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _strings(cls, v: Any) -> Any:
+        return (
+            {k: str(x).lower() if isinstance(x, bool) else str(x) for k, x in v.items()}
+            if isinstance(v, dict)
+            else v
+        )
+
+
+class SourceConfig(Model):
+    name: Name
+    dsn: Dsn
+    slot: Identifier | None = None
+    publication: Identifier | None = None
+    tables: list[str] = Field(default_factory=list)
+    heartbeat_interval: Duration = 5.0
+    max_changes_per_batch: int = Field(50_000, ge=1)
+    partition_bytes: int = Field(4 << 20, ge=64 << 10)  # raw WAL bytes per Spark task
+    #: Split the source into slot/publication pairs by table, each its own query: the
+    #: source runs as `<name>-1` ... `<name>-N` (see plan.py).
+    shards: list[Annotated[list[str], Field(min_length=1)]] | None = Field(None, min_length=2)
+
+    @model_validator(mode="after")
+    def _tables_or_shards(self) -> SourceConfig:
+        if self.shards and self.tables:
+            raise ValueError(
+                "tables and shards: give one; with shards, each shard lists its own tables"
+            )
+        return self
+
+    @property
+    def slot_name(self) -> str:
+        return self.slot or "walstream_" + self.name.replace("-", "_")
+
+    @property
+    def publication_name(self) -> str:
+        return self.publication or self.slot_name

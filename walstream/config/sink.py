@@ -1,0 +1,108 @@
+"""A sink's settings: which changes, in which shape, to which destination, and what on failure."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from walstream.fields import Duration, Model, Name
+from walstream.sinks.registry import destination_union
+
+Action = Literal["insert", "update", "delete", "truncate", "read"]
+ACTIONS: tuple[Action, ...] = ("insert", "update", "delete", "truncate", "read")
+
+if TYPE_CHECKING:
+    from walstream.sinks.base import DestinationSettings as Destination
+else:
+    #: A `destination:` section: the settings of any registered sink, chosen by `type`.
+    Destination = destination_union()
+
+
+class BackoffConfig(Model):
+    """Delay between attempts of a parked message: initial * 2^(n-1), at most max, ±20%."""
+
+    initial: Duration = 1.0
+    max: Duration = 600.0
+
+
+class SinkConfig(Model):
+    name: Name
+    source: str
+    tables: list[str] = Field(default_factory=list)  # default: every table of the source
+    actions: list[Action] = Field(default_factory=lambda: list(ACTIONS))
+    filter: str | None = None  # Spark SQL boolean expression over the change columns
+    transform: dict[str, str] | str | None = None  # {field: SQL expression} or "module:function"
+    group_by: list[str] | None = None  # default: schema, table, pk
+    format: Literal["sequin", "debezium", "record"] = "sequin"
+    batch_size: int = Field(500, ge=1, le=100_000)
+    partitions: int | None = Field(None, ge=1, le=1024)  # delivery parallelism
+    tombstones: bool = False  # Kafka: a null-value message with the same key after each delete
+    # When a message fails after the inline retries (destination.retry_timeout): parking.
+    max_attempts: int = Field(10, ge=1, le=10_000)  # then a dead letter
+    backoff: BackoffConfig = Field(default_factory=lambda: BackoffConfig.model_validate({}))
+    max_parked: int = Field(100_000, ge=1)  # parked messages of this sink, at most
+    on_full: Literal["pause", "discard"] = "pause"  # when max_parked is reached
+    #: on_create: the first `walstream run` that has this sink backfills its tables.
+    backfill: Literal["on_create"] | None = None
+    #: A subscription to ingested events of these types (the outbox table's inserts).
+    event_types: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
+    destination: Destination
+    #: `(schema, table)` of the outbox when events are on (set by the plan): sinks without
+    #: event_types and without tables leave it out.
+    _outbox: tuple[str, str] | None = PrivateAttr(None)
+
+    @field_validator("transform")
+    @classmethod
+    def _transform(cls, v: Any) -> Any:
+        if isinstance(v, str) and not re.match(r"^[\w.]+:[A-Za-z_]\w*$", v):
+            raise ValueError("a Python transform is 'module:function', e.g. 'myapp.cdc:shape'")
+        if isinstance(v, dict) and not v:
+            raise ValueError("give at least one field: {field: Spark SQL expression}")
+        return v
+
+    @model_validator(mode="after")
+    def _mirror_rules(self) -> SinkConfig:
+        if self.destination.message_format() != "mirror":
+            return self
+        if self.transform is not None:
+            raise ValueError(
+                "transform: a postgres destination mirrors rows as they are; remove the "
+                "transform (or use filter / tables to choose rows)"
+            )
+        if self.group_by is not None and self.group_by != self.destination.group_by():
+            raise ValueError(
+                "group_by: a postgres destination applies each table's changes in order in "
+                "one transaction per chunk, so it groups by table; remove group_by"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tombstones_need_kafka(self) -> SinkConfig:
+        if self.tombstones and not self.destination.unwrapped().has_tombstones:
+            raise ValueError(
+                "tombstones: only a Kafka destination has tombstones (a null-value message "
+                "that lets log compaction drop the key); remove the setting"
+            )
+        return self
+
+    def wants_table(self, schema: str, table: str) -> bool:
+        return not self.tables or any(
+            fnmatch.fnmatchcase(f"{schema}.{table}", t) for t in self.tables
+        )
+
+
+def sink_snapshot(sink: SinkConfig) -> dict[str, Any]:
+    """The sink's settings as JSON, secrets hidden (see `walstream.secrets`): stored with
+    each dead letter."""
+    from walstream.secrets import safe_settings, scrub_json, secret_values
+
+    data = sink.model_dump(mode="json", by_alias=True)
+    dest = data.get("destination", {})
+    while isinstance(dest, dict):
+        if isinstance(dest.get("producer"), dict):
+            dest["producer"] = safe_settings(dest["producer"])
+        dest = dest.get("inner")
+    return dict(scrub_json(data, secret_values(sink)))

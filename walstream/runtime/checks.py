@@ -1,0 +1,20 @@
+"""`walstream check -c`: can every destination be reached?"""
+
+from __future__ import annotations
+
+from walstream.config import Plan
+from walstream.errors import SinkError
+from walstream.secrets import scrubbed, secret_values
+from walstream.sinks.registry import sink_for
+
+
+def check_destinations(config: Plan) -> list[tuple[str, SinkError | None]]:
+    """`test_connection` of every sink: (sink name, the error or None)."""
+    out: list[tuple[str, SinkError | None]] = []
+    for sink in config.sinks:
+        try:
+            sink_for(sink.destination).test_connection()
+            out.append((sink.name, None))
+        except SinkError as exc:
+            out.append((sink.name, scrubbed(exc, secret_values(sink))))
+    return out

@@ -1,0 +1,97 @@
+"""One source's streaming query: its state in the runtime, starting it, reading its progress."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from walstream.config import Plan, SourceConfig
+from walstream.spark.checkpoint import remove_partial_writes
+from walstream.spark.pipeline import Pipeline
+from walstream.state.leadership import Leadership
+
+log = logging.getLogger("walstream.runtime")  # the name operators know
+
+
+def database_name(dsn: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    return str(conninfo_to_dict(dsn).get("dbname") or "")
+
+
+@dataclass
+class SourceQuery:
+    source: SourceConfig
+    pipeline: Pipeline
+    query: Any = None
+    failures: int = 0
+    restart_at: float = 0.0
+    last_error: str | None = None  # "Kind: message" (may quote row values: token holders only)
+    last_error_kind: str | None = None  # "Kind" alone: what /health shows to anyone
+    started: threading.Event = field(default_factory=threading.Event)
+    query_id: str = ""
+    restarts: int = 0  # failures since start (`failures` counts those in a row)
+    leader: bool = True  # False while another walstream holds the source (standby)
+    # From the query's progress reports: changes read, batches, when the last one ran.
+    ingested: int = 0
+    batches: int = 0
+    last_batch_at: float = 0.0
+    seen_batch: int = -1
+    lock: Leadership | None = None
+
+
+def start_query(spark: Any, config: Plan, sq: SourceQuery, checkpoint: str) -> None:
+    """Start the source's streaming query (its pipeline as foreachBatch, from its checkpoint)."""
+    s = sq.source
+    sq.started.clear()
+    remove_partial_writes(checkpoint)  # no query of ours uses it now
+    reader = (
+        spark.readStream.format("walstream")
+        .option("dsn", s.dsn.get_secret_value())
+        .option("slot", s.slot_name)
+        .option("publication", s.publication_name)
+        .option("name", s.name)
+        .option("maxChangesPerBatch", str(s.max_changes_per_batch))
+        .option("partitionBytes", str(s.partition_bytes))
+        .option("heartbeatInterval", str(s.heartbeat_interval))
+    )
+    if s.tables:
+        reader = reader.option("tables", ",".join(s.tables))
+    if config.state_dsn == s.dsn.get_secret_value():  # walstream's state is here
+        reader = reader.option("internalSchema", config.state.schema_)
+    interval = config.spark.trigger_interval
+    sq.query = (
+        reader.load()
+        .writeStream.queryName(f"walstream_{s.name.replace('-', '_')}")
+        .foreachBatch(sq.pipeline)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{interval:g} seconds")
+        .start()
+    )
+    sq.query_id = str(sq.query.id)
+    sq.started.set()
+    log.info("source %s: streaming (slot %s, query %s)", s.name, s.slot_name, sq.query_id)
+
+
+def collect_progress(sq: SourceQuery) -> None:
+    """Count the changes of batches the query reported since the last look (it keeps
+    the last 100 reports, far more than a tick sees)."""
+    q = sq.query
+    if q is None:
+        return
+    try:
+        reports = q.recentProgress
+    except Exception:  # the query is going away: its next run reports again
+        return
+    for r in reports:
+        batch = int(r.get("batchId", -1)) if isinstance(r, dict) else int(r.batchId)
+        if batch <= sq.seen_batch:
+            continue
+        rows = r.get("numInputRows", 0) if isinstance(r, dict) else r.numInputRows
+        sq.seen_batch = batch
+        sq.ingested += int(rows or 0)
+        sq.batches += 1
+        sq.last_batch_at = time.time()

@@ -1,0 +1,140 @@
+"""The Spark SQL a sink's settings become: which changes, their group, key, route, message.
+
+Pure text: `projection` gives the WHERE clause and the select list that `pipeline.py`
+applies to each batch; `expressions` lists what the user wrote, for `validate`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from walstream.change import CHANGE_COLUMNS
+from walstream.config import SinkConfig
+from walstream.formats import sql_format, sql_idempotency_key
+from walstream.sinks.base import DestinationSettings
+
+
+def quote(s: str) -> str:
+    """A Spark SQL string literal."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def group_expr(items: list[str] | None) -> str:
+    """SQL for the group key: default schema + table + pk; `pk`, a column, `record.x` paths."""
+    if not items:
+        return "concat_ws('\u001f', `schema`, `table`, concat_ws(',', pk))"
+    parts = []
+    for item in items:
+        if item == "pk":
+            parts.append("concat_ws(',', pk)")
+        elif item == "ordering_key":  # ingested events: their ordering key, else each its own
+            parts.append(
+                "coalesce(get_json_object(record, '$.ordering_key'), "
+                "get_json_object(record, '$.id'))"
+            )
+        elif item in CHANGE_COLUMNS:
+            parts.append(f"CAST(`{item}` AS STRING)")
+        elif (
+            item.startswith(("record.", "old."))
+            and item.replace(".", "").replace("_", "").isalnum()
+        ):
+            col, _, path = item.partition(".")
+            parts.append(f"get_json_object(`{col}`, {quote('$.' + path)})")
+        else:
+            parts.append(f"CAST(({item}) AS STRING)")
+    return "concat_ws('\u001f', " + ", ".join(parts) + ")"
+
+
+def selection_expr(sink: SinkConfig) -> str:
+    conds = ["action IN (" + ", ".join(quote(a) for a in sink.actions) + ")"]
+    if sink.tables:
+        regexes = [fnmatch.translate(t) for t in sink.tables]
+        conds.append(
+            "("
+            + " OR ".join(f"concat(`schema`, '.', `table`) RLIKE {quote(r)}" for r in regexes)
+            + ")"
+        )
+    elif sink._outbox is not None:  # every table but the event outbox
+        schema, table = sink._outbox
+        conds.append(f"NOT (`schema` = {quote(schema)} AND `table` = {quote(table)})")
+    if sink.event_types:
+        types = ", ".join(quote(t) for t in sink.event_types)
+        conds.append(f"get_json_object(record, '$.event_type') IN ({types})")
+    if sink.filter:
+        conds.append(f"({sink.filter})")
+    return " AND ".join(conds)
+
+
+@dataclass(frozen=True)
+class Projection:
+    where: str  # the rows the sink takes
+    keep: list[str]  # the change columns delivery reads
+    columns: list[str]  # _group, _key, and _route, _message, _ikey when the sink has them
+    sql_message: bool  # SQL makes the message (its format), not Python
+
+
+def projection(
+    sink: SinkConfig, skip_before: int | None = None, backfill: bool = False, db: str = ""
+) -> Projection:
+    """What `prepare` selects for this sink (see its docstring)."""
+    dest = sink.destination
+    cols = [f"({group_expr(sink.group_by or dest.group_by())}) AS _group"]
+    cols.append(f"CAST(({dest.key_expression()}) AS STRING) AS _key")
+    route = dest.route_expression()
+    if route is not None:
+        cols.append(f"CAST(({route}) AS STRING) AS _route")
+    if isinstance(sink.transform, dict):
+        fields = ", ".join(f"{quote(k)}, ({v})" for k, v in sink.transform.items())
+        cols.append(f"to_json(named_struct({fields})) AS _message")
+    formatted = sql_message(sink, db, backfill)
+    if formatted is not None:
+        cols.append(f"{formatted} AS _message")
+    if formatted is not None or isinstance(sink.transform, dict):
+        cols.append(f"{sql_idempotency_key(backfill)} AS _ikey")
+    keep = [f"`{c}`" for c in delivery_columns(sink)]
+    if backfill:  # a read row's idempotency key is its backfill id and pk
+        keep += ["backfill"] + ([] if "`pk`" in keep else ["`pk`"])
+    where = selection_expr(sink)
+    if skip_before is not None:
+        where = f"lsn >= {int(skip_before)} AND {where}"
+    return Projection(where, keep, cols, formatted is not None)
+
+
+def sql_message(sink: SinkConfig, db: str, backfill: bool) -> str | None:
+    """The sink's message format as SQL (see formats.sql_format), when delivery uses it:
+    no transform (a SQL one makes `_message` itself, a Python one needs the row)."""
+    if sink.transform is not None:
+        return None
+    name = sink.destination.message_format() or sink.format
+    return sql_format(name, sink=sink.name, db=db, backfill=backfill)
+
+
+def delivery_columns(sink: SinkConfig) -> list[str]:
+    """The change columns an executor reads to build this sink's messages.
+
+    `pk` and `unchanged_toast` are never in a message (the key and group are computed
+    before); a SQL transform's `_message` replaces the formatted row entirely.
+    """
+    if sink.destination.message_format() == "mirror":
+        return [c for c in CHANGE_COLUMNS if c not in ("annotations", "xid")]
+    skip = {"pk", "unchanged_toast"}
+    if isinstance(sink.transform, dict):
+        skip |= {"xid", "record", "old", "annotations"}
+    return [c for c in CHANGE_COLUMNS if c not in skip]
+
+
+def expressions(sink: SinkConfig) -> list[str]:
+    """The Spark SQL a sink's config brings (filter, transform fields, group_by, a key or
+    route expression): what `validate` must analyze. None: nothing needs Spark to check."""
+    dest = sink.destination
+    found = [sink.filter] if sink.filter else []
+    if isinstance(sink.transform, dict):
+        found += list(sink.transform.values())
+    found += list(sink.group_by or [])
+    if dest.key_expression() != DestinationSettings.key_expression(dest):  # not the default
+        found.append(dest.key_expression())
+    route = dest.route_expression()
+    if route is not None:
+        found.append(route)
+    return found
