@@ -64,6 +64,25 @@ class SinkConfig(Model):
         return v
 
     @model_validator(mode="after")
+    def _table_rules(self) -> SinkConfig:
+        if not self.destination.writes_tables:
+            return self
+        kind = self.destination.type
+        if self.transform is not None:
+            raise ValueError(
+                f"transform: a {kind} destination writes each table's own columns; remove the "
+                "transform (choose columns with destination.columns, rows with filter / tables)"
+            )
+        if self.group_by is not None:
+            raise ValueError(
+                f"group_by: a {kind} destination writes each table's changes of a batch in one "
+                "commit; remove group_by"
+            )
+        if "format" in self.model_fields_set:
+            raise ValueError(f"format: a {kind} destination writes typed columns; remove format")
+        return self
+
+    @model_validator(mode="after")
     def _mirror_rules(self) -> SinkConfig:
         if self.destination.message_format() != "mirror":
             return self

@@ -66,6 +66,8 @@ class DestinationSettings(Model):
     type: str
     #: The destination has tombstones (Kafka: a null-value message after a delete).
     has_tombstones: ClassVar[bool] = False
+    #: The destination writes typed rows into tables (lake sinks), not messages.
+    writes_tables: ClassVar[bool] = False
 
     def key_expression(self) -> str:
         return "concat_ws(',', pk)"

@@ -36,8 +36,10 @@ from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
 from walstream.errors import ConfigError
+from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
+from walstream.spark.tables import write_tables
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +263,9 @@ class Pipeline:
         """Deliver the batch to one sink; `reads`: backfill rows that join it there."""
         t0 = time.monotonic()
         driver_sink = sink_for(sink.destination)
+        if isinstance(driver_sink, TableSink):
+            self._write_tables(df, sink, driver_sink, batch_id, query_id, reads)
+            return
         plan = DeliveryPlan(
             sink=sink.name,
             destination=sink.destination,
@@ -315,27 +320,42 @@ class Pipeline:
         stats = [Stats(**r.asDict()) for r in out]
         last = max(((s.last_lsn, s.last_seq) for s in stats if s.last_lsn >= 0), default=None)
         driver_sink.batch_delivered(sink.name, batch_id, last)
-        with self.lock:
-            p = self.progress.setdefault(sink.name, SinkProgress())
-            p.delivered += sum(s.delivered for s in stats)
-            p.skipped += sum(s.skipped for s in stats)
-            p.parked += sum(s.parked for s in stats)
-            p.dead += sum(s.dead for s in stats)
-            p.discarded += sum(s.discarded for s in stats)
-            p.batches += 1
-            p.last_committed_us = max([p.last_committed_us, *(s.max_committed_us for s in stats)])
-            p.last_batch_at = time.time()
         newest = max((s.max_committed_us for s in stats if s.delivered), default=0)
+        with self.lock:
+            self.progress.setdefault(sink.name, SinkProgress()).add_batch(
+                sum(s.delivered for s in stats), newest,
+                skipped=sum(s.skipped for s in stats), parked=sum(s.parked for s in stats),
+                dead=sum(s.dead for s in stats), discarded=sum(s.discarded for s in stats),
+                latest_us=max((s.max_committed_us for s in stats), default=0),
+            )  # fmt: skip
         self._newest_us = max(self._newest_us, newest)
-        if newest:
-            with self.lock:
-                p.latency = max(0.0, time.time() - newest / 1e6)
         if self.metrics is not None:
             self.metrics.delivered(sink.name, newest)
         log.debug(
             "batch %d: sink %s delivered %d, skipped %d, in %.3fs (planning %.3fs) over %d partitions",
             batch_id, sink.name, sum(s.delivered for s in stats),
             sum(s.skipped for s in stats), time.monotonic() - t0, t_plan, len(stats),
+        )  # fmt: skip
+
+    def _write_tables(
+        self, df: Any, sink: SinkConfig, table_sink: TableSink, batch_id: int, query_id: str,
+        reads: Any,
+    ) -> None:  # fmt: skip
+        """A lake sink: each table's changes of the batch in one commit (spark/tables.py)."""
+        t0 = time.monotonic()
+        out = write_tables(
+            df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads
+        )
+        with self.lock:
+            p = self.progress.setdefault(sink.name, SinkProgress())
+            p.add_batch(out.changes, out.max_committed_us)
+        self._newest_us = max(self._newest_us, out.max_committed_us)
+        if self.metrics is not None:
+            self.metrics.delivered(sink.name, out.max_committed_us)
+        log.debug(
+            "batch %d: sink %s wrote %d changes as %d rows into %d tables (%d replayed) in %.3fs",
+            batch_id, sink.name, out.changes, out.rows, out.tables, out.replayed,
+            time.monotonic() - t0,
         )  # fmt: skip
 
     def _with_reads(self, stream: Any, reads: Any, sink: SinkConfig, partitions: int) -> Any:

@@ -1,0 +1,168 @@
+"""A source table as typed columns: each Postgres column's Spark/Arrow type, and the key.
+
+The lake sinks write a change's row as typed columns, not JSON. The types come
+from the source's catalog (the table as it is when a batch is written):
+
+| Postgres | column type |
+|---|---|
+| smallint, integer | INT |
+| bigint, oid, xid | BIGINT |
+| real / double precision | FLOAT / DOUBLE |
+| numeric(p, s), p ≤ 38 | DECIMAL(p, s) |
+| numeric without precision, or p > 38 | STRING (the exact digits) |
+| boolean | BOOLEAN |
+| date | DATE |
+| timestamp with time zone | TIMESTAMP (UTC) |
+| timestamp without time zone | TIMESTAMP_NTZ |
+| bytea | BINARY |
+| json, jsonb | STRING (the JSON text) |
+| one-dimensional arrays of the above | ARRAY<element> |
+| text, varchar, uuid, enums, time, interval, inet, ranges, composites, anything else | STRING |
+
+Domains take their base type's column type. A value that does not fit its column
+type (numeric 'NaN', a date 'infinity', a multi-dimensional array) is never written
+as NULL: the batch stops with an error naming the column (see `spark/tables.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from walstream.errors import SinkError
+
+_COLUMNS = """
+SELECT a.attname, a.atttypid::int8, a.atttypmod, a.attnotnull
+FROM pg_attribute a
+WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text))
+  AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum"""
+#: The primary key, else the replica identity index.
+_KEY = """
+SELECT a.attname FROM pg_index i
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = to_regclass(format('%%I.%%I', %s::text, %s::text))
+  AND (i.indisprimary OR i.indisreplident)
+ORDER BY i.indisprimary DESC, array_position(i.indkey::int2[], a.attnum)"""
+_TYPE = """
+SELECT t.typname, t.typtype, t.typelem::int8, t.typbasetype::int8, t.typtypmod, t.typcategory,
+       n.nspname
+FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = %s"""
+
+_SCALARS = {
+    "int2": "INT", "int4": "INT", "int8": "BIGINT", "oid": "BIGINT", "xid": "BIGINT",
+    "float4": "FLOAT", "float8": "DOUBLE", "bool": "BOOLEAN", "date": "DATE",
+    "timestamptz": "TIMESTAMP", "timestamp": "TIMESTAMP_NTZ", "bytea": "BINARY",
+}  # fmt: skip
+
+
+def numeric_type(typmod: int) -> str:
+    """numeric(p, s) as DECIMAL(p, s) when Spark's decimals hold it, else STRING."""
+    if typmod < 4:  # no precision given: any number of digits
+        return "STRING"
+    precision, scale = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
+    if precision > 38 or scale > precision:
+        return "STRING"
+    return f"DECIMAL({precision},{scale})"
+
+
+def column_type(name: str, typmod: int, category: str = "", element: str | None = None) -> str:
+    """The column type (Spark DDL) of a built-in Postgres type by its `typname`.
+
+    `element`: for an array, its element's column type (already mapped).
+    """
+    if element is not None:
+        return f"ARRAY<{element}>"
+    if name == "numeric":
+        return numeric_type(typmod)
+    return _SCALARS.get(name, "STRING")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # Spark DDL: INT, DECIMAL(10,2), ARRAY<STRING> ...
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """A source table's columns as the lake holds them, and its key columns."""
+
+    schema: str
+    table: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    #: Postgres' own type per column (`format_type`-like, for messages).
+    pg_types: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def ddl(self) -> str:
+        """The columns as a Spark DDL struct body (`from_json`'s schema)."""
+        return ", ".join(f"`{c.name.replace('`', '``')}` {c.type}" for c in self.columns)
+
+    def select(self, include: list[str] | None, exclude: list[str] | None) -> TableShape:
+        """Only the columns `include` names (all when None), without those `exclude` names;
+        the key columns are always kept."""
+        keep = [
+            c
+            for c in self.columns
+            if c.name in self.key
+            or ((include is None or c.name in include) and c.name not in (exclude or ()))
+        ]
+        return TableShape(self.schema, self.table, tuple(keep), self.key, self.pg_types)
+
+
+def load_shape(conn: Any, schema: str, table: str, *, need_key: bool = True) -> TableShape:
+    """The table's shape from the catalog (`conn`: a psycopg 3 connection to the source)."""
+    rows = conn.execute(_COLUMNS, (schema, table)).fetchall()
+    if not rows:
+        raise SinkError(
+            f"table {schema}.{table} does not exist in the source (any more)",
+            "a change of a dropped table cannot be written; leave the table out of the sink "
+            "(tables: [...]) or recreate it",
+            retryable=False,
+        )
+    key = tuple(dict.fromkeys(r[0] for r in conn.execute(_KEY, (schema, table)).fetchall()))
+    if need_key and not key:
+        raise SinkError(
+            f"{schema}.{table} has neither a primary key nor a replica identity index, so its "
+            "changes cannot be applied by key",
+            f"add a primary key to {schema}.{table}, or write it with `mode: changelog`",
+            retryable=False,
+        )
+    cache: dict[int, tuple[str, str]] = {}
+    columns, pg_types = [], {}
+    for name, oid, typmod, not_null in rows:
+        spark_type, pg_name = _type_of(conn, int(oid), int(typmod), cache)
+        columns.append(Column(name, spark_type, not bool(not_null)))
+        pg_types[name] = pg_name
+    return TableShape(schema, table, tuple(columns), key, pg_types)
+
+
+def _type_of(
+    conn: Any, oid: int, typmod: int, cache: dict[int, tuple[str, str]]
+) -> tuple[str, str]:
+    """(column type, Postgres type name) of a type OID: domains by their base, arrays by
+    their element."""
+    if oid in cache and typmod < 0:
+        return cache[oid]
+    row = conn.execute(_TYPE, (oid,)).fetchone()
+    if row is None:
+        return "STRING", str(oid)
+    name, typtype, elem, base, base_typmod, category, nsp = row
+    if typtype == "d":  # a domain: its base type (with the domain's own typmod)
+        out = _type_of(conn, int(base), int(base_typmod), cache)
+    elif category == "A" and elem:
+        inner, inner_name = _type_of(conn, int(elem), typmod, cache)
+        out = (f"ARRAY<{inner}>" if not inner.startswith("ARRAY") else "STRING", inner_name + "[]")
+    elif nsp != "pg_catalog" or typtype in ("e", "c", "r", "m"):
+        out = ("STRING", name)  # enums, composites, ranges, extension types: their text
+    else:
+        out = (column_type(name, typmod, category), name)
+    if typmod < 0:
+        cache[oid] = out
+    return out

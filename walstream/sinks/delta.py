@@ -1,0 +1,208 @@
+"""Delta Lake sink (`type: delta`): each source table kept as a Delta table, with delta-rs.
+
+Tables live at `path` (a local directory or an object-store URI, `{schema}` and
+`{table}` filled in per source table). Each micro-batch writes each table in one
+Delta commit carrying the application transaction `(walstream/<sink>/<query id>,
+batch id)`: a replayed batch finds its version recorded and writes nothing. Mirror
+and history modes commit one MERGE; changelog appends. See `sinks/lake.py` for the
+modes and `docs/lakehouse.md` for the guide.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+
+from walstream.errors import SinkError, optional_import
+from walstream.sinks.lake import (
+    LakeDestination,
+    TableBatch,
+    TableSink,
+    Written,
+    check_template,
+    fill_template,
+)
+from walstream.sinks.lake_plan import history_plan, mirror_plan
+from walstream.sinks.lake_tables import LakeTable, key_filter_rows
+from walstream.sinks.registry import register
+
+
+class DeltaDestination(LakeDestination):
+    """Delta tables at `path` (e.g. `./lake/{schema}/{table}` or `s3://bucket/{table}`)."""
+
+    type: Literal["delta"]
+    path: str = "./lake/{schema}/{table}"
+    #: delta-rs object store settings (AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY, ...).
+    storage_options: dict[str, SecretStr] = Field(default_factory=dict)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return check_template(v, "path")
+
+    def location(self, schema: str, table: str) -> str:
+        where = fill_template(self.path, schema, table)
+        return where if "://" in where else str(Path(where).resolve())
+
+    def location_for_messages(self, schema: str, table: str) -> str:
+        where = self.location(schema, table)
+        if "://" not in where:
+            return where
+        parts = urlsplit(where)
+        return f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
+
+
+def _deltalake() -> Any:
+    return optional_import("deltalake", "delta", "the Delta Lake sink")
+
+
+def _sql_name(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@register
+class DeltaSink(TableSink):
+    settings_model = DeltaDestination
+    extra = "delta"
+    config: DeltaDestination
+
+    def __init__(self, config: DeltaDestination) -> None:
+        super().__init__(config)
+        self.options = {k: v.get_secret_value() for k, v in config.storage_options.items()}
+
+    def target(self, schema: str, table: str) -> str:
+        return LakeTable.for_(self.config, schema, table).path_for_messages()
+
+    def test_connection(self) -> None:
+        dl = _deltalake()
+        uri = LakeTable.for_(self.config, "public", "probe").location
+        try:
+            dl.DeltaTable.is_deltatable(uri, storage_options=self.options or None)
+        except Exception as exc:
+            raise SinkError(
+                f"Delta: cannot reach {self.target('{schema}', '{table}')}: {exc}",
+                "check `path` and `storage_options` (credentials, region, endpoint)",
+                retryable=True,
+            ) from exc
+
+    def _open(self, location: str) -> Any | None:
+        dl = _deltalake()
+        if not dl.DeltaTable.is_deltatable(location, storage_options=self.options or None):
+            return None
+        return dl.DeltaTable(location, storage_options=self.options or None)
+
+    def write_batch(self, batch: TableBatch) -> Written:
+        dl = _deltalake()
+        lake = LakeTable.for_(self.config, batch.shape.schema, batch.shape.table)
+        app_id = f"walstream/{batch.sink}/{batch.query_id}"
+        commit = dl.CommitProperties(
+            app_transactions=[dl.Transaction(app_id=app_id, version=batch.batch_id)],
+            custom_metadata={"walstream.batch": batch.marker},
+        )
+        schema = lake.schema(batch)
+        table = self._open(lake.location)
+        if table is None:
+            table = dl.DeltaTable.create(
+                lake.location, schema, mode="ignore", storage_options=self.options or None,
+                partition_by=self.config.partition_by or None,
+            )  # fmt: skip
+        done = table.transaction_version(app_id)
+        if done is not None and done >= batch.batch_id:
+            return Written(lake.path_for_messages(), 0, replayed=True)
+        lake.check_schema(_arrow_schema(table), schema)
+        if self.config.mode == "changelog":
+            rows = lake.changelog(batch)
+            dl.write_deltalake(
+                table, rows, mode="append", schema_mode="merge", commit_properties=commit,
+                storage_options=self.options or None,
+            )  # fmt: skip
+            n = rows.num_rows
+        elif self.config.mode == "mirror":
+            n = self._mirror(table, lake, batch, commit)
+        else:
+            n = self._history(table, lake, batch, commit)
+        return Written(lake.path_for_messages(), n)
+
+    def _mirror(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
+        """One MERGE of the newest version of each key; after a truncate, an overwrite."""
+        key, columns = list(batch.shape.key), batch.shape.names
+        rows = lake.filled(batch, lambda keys: key_filter_rows(_current(table), key, keys))
+        plan = mirror_plan(rows, key, columns)
+        if plan.truncated:  # the table is what the batch left after its last truncate
+            _deltalake().write_deltalake(
+                table, plan.upserts, mode="overwrite", schema_mode="merge",
+                commit_properties=commit, storage_options=self.options or None,
+            )  # fmt: skip
+            return int(plan.upserts.num_rows)
+        source = lake.mirror_source(plan, key, columns)
+        on = " AND ".join(f"t.{_sql_name(k)} = s.{_sql_name(k)}" for k in key)
+        cols = {_sql_name(c): f"s.{_sql_name(c)}" for c in columns}
+        (
+            table.merge(source, on, source_alias="s", target_alias="t", merge_schema=True,
+                        commit_properties=commit)
+            .when_matched_delete("s._delete")
+            .when_matched_update(cols, "NOT s._delete")
+            .when_not_matched_insert(cols, "NOT s._delete")
+            .execute()
+        )  # fmt: skip
+        return int(plan.upserts.num_rows)
+
+    def _history(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
+        """One MERGE: the closing rows end current versions, the new versions are inserted."""
+        key, schema = list(batch.shape.key), lake.schema(batch)
+        rows = lake.filled(batch, lambda keys: key_filter_rows(_current(table), key, keys))
+        plan = history_plan(rows, key, batch.shape.names, schema)
+        source = lake.history_source(plan, key, lambda: _current(table))
+        on = " AND ".join(
+            ["t.is_current", "s._close", *(f"t.{_sql_name(k)} = s.{_sql_name(k)}" for k in key)]
+        )
+        cols = {_sql_name(c): f"s.{_sql_name(c)}" for c in schema.names}
+        (
+            table.merge(source, on, source_alias="s", target_alias="t", merge_schema=True,
+                        commit_properties=commit)
+            .when_matched_update({"valid_to": "s.valid_from", "is_current": "false"})
+            .when_not_matched_insert(cols, "NOT s._close")
+            .execute()
+        )  # fmt: skip
+        return int(plan.versions.num_rows)
+
+    def read_table(self, schema: str, table: str) -> Any:
+        t = self._open(LakeTable.for_(self.config, schema, table).location)
+        return None if t is None else t.to_pyarrow_table()
+
+    def optimize(self, schema: str, table: str) -> dict[str, Any]:
+        t = self._open(LakeTable.for_(self.config, schema, table).location)
+        if t is None:
+            return {"table": self.target(schema, table), "missing": True}
+        opt = self.config.optimize
+        compacted = t.optimize.compact(target_size=opt.target_file_size)
+        removed = t.vacuum(
+            retention_hours=int(opt.retain // 3600), dry_run=False,
+            enforce_retention_duration=False,
+        )  # fmt: skip
+        t.cleanup_metadata()
+        return {
+            "table": self.target(schema, table),
+            "files_added": compacted.get("numFilesAdded", 0),
+            "files_removed": compacted.get("numFilesRemoved", 0),
+            "files_deleted": len(removed),
+        }
+
+
+def _arrow_schema(table: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.schema(table.schema().to_arrow())
+
+
+def _current(table: Any) -> Any:
+    """The table's current rows (history: only `is_current` ones) as a pyarrow dataset."""
+    import pyarrow.dataset as ds
+
+    data = table.to_pyarrow_dataset()
+    if "is_current" in data.schema.names:
+        return data.filter(ds.field("is_current"))
+    return data

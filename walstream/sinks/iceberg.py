@@ -1,0 +1,341 @@
+"""Apache Iceberg sink (`type: iceberg`): each source table kept as an Iceberg table (pyiceberg).
+
+The catalog is, by default, a SQL catalog whose two tables live in the state
+database's walstream schema, with data files under `catalog.warehouse`; a REST
+catalog (Polaris, Nessie, Lakekeeper, Tabular...) is `catalog: {type: rest, uri}`.
+Each micro-batch writes each table in one Iceberg transaction whose snapshots carry
+`walstream.sink` and `walstream.batch` (query id and batch id): a replayed batch
+finds its snapshot and writes nothing. Mirror deletes the batch's keys and appends
+their newest rows; history closes current versions (delete + re-append) and appends
+the new ones; changelog appends. See `docs/lakehouse.md`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from walstream.errors import SinkError, optional_import
+from walstream.fields import Model
+from walstream.sinks.clients import Clients
+from walstream.sinks.lake import (
+    LakeDestination,
+    TableBatch,
+    TableSink,
+    Written,
+    check_template,
+    fill_template,
+)
+from walstream.sinks.lake_plan import Key, history_plan, key_of, mirror_plan
+from walstream.sinks.lake_tables import LakeTable
+from walstream.sinks.registry import register
+
+#: Snapshots walked back from the current one to find this sink's last batch.
+_LOOKBACK = 1000
+
+
+class Catalog(Model):
+    """Where Iceberg tables are registered."""
+
+    type: Literal["sql", "rest"] = "sql"
+    #: sql: a Postgres DSN (default: the state database); rest: the catalog's URL.
+    uri: SecretStr | None = None
+    warehouse: str = "./lake"
+    token: SecretStr | None = None  # rest: a bearer token
+    #: More pyiceberg catalog properties (s3.endpoint, s3.access-key-id, ...).
+    properties: dict[str, SecretStr] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _rest_needs_uri(self) -> Catalog:
+        if self.type == "rest" and self.uri is None:
+            raise ValueError("a rest catalog needs `uri` (the catalog's URL)")
+        return self
+
+
+class IcebergDestination(LakeDestination):
+    """Iceberg tables named `table` (`namespace.table`, default `{schema}.{table}`)."""
+
+    type: Literal["iceberg"]
+    table: str = "{schema}.{table}"
+    catalog: Catalog = Field(default_factory=lambda: Catalog.model_validate({}))
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, v: str) -> str:
+        check_template(v, "table")
+        if "." not in v:
+            raise ValueError(f"table {v!r}: give namespace.table, e.g. '{{schema}}.{{table}}'")
+        return v
+
+    def location(self, schema: str, table: str) -> str:
+        return fill_template(self.table, schema, table)
+
+
+def _pyiceberg() -> Any:
+    """pyiceberg, with the submodules the sink uses imported."""
+    module = optional_import("pyiceberg", "iceberg", "the Iceberg sink")
+    import pyiceberg.catalog
+    import pyiceberg.exceptions
+    import pyiceberg.expressions  # noqa: F401
+
+    return module
+
+
+def sqlalchemy_url(dsn: str, schema: str) -> str:
+    """A libpq DSN as the SQLAlchemy URL pyiceberg's SQL catalog takes (psycopg 3), with
+    the catalog's tables in `schema`."""
+    from psycopg.conninfo import conninfo_to_dict
+    from sqlalchemy import URL
+
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    query = {
+        k: v for k, v in params.items() if k not in ("user", "password", "host", "port", "dbname")
+    }
+    query["options"] = (query.get("options", "") + f" -csearch_path={schema}").strip()
+    return URL.create(
+        "postgresql+psycopg", username=params.get("user"), password=params.get("password"),
+        host=params.get("host"), port=int(params["port"]) if "port" in params else None,
+        database=params.get("dbname"), query=query,
+    ).render_as_string(hide_password=False)  # fmt: skip
+
+
+_CATALOGS: Clients[Any] = Clients()
+
+
+@register
+class IcebergSink(TableSink):
+    settings_model = IcebergDestination
+    extra = "iceberg"
+    config: IcebergDestination
+
+    def target(self, schema: str, table: str) -> str:
+        return self.config.location(schema, table)
+
+    def _catalog(self) -> Any:
+        c = self.config.catalog
+        props = {k: v.get_secret_value() for k, v in c.properties.items()}
+        warehouse = c.warehouse if "://" in c.warehouse else Path(c.warehouse).resolve().as_uri()
+        props.setdefault("warehouse", warehouse)
+        if c.type == "rest":
+            assert c.uri is not None
+            props["uri"] = c.uri.get_secret_value()
+            if c.token is not None:
+                props["token"] = c.token.get_secret_value()
+            make = lambda: _pyiceberg().catalog.load_catalog("walstream", type="rest", **props)  # noqa: E731
+        else:
+            dsn = c.uri.get_secret_value() if c.uri is not None else self.config.state_dsn
+            if not dsn:
+                raise SinkError(
+                    "Iceberg: no database for the SQL catalog",
+                    "declare the sink in walstream.yaml (the state database is used), or set "
+                    "catalog.uri",
+                    retryable=False,
+                )
+            if warehouse.startswith("file://"):
+                Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+            props["uri"] = sqlalchemy_url(dsn, self.config.state_schema)
+            import pyiceberg.catalog.sql as sql
+
+            make = lambda: sql.SqlCatalog("walstream", **props)  # noqa: E731
+        key = (c.type, tuple(sorted(props.items())))
+        return _CATALOGS.get(key, make)
+
+    def test_connection(self) -> None:
+        try:
+            self._catalog().list_namespaces()
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise SinkError(
+                f"Iceberg: cannot reach the {self.config.catalog.type} catalog: "
+                f"{type(exc).__name__}",
+                "check catalog.uri, catalog.warehouse and the credentials in catalog.properties",
+                retryable=True,
+            ) from exc
+
+    def _open(self, schema: str, table: str) -> Any | None:
+        exc = _pyiceberg().exceptions
+        try:
+            return self._catalog().load_table(self.target(schema, table))
+        except exc.NoSuchTableError:
+            return None
+
+    def _create(self, batch: TableBatch, schema: Any) -> Any:
+        ident = self.target(batch.shape.schema, batch.shape.table)
+        catalog = self._catalog()
+        catalog.create_namespace_if_not_exists(ident.rsplit(".", 1)[0])
+        table = catalog.create_table_if_not_exists(ident, schema=schema)
+        if self.config.partition_by and table.spec().is_unpartitioned():
+            with table.update_spec() as spec:
+                for col in self.config.partition_by:
+                    spec.add_identity(col)
+            table = catalog.load_table(ident)
+        return table
+
+    def write_batch(self, batch: TableBatch) -> Written:
+        lake = LakeTable.for_(self.config, batch.shape.schema, batch.shape.table)
+        schema = lake.schema(batch)
+        table = self._open(batch.shape.schema, batch.shape.table) or self._create(batch, schema)
+        if self._replayed(table, batch):
+            return Written(lake.path_for_messages(), 0, replayed=True)
+        lake.check_schema(table.schema().as_arrow(), schema)
+        props = {"walstream.sink": batch.sink, "walstream.batch": batch.marker}
+        with table.transaction() as tx:
+            with tx.update_schema() as update:  # a column added at the source
+                update.union_by_name(schema)
+            if self.config.mode == "changelog":
+                rows = lake.changelog(batch)
+                tx.append(rows.cast(schema), snapshot_properties=props)
+                n = rows.num_rows
+            elif self.config.mode == "mirror":
+                n = self._mirror(tx, table, lake, batch, props)
+            else:
+                n = self._history(tx, table, lake, batch, props)
+        return Written(lake.path_for_messages(), n)
+
+    def _mirror(
+        self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]
+    ) -> int:
+        """Delete the batch's keys (everything after a truncate), append their newest rows."""
+        key, schema = list(batch.shape.key), lake.schema(batch)
+        rows = lake.filled(batch, lambda keys: self._rows(table, key, keys))
+        plan = mirror_plan(rows, key, batch.shape.names)
+        touched = [
+            key_of(r, key)
+            for r in plan.deletes.select(key).to_pylist() + plan.upserts.select(key).to_pylist()
+        ]
+        if plan.truncated:
+            _delete(tx, _always(), props)
+        elif touched:
+            _delete(tx, _keys_filter(key, touched), props)
+        if plan.upserts.num_rows:
+            tx.append(plan.upserts.cast(schema), snapshot_properties=props)
+        return int(plan.upserts.num_rows)
+
+    def _history(
+        self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]
+    ) -> int:
+        """End the current versions the batch replaces (delete them, append them closed),
+        append the new versions."""
+        import pyarrow as pa
+
+        key, schema = list(batch.shape.key), lake.schema(batch)
+        rows = lake.filled(batch, lambda keys: self._rows(table, key, keys))
+        plan = history_plan(rows, key, batch.shape.names, schema)
+        closes = dict(plan.closes)
+        if plan.close_all_at is not None:  # a truncate ends every current version
+            current = self._rows(table, key, None)
+            for k in current:
+                closes.setdefault(k, plan.close_all_at)
+        else:
+            current = self._rows(table, key, list(closes))
+        ended = [
+            {**row, "valid_to": closes[k], "is_current": False}
+            for k, row in current.items()
+            if k in closes
+        ]
+        if ended:
+            ex = _pyiceberg().expressions
+            _delete(
+                tx, ex.And(ex.EqualTo("is_current", True), _keys_filter(key, list(closes))), props
+            )
+            have = table.schema().as_arrow()
+            full = pa.schema([*have, *(f for f in schema if f.name not in have.names)])
+            tx.append(pa.Table.from_pylist(ended, schema=full), snapshot_properties=props)
+        if plan.versions.num_rows:
+            tx.append(plan.versions, snapshot_properties=props)
+        return int(plan.versions.num_rows)
+
+    def _rows(
+        self, table: Any, key: list[str], keys: list[Key] | None
+    ) -> dict[Key, dict[str, Any]]:
+        """The table's current rows (history: `is_current`) of `keys` (None: all), by key."""
+        ex = _pyiceberg().expressions
+        cond = ex.AlwaysTrue() if keys is None else _keys_filter(key, keys)
+        if keys is not None and not keys:
+            return {}
+        if "is_current" in table.schema().column_names:
+            cond = ex.And(ex.EqualTo("is_current", True), cond)
+        rows = table.scan(row_filter=cond).to_arrow().to_pylist()
+        return {key_of(r, key): r for r in rows}
+
+    def _replayed(self, table: Any, batch: TableBatch) -> bool:
+        snap = table.current_snapshot()
+        for _ in range(_LOOKBACK):
+            if snap is None:
+                return False
+            props = snap.summary.additional_properties if snap.summary else {}
+            if props.get("walstream.sink") == batch.sink:
+                query, _, done = props.get("walstream.batch", "").rpartition(":")
+                return query == batch.query_id and done.isdigit() and int(done) >= batch.batch_id
+            snap = (
+                table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+            )
+        return False
+
+    def read_table(self, schema: str, table: str) -> Any:
+        t = self._open(schema, table)
+        return None if t is None else t.scan().to_arrow()
+
+    def optimize(self, schema: str, table: str) -> dict[str, Any]:
+        """Rewrite the table into files of about `target_file_size` when it has more small
+        files than that needs (pyiceberg has no partial compaction), then expire snapshots
+        older than `retain` (their files stay for readers of old metadata)."""
+        import time
+        from datetime import UTC, datetime
+
+        t = self._open(schema, table)
+        if t is None:
+            return {"table": self.target(schema, table), "missing": True}
+        files = t.inspect.files().select(["file_size_in_bytes"]).to_pylist()
+        size = sum(f["file_size_in_bytes"] for f in files)
+        needed = max(1, -(-size // self.config.optimize.target_file_size))
+        rewritten = 0
+        if len(files) > needed:
+            data = t.scan().to_arrow()
+            with t.transaction() as tx:
+                tx.overwrite(data, snapshot_properties={"walstream.optimize": "compact"})
+            rewritten = len(files)
+        t = self._catalog().load_table(self.target(schema, table))
+        before = len(t.snapshots())
+        older = datetime.fromtimestamp(time.time() - self.config.optimize.retain, UTC)
+        current = t.current_snapshot()
+        if current is not None:
+            t.maintenance.expire_snapshots().older_than(older).commit()
+        t = self._catalog().load_table(self.target(schema, table))
+        return {
+            "table": self.target(schema, table),
+            "files_rewritten": rewritten,
+            "files_now": len(t.inspect.files()),
+            "snapshots_expired": before - len(t.snapshots()),
+        }
+
+
+def _delete(tx: Any, where: Any, props: dict[str, str]) -> None:
+    """Delete the rows matching `where` in the transaction (none matching is fine)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Delete operation did not match any records")
+        tx.delete(where, snapshot_properties=props)
+
+
+def _always() -> Any:
+    return _pyiceberg().expressions.AlwaysTrue()
+
+
+def _keys_filter(key: list[str], keys: list[Key]) -> Any:
+    """An Iceberg row filter matching exactly these keys."""
+    ex = _pyiceberg().expressions
+    if len(key) == 1:
+        return ex.In(key[0], sorted({k[0] for k in keys}, key=repr))
+    out: Any = None
+    for k in dict.fromkeys(keys):
+        one: Any = None
+        for name, value in zip(key, k, strict=True):
+            eq = ex.EqualTo(name, value)
+            one = eq if one is None else ex.And(one, eq)
+        out = one if out is None else ex.Or(out, one)
+    return out

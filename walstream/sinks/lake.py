@@ -1,0 +1,175 @@
+"""What the lake sinks (`type: delta`, `type: iceberg`) share: settings, batches, the contract.
+
+A lake sink is not a message sink. It receives, on the driver, one `TableBatch` per
+source table and micro-batch: the batch's changes of that table as typed columns
+(see `postgres/table_shape.py`), sorted by WAL cursor. It writes them into the
+table's lake table in ONE commit that records the batch (Delta: an application
+transaction; Iceberg: snapshot properties), so a replayed batch writes nothing
+twice. Modes:
+
+- `mirror` (SCD type 1): the lake table equals the source table. Per batch the
+  newest version of each key (by `(lsn, seq)`) is merged: insert or replace, or
+  delete; a truncate empties the table first.
+- `history` (SCD type 2): every version is a row with `_op`, `_lsn`, `_seq`,
+  `valid_from`, `valid_to` (NULL while current) and `is_current`; a new version
+  closes the previous one; a delete closes it and adds a row with `_op = 'delete'`
+  (never current); a truncate closes every current row.
+- `changelog`: every change appended with `_op`, `_lsn`, `_seq`, `_committed_at`,
+  the row after the change and `_before` (the row before, when Postgres sent it).
+"""
+
+from __future__ import annotations
+
+import re
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
+
+from walstream.fields import Duration, Model, Size
+from walstream.postgres.table_shape import TableShape
+from walstream.sinks.base import DestinationSettings, Message, Sink, SinkContext
+
+Mode = Literal["mirror", "history", "changelog"]
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+def check_template(template: str, what: str) -> str:
+    """A target name template may use `{schema}` and `{table}` and nothing else."""
+    unknown = [p for p in _PLACEHOLDER.findall(template) if p not in ("schema", "table")]
+    if unknown:
+        raise ValueError(
+            f"{what} {template!r}: unknown placeholder {{{unknown[0]}}}; "
+            "use {schema} and {table}"
+        )
+    return template
+
+
+def fill_template(template: str, schema: str, table: str) -> str:
+    return template.replace("{schema}", schema).replace("{table}", table)
+
+
+class Columns(Model):
+    """Which source columns the lake table has (the key columns are always kept)."""
+
+    include: list[str] | None = None
+    exclude: list[str] = Field(default_factory=list)
+
+
+class Optimize(Model):
+    """Background maintenance: compaction of small files and cleanup of old snapshots."""
+
+    every: Duration | None = None  # None: only `walstream lake optimize SINK`
+    target_file_size: Size = 128 * 1024 * 1024
+    retain: Duration = 7 * 86400.0  # snapshots / removed files kept this long (time travel)
+
+
+class LakeDestination(DestinationSettings):
+    """Settings every lake sink has: mode, partitioning, columns, maintenance."""
+
+    writes_tables: ClassVar[bool] = True
+    mode: Mode = "mirror"
+    partition_by: list[str] = Field(default_factory=list)
+    columns: Columns = Field(default_factory=lambda: Columns.model_validate({}))
+    optimize: Optimize = Field(default_factory=lambda: Optimize.model_validate({}))
+    #: The source's DSN (filled in by the plan): the catalog gives each table's types.
+    source_dsn: SecretStr | None = None
+    _state_dsn: str = PrivateAttr("")
+    _state_schema: str = PrivateAttr("walstream")
+
+    @field_validator("partition_by")
+    @classmethod
+    def _no_duplicates(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("a column is named twice")
+        return v
+
+    def resolved(self, context: SinkContext) -> Any:
+        copy = self.model_copy(
+            update={}
+            if self.source_dsn is not None
+            else {"source_dsn": SecretStr(context.source_dsn)}
+        )
+        copy._state_dsn = context.state_dsn
+        copy._state_schema = context.state_schema
+        return copy
+
+    @property
+    def state_dsn(self) -> str:
+        return self._state_dsn
+
+    @property
+    def state_schema(self) -> str:
+        return self._state_schema
+
+    def location(self, schema: str, table: str) -> str:
+        """Where a source table's lake table is (a path or URI, a catalog identifier)."""
+        raise NotImplementedError
+
+    def location_for_messages(self, schema: str, table: str) -> str:
+        """`location` fit for logs and errors (no credentials)."""
+        return self.location(schema, table)
+
+    def group_by(self) -> list[str] | None:
+        return ["schema", "table"]
+
+    def message_format(self) -> str | None:
+        return "record"
+
+
+@dataclass(frozen=True)
+class TableBatch:
+    """One source table's changes in one micro-batch, typed, in WAL order.
+
+    `rows` (a pyarrow Table): `_op` (insert/update/delete/truncate/read), `_lsn`,
+    `_seq`, `_committed_at` (UTC timestamp), `_toast` (columns whose unchanged TOAST
+    value Postgres did not send: unknown, never NULL), the shape's columns, and
+    `_before` (a struct of the shape's columns: the row before, when known).
+    """
+
+    sink: str
+    query_id: str
+    batch_id: int
+    shape: TableShape
+    rows: Any
+
+    @property
+    def marker(self) -> str:
+        """What the commit records: this query's batch (a replay finds it)."""
+        return f"{self.query_id}:{self.batch_id}"
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a lake sink did with one TableBatch."""
+
+    target: str
+    rows: int  # rows added to the lake table
+    replayed: bool = False  # the batch was committed already: nothing written
+
+
+class TableSink(Sink):
+    """A sink writing typed batches into tables on the driver (see the module docstring)."""
+
+    config: LakeDestination
+
+    def deliver(self, messages: Sequence[Message]) -> None:
+        raise TypeError(f"{type(self).__name__} writes tables (write_batch), not messages")
+
+    @abstractmethod
+    def target(self, schema: str, table: str) -> str:
+        """Where a source table's rows go (a path, a catalog name), for messages."""
+
+    @abstractmethod
+    def write_batch(self, batch: TableBatch) -> Written:
+        """Write one table's batch in one commit; nothing when the commit exists already."""
+
+    @abstractmethod
+    def optimize(self, schema: str, table: str) -> dict[str, Any]:
+        """Compact small files and expire what `optimize.retain` no longer keeps."""
+
+    @abstractmethod
+    def read_table(self, schema: str, table: str) -> Any:
+        """The lake table as a pyarrow Table (for `walstream lake` and tests' diagnostics)."""

@@ -1,0 +1,164 @@
+"""The lake table of one source table: its schema per mode, and the rows a commit writes.
+
+Shared by the Delta and Iceberg sinks: both turn a batch into the same Arrow data
+(the target schema, filled TOAST values, the MERGE source of mirror and history),
+then commit it their own way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from walstream.errors import SinkError
+from walstream.sinks.lake import LakeDestination, TableBatch
+from walstream.sinks.lake_plan import (
+    CurrentRows,
+    HistoryPlan,
+    Key,
+    MirrorPlan,
+    changelog_rows,
+    fill_toast,
+    key_of,
+)
+
+
+def _pa() -> Any:
+    import pyarrow as pa
+
+    return pa
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    """Where one source table's rows go, in which mode."""
+
+    config: LakeDestination
+    schema_name: str
+    table_name: str
+
+    @classmethod
+    def for_(cls, config: LakeDestination, schema: str, table: str) -> LakeTable:
+        return cls(config, schema, table)
+
+    @property
+    def location(self) -> str:
+        return self.config.location(self.schema_name, self.table_name)
+
+    def path_for_messages(self) -> str:
+        return self.config.location_for_messages(self.schema_name, self.table_name)
+
+    # -- schema ---------------------------------------------------------------------------------
+    def schema(self, batch: TableBatch) -> Any:
+        """The lake table's Arrow schema for this batch's columns, in the sink's mode."""
+        pa = _pa()
+        rows = batch.rows.schema
+        cols = [rows.field(c) for c in batch.shape.names]
+        ts = pa.timestamp("us", tz="UTC")
+        mode = self.config.mode
+        if mode == "mirror":
+            return pa.schema(cols)
+        if mode == "history":
+            return pa.schema([
+                *cols, pa.field("_op", pa.string()), pa.field("_lsn", pa.int64()),
+                pa.field("_seq", pa.int32()), pa.field("valid_from", ts),
+                pa.field("valid_to", ts), pa.field("is_current", pa.bool_()),
+            ])  # fmt: skip
+        return pa.schema([
+            pa.field("_op", pa.string()), pa.field("_lsn", pa.int64()),
+            pa.field("_seq", pa.int32()), pa.field("_committed_at", ts), *cols,
+            rows.field("_toast"), rows.field("_before"),
+        ])  # fmt: skip
+
+    def check_schema(self, existing: Any, wanted: Any) -> None:
+        """A column whose type changed stops the sink (new columns are added by the write)."""
+        have = {f.name: f.type for f in existing}
+        for f in wanted:
+            old = have.get(f.name)
+            if old is not None and old != f.type and not _same(old, f.type):
+                raise SinkError(
+                    f"lake table {self.path_for_messages()}: column {f.name} is {old} there but "
+                    f"{f.type} in the source now",
+                    "a type change the lake table cannot take: rewrite the table (drop it and "
+                    "backfill), or leave the column out (columns: exclude: [...])",
+                    retryable=False,
+                )
+
+    # -- rows -----------------------------------------------------------------------------------
+    def columns_of(self, batch: TableBatch) -> list[str]:
+        return batch.shape.names
+
+    def changelog(self, batch: TableBatch) -> Any:
+        return changelog_rows(batch.rows, batch.shape.names)
+
+    def filled(self, batch: TableBatch, current: CurrentRows) -> Any:
+        return fill_toast(batch.rows, batch.shape.key, current)
+
+    def mirror_source(self, plan: MirrorPlan, key: Sequence[str], columns: Sequence[str]) -> Any:
+        """Upserts and deletes as one MERGE source, `_delete` telling them apart."""
+        pa = _pa()
+        ups = plan.upserts.append_column("_delete", pa.repeat(False, plan.upserts.num_rows))
+        dels = plan.deletes
+        for name in columns:
+            if name not in key:
+                f = ups.schema.field(name)
+                dels = dels.append_column(f, pa.nulls(dels.num_rows, f.type))
+        dels = dels.append_column("_delete", pa.repeat(True, dels.num_rows))
+        return pa.concat_tables([ups, dels.select(ups.schema.names).cast(ups.schema)])
+
+    def history_source(
+        self, plan: HistoryPlan, key: Sequence[str], current_keys: Callable[[], Any]
+    ) -> Any:
+        """The new versions (`_close` false) and one closing row (`_close` true, `valid_from`:
+        when the current version ends) per current target row the batch ends."""
+        pa = _pa()
+        closes = dict(plan.closes)
+        if plan.close_all_at is not None:  # a truncate ends every current row
+            for k in _keys(current_keys(), key):
+                closes.setdefault(k, plan.close_all_at)
+        versions = plan.versions
+        schema = versions.schema
+        closing = pa.Table.from_pylist(
+            [{**dict(zip(key, k, strict=True)), "valid_from": at} for k, at in closes.items()],
+            schema=schema,
+        )
+        both = pa.concat_tables([versions, closing])
+        flags = [False] * versions.num_rows + [True] * closing.num_rows
+        return both.append_column("_close", pa.array(flags, pa.bool_()))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Types equal up to what writers normalise (large types, list element names, UTC)."""
+    return _norm(a) == _norm(b)
+
+
+def _norm(t: Any) -> Any:
+    pa = _pa()
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_norm(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _norm(f.type)) for f in t])
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz="UTC" if t.tz in ("UTC", "+00:00", "Etc/UTC") else t.tz)
+    return t
+
+
+def _keys(data: Any, key: Sequence[str]) -> list[Key]:
+    """Every key of a pyarrow dataset or table."""
+    rows = data.to_table(columns=list(key)) if hasattr(data, "to_table") else data.select(key)
+    return [key_of(r, key) for r in rows.to_pylist()]
+
+
+def key_filter_rows(data: Any, key: Sequence[str], keys: list[Key]) -> dict[Key, dict[str, Any]]:
+    """The rows of a pyarrow dataset with these keys, by key."""
+    import pyarrow.dataset as ds
+
+    first = sorted({k[0] for k in keys}, key=repr)
+    rows = data.to_table(filter=ds.field(key[0]).isin(first)).to_pylist()
+    wanted = set(keys)
+    return {k: r for r in rows if (k := key_of(r, key)) in wanted}

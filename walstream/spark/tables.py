@@ -1,0 +1,160 @@
+"""Lake sinks in the pipeline: each table's changes of a batch as typed Arrow, one commit each.
+
+For a sink whose destination writes tables (`type: delta`, `type: iceberg`) the
+foreachBatch does not build messages. It selects the sink's rows (tables, actions,
+filter), finds which tables the batch touches, reads each table's shape from the
+source catalog, types `record` and `old` with `from_json` on the executors, brings
+the typed rows to the driver as Arrow and hands them to the sink, which commits
+each table once (see `sinks/lake.py`).
+
+A value that does not fit its column type (numeric NaN into a decimal, an infinite
+date, a multi-dimensional array) would come out of `from_json` as NULL: each row is
+parsed a second time with every column as text, and a value present there but NULL
+when typed stops the batch with an error naming the table, column and change.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from walstream.config import SinkConfig
+from walstream.errors import SinkError
+from walstream.postgres.table_shape import TableShape, load_shape
+from walstream.sinks.lake import TableBatch, TableSink, Written
+from walstream.spark.expressions import selection_expr
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TablesWritten:
+    """What one batch wrote to one lake sink."""
+
+    changes: int = 0  # changes of the batch the sink took
+    rows: int = 0  # rows added to lake tables
+    tables: int = 0
+    replayed: int = 0  # tables whose commit for this batch existed already
+    last: tuple[int, int] | None = None
+    max_committed_us: int = 0
+
+
+def _text_ddl(shape: TableShape) -> str:
+    return ", ".join(f"`{c.name.replace('`', '``')}` STRING" for c in shape.columns)
+
+
+def typed_rows(df: Any, shape: TableShape) -> Any:
+    """The table's rows of `df` as the TableBatch columns, plus `_lost` (see module doc)."""
+    from pyspark.sql import functions as F
+
+    ddl = shape.ddl()
+    record = F.from_json(F.col("record"), ddl)
+    old = F.from_json(F.col("old"), ddl)
+    text = F.from_json(F.col("record"), _text_ddl(shape))
+    text_old = F.from_json(F.col("old"), _text_ddl(shape))
+    checks = []
+    for c in shape.columns:
+        if c.type == "STRING":
+            continue  # any JSON value reads as text
+        for label, typed, raw in (("", record, text), ("old ", old, text_old)):
+            checks.append(
+                F.when(raw[c.name].isNotNull() & typed[c.name].isNull(), F.lit(label + c.name))
+            )
+    lost = F.filter(F.array(*checks), lambda x: x.isNotNull()) if checks else F.array()
+    return df.where((F.col("schema") == shape.schema) & (F.col("table") == shape.table)).select(
+        F.col("action").alias("_op"),
+        F.col("lsn").alias("_lsn"),
+        F.col("seq").alias("_seq"),
+        F.col("committed_at").alias("_committed_at"),
+        F.col("unchanged_toast").alias("_toast"),
+        record.alias("_row"),
+        old.alias("_before"),
+        lost.cast("array<string>").alias("_lost"),
+    )
+
+
+def to_batch(arrow: Any, shape: TableShape) -> Any:
+    """The collected Arrow of `typed_rows` as a TableBatch's rows, in WAL order; a value
+    lost to its column type stops here."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if arrow.num_rows and pc.any(pc.greater(pc.list_value_length(arrow["_lost"]), 0)).as_py():
+        at = pc.index(pc.greater(pc.list_value_length(arrow["_lost"]), 0), True).as_py()
+        row = arrow.slice(at, 1).to_pylist()[0]
+        cols = ", ".join(
+            f"{c} (Postgres {shape.pg_types.get(c.split()[-1], '?')})" for c in row["_lost"]
+        )
+        raise SinkError(
+            f"lake: {shape.schema}.{shape.table} change {row['_lsn']}:{row['_seq']} has a value "
+            f"its lake column cannot hold: {cols}; it is not written as NULL",
+            "leave the column out of the sink (columns: exclude: [...]), or change the value "
+            "(numeric NaN, infinite dates and multi-dimensional arrays have no typed column)",
+            retryable=False,
+        )
+    arrow = arrow.sort_by([("_lsn", "ascending"), ("_seq", "ascending")])
+    row = arrow["_row"].combine_chunks()
+    columns = dict(zip(shape.names, row.flatten(), strict=True))
+    out = {n: arrow[n] for n in ("_op", "_lsn", "_seq", "_committed_at", "_toast")}
+    out.update(columns)
+    out["_before"] = arrow["_before"]
+    return pa.table(out)
+
+
+def write_tables(
+    df: Any, sink: SinkConfig, table_sink: TableSink, query_id: str, batch_id: int,
+    skip_before: int | None = None, reads: Any = None,
+) -> TablesWritten:  # fmt: skip
+    """Write the batch's changes (and backfill rows placed in it) to one lake sink."""
+    import psycopg
+    from pyspark.sql import functions as F
+
+    dest = table_sink.config
+    where = selection_expr(sink)
+    if skip_before is not None:
+        where = f"lsn >= {int(skip_before)} AND {where}"
+    rows = df.where(where)
+    if reads is not None:
+        rows = rows.unionByName(reads.where(where).drop("backfill"))
+    rows = rows.persist()
+    out = TablesWritten()
+    try:
+        found = (
+            rows.groupBy("schema", "table")
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.max(F.struct("lsn", "seq")).alias("last"),
+                F.max(F.unix_micros("committed_at")).alias("us"),
+            )
+            .collect()
+        )
+        if not found:
+            return out
+        assert dest.source_dsn is not None, "the plan fills in source_dsn"
+        with psycopg.connect(dest.source_dsn.get_secret_value(), connect_timeout=10) as conn:
+            shapes = [
+                load_shape(conn, r["schema"], r["table"], need_key=dest.mode != "changelog").select(
+                    dest.columns.include, dest.columns.exclude
+                )
+                for r in found
+            ]
+        for r, shape in zip(found, shapes, strict=True):
+            arrow = typed_rows(rows, shape).toArrow()
+            batch = TableBatch(sink.name, query_id, batch_id, shape, to_batch(arrow, shape))
+            written: Written = table_sink.write_batch(batch)
+            out.changes += int(r["n"])
+            out.rows += written.rows
+            out.tables += 1
+            out.replayed += int(written.replayed)
+            last = (int(r["last"]["lsn"]), int(r["last"]["seq"]))
+            out.last = max(out.last, last) if out.last else last
+            out.max_committed_us = max(out.max_committed_us, int(r["us"] or 0))
+            log.debug(
+                "batch %d: sink %s wrote %d rows of %s.%s to %s%s", batch_id, sink.name,
+                written.rows, shape.schema, shape.table, written.target,
+                " (replayed: written before)" if written.replayed else "",
+            )  # fmt: skip
+    finally:
+        rows.unpersist()
+    return out
