@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -159,7 +160,7 @@ def test_history_and_changelog_keep_every_version(spark, db, tmp_path):
             (c.lsn, c.seq) for c in changes if c.action != "truncate"
         ], name
         for chain in versions.values():  # each version ends where the next begins
-            for a, b in zip(chain, chain[1:], strict=False):
+            for a, b in itertools.pairwise(chain):
                 assert a["valid_to"] is not None and a["valid_to"] <= b["valid_from"], name
                 assert not a["is_current"]
         # the current versions are the source table
