@@ -39,7 +39,7 @@ from walstream.errors import ConfigError
 from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
-from walstream.spark.tables import write_tables
+from walstream.spark.tables import write_or_pause, write_tables
 
 log = logging.getLogger(__name__)
 
@@ -343,9 +343,12 @@ class Pipeline:
     ) -> None:  # fmt: skip
         """A lake sink: each table's changes of the batch in one commit (spark/tables.py)."""
         t0 = time.monotonic()
-        out = write_tables(
-            df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads
-        )
+        out = write_or_pause(
+            lambda: write_tables(
+                df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads
+            ),
+            sink.name, self.parking, lambda: self._hold(batch_id),
+        )  # fmt: skip
         with self.lock:
             p = self.progress.setdefault(sink.name, SinkProgress())
             p.add_batch(out.changes, out.max_committed_us)

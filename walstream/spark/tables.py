@@ -16,10 +16,12 @@ when typed stops the batch with an error naming the table, column and change.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from walstream.config import SinkConfig
+from walstream.delivery.parking import ParkingLot
 from walstream.errors import SinkError
 from walstream.postgres.table_shape import TableShape, load_shape
 from walstream.sinks.lake import TableBatch, TableSink, Written
@@ -158,3 +160,21 @@ def write_tables(
     finally:
         rows.unpersist()
     return out
+
+
+def write_or_pause(
+    write: Callable[[], TablesWritten], sink: str, parking: ParkingLot, hold: Callable[[], None]
+) -> TablesWritten:
+    """`write()`; when it fails for good (a value or schema the table cannot take), pause
+    the sink with the error as the reason and, once `walstream resume` clears it, try the
+    batch again. `hold()` waits while the source's sinks are paused (the pipeline's)."""
+    while True:
+        try:
+            return write()
+        except SinkError as exc:
+            if exc.retryable:
+                raise  # the query restarts and replays the batch
+            reason = f"{exc.problem} (fix: {exc.fix})" if exc.fix else exc.problem
+            log.error("sink %s paused: %s; `walstream resume %s` once fixed", sink, reason, sink)
+            parking.set_paused(sink, True, reason)
+            hold()

@@ -1,0 +1,127 @@
+"""What one batch does to a lake table, per mode: the plans, computed before any write."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from walstream.errors import SinkError
+from walstream.sinks.lake_plan import fill_toast, history_plan, mirror_plan
+
+SCHEMA = pa.schema([
+    ("_op", pa.string()), ("_lsn", pa.int64()), ("_seq", pa.int32()),
+    ("_committed_at", pa.timestamp("us", tz="UTC")), ("_toast", pa.list_(pa.string())),
+    ("id", pa.int64()), ("v", pa.string()), ("w", pa.string()),
+])  # fmt: skip
+HISTORY = pa.schema([
+    ("id", pa.int64()), ("v", pa.string()), ("w", pa.string()), ("_op", pa.string()),
+    ("_lsn", pa.int64()), ("_seq", pa.int32()), ("valid_from", pa.timestamp("us", tz="UTC")),
+    ("valid_to", pa.timestamp("us", tz="UTC")), ("is_current", pa.bool_()),
+])  # fmt: skip
+
+
+def at(s: int) -> datetime:
+    return datetime(2024, 1, 1, 0, 0, s, tzinfo=UTC)
+
+
+def rows(*changes: tuple[Any, ...]) -> pa.Table:
+    """(op, lsn, id, v, w[, toast]) each; seq 0, committed at second `lsn`."""
+    out = []
+    for op, lsn, id_, v, w, *toast in changes:
+        out.append({"_op": op, "_lsn": lsn, "_seq": 0, "_committed_at": at(lsn),
+                    "_toast": toast[0] if toast else None, "id": id_, "v": v, "w": w})  # fmt: skip
+    return pa.Table.from_pylist(out, schema=SCHEMA)
+
+
+def no_target(keys: list[Any]) -> dict[Any, Any]:
+    return {}
+
+
+def test_mirror_takes_the_newest_version_of_each_key_in_wal_order():
+    plan = mirror_plan(
+        rows(("insert", 1, 1, "a", "x"), ("insert", 2, 2, "b", "x"), ("update", 3, 1, "a2", "x"),
+             ("delete", 4, 2, None, None), ("insert", 5, 3, "c", "x")),
+        ["id"], ["id", "v", "w"],
+    )  # fmt: skip
+    assert not plan.truncated
+    assert plan.upserts.to_pylist() == [
+        {"id": 1, "v": "a2", "w": "x"},
+        {"id": 3, "v": "c", "w": "x"},
+    ]
+    assert plan.deletes.to_pylist() == [{"id": 2}]
+
+
+def test_mirror_after_a_truncate_keeps_only_what_followed_it():
+    plan = mirror_plan(
+        rows(("insert", 1, 1, "a", "x"), ("truncate", 2, None, None, None),
+             ("insert", 3, 2, "b", "x"), ("delete", 4, 2, None, None), ("insert", 5, 3, "c", "x")),
+        ["id"], ["id", "v", "w"],
+    )  # fmt: skip
+    assert plan.truncated
+    assert plan.upserts.to_pylist() == [{"id": 3, "v": "c", "w": "x"}]
+    assert plan.deletes.to_pylist() == [{"id": 2}]
+
+
+def test_unchanged_toast_comes_from_the_batch_or_the_target_and_is_never_null():
+    batch = rows(
+        ("update", 1, 1, "a2", None, ["w"]),  # from the target's row
+        ("insert", 2, 2, "b", "big"),
+        ("update", 3, 2, "b2", None, ["w"]),  # from the insert before it
+    )
+    asked: list[Any] = []
+
+    def target(keys: list[Any]) -> dict[Any, Any]:
+        asked.extend(keys)
+        return {(1,): {"id": 1, "v": "a", "w": "old big"}}
+
+    filled = fill_toast(batch, ["id"], target)
+    assert asked == [(1,)]
+    assert [(r["id"], r["v"], r["w"], r["_toast"]) for r in filled.to_pylist()] == [
+        (1, "a2", "old big", None), (2, "b", "big", None), (2, "b2", "big", None),
+    ]  # fmt: skip
+    with pytest.raises(SinkError, match=r"key \(7,\).*left w out") as e:
+        fill_toast(rows(("update", 1, 7, "q", None, ["w"])), ["id"], no_target)
+    assert "REPLICA IDENTITY FULL" in (e.value.fix or "")
+
+
+def test_after_a_truncate_the_target_no_longer_gives_toast_values():
+    batch = rows(("truncate", 1, None, None, None), ("update", 2, 1, "a2", None, ["w"]))
+    with pytest.raises(SinkError, match="no earlier version"):
+        fill_toast(batch, ["id"], lambda keys: {(1,): {"id": 1, "w": "gone"}})
+
+
+def test_history_chains_versions_and_closes_what_the_target_has_current():
+    plan = history_plan(
+        rows(("insert", 1, 1, "a", "x"), ("update", 2, 1, "a2", "x"), ("update", 3, 5, "e", "x"),
+             ("delete", 4, 1, "a2", None)),
+        ["id"], ["id", "v", "w"], HISTORY,
+    )  # fmt: skip
+    # key 5 existed before the batch: its current version ends at its first change here
+    assert plan.closes == {(1,): at(1), (5,): at(3)}
+    assert plan.close_all_at is None
+    got = [
+        (r["id"], r["_op"], r["valid_from"], r["valid_to"], r["is_current"])
+        for r in plan.versions.to_pylist()
+    ]
+    assert got == [
+        (1, "insert", at(1), at(2), False),
+        (1, "update", at(2), at(4), False),
+        (5, "update", at(3), None, True),
+        (1, "delete", at(4), at(4), False),  # a delete is a version that never is current
+    ]
+
+
+def test_history_truncate_ends_every_open_version_and_the_targets():
+    plan = history_plan(
+        rows(("insert", 1, 1, "a", "x"), ("truncate", 2, None, None, None),
+             ("insert", 3, 2, "b", "x")),
+        ["id"], ["id", "v", "w"], HISTORY,
+    )  # fmt: skip
+    assert plan.close_all_at == at(2)
+    assert plan.closes == {(1,): at(1)}
+    assert [(r["id"], r["valid_to"], r["is_current"]) for r in plan.versions.to_pylist()] == [
+        (1, at(2), False), (2, None, True),
+    ]  # fmt: skip
