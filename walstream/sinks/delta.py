@@ -10,6 +10,7 @@ modes and `docs/lakehouse.md` for the guide.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -53,6 +54,9 @@ class DeltaDestination(LakeDestination):
             return where
         parts = urlsplit(where)
         return f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
+
+
+log = logging.getLogger(__name__)
 
 
 def _deltalake() -> Any:
@@ -112,7 +116,9 @@ class DeltaSink(TableSink):
         done = table.transaction_version(app_id)
         if done is not None and done >= batch.batch_id:
             return Written(lake.path_for_messages(), 0, replayed=True)
-        lake.check_schema(_arrow_schema(table), schema)
+        widened = lake.check_schema(_arrow_schema(table), schema)
+        if widened:
+            table = self._widen(table, widened)
         if self.config.mode == "changelog":
             rows = lake.changelog(batch)
             dl.write_deltalake(
@@ -126,8 +132,29 @@ class DeltaSink(TableSink):
             n = self._history(table, lake, batch, commit)
         return Written(lake.path_for_messages(), n)
 
+    def _widen(self, table: Any, widened: dict[str, Any]) -> Any:
+        """Rewrite the table with the widened column types (its own commit: the data is
+        the same, so a replay finds nothing left to widen)."""
+        import pyarrow as pa
+
+        data = table.to_pyarrow_table()
+        schema = pa.schema(
+            [f.with_type(widened[f.name]) if f.name in widened else f for f in data.schema]
+        )
+        log.warning(
+            "Delta table %s: widening %s (the table is rewritten once)",
+            table.table_uri, ", ".join(f"{n} to {t}" for n, t in widened.items()),
+        )  # fmt: skip
+        _deltalake().write_deltalake(
+            table, data.cast(schema), mode="overwrite", schema_mode="overwrite",
+            partition_by=self.config.partition_by or None, storage_options=self.options or None,
+        )  # fmt: skip
+        return self._open(table.table_uri)
+
     def _mirror(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
         """One MERGE of the newest version of each key; after a truncate, an overwrite."""
+        import pyarrow as pa
+
         key, columns = list(batch.shape.key), batch.shape.names
         rows = lake.filled(batch, lambda keys: key_filter_rows(_current(table), key, keys))
         plan = mirror_plan(rows, key, columns)
@@ -139,7 +166,11 @@ class DeltaSink(TableSink):
             return int(plan.upserts.num_rows)
         source = lake.mirror_source(plan, key, columns)
         on = " AND ".join(f"t.{_sql_name(k)} = s.{_sql_name(k)}" for k in key)
-        cols = {_sql_name(c): f"s.{_sql_name(c)}" for c in columns}
+        # a column dropped at the source stays; a row changed since has no value for it
+        for f in _arrow_schema(table):
+            if f.name not in columns:
+                source = source.append_column(f, pa.nulls(source.num_rows, f.type))
+        cols = {_sql_name(c): f"s.{_sql_name(c)}" for c in source.schema.names if c != "_delete"}
         (
             table.merge(source, on, source_alias="s", target_alias="t", merge_schema=True,
                         commit_properties=commit)

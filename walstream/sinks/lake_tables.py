@@ -71,19 +71,27 @@ class LakeTable:
             rows.field("_toast"), rows.field("_before"),
         ])  # fmt: skip
 
-    def check_schema(self, existing: Any, wanted: Any) -> None:
-        """A column whose type changed stops the sink (new columns are added by the write)."""
+    def check_schema(self, existing: Any, wanted: Any) -> dict[str, Any]:
+        """The columns whose type widened at the source ({name: new Arrow type}); a type
+        change that does not widen stops the sink. New columns are added by the write."""
         have = {f.name: f.type for f in existing}
+        widened = {}
         for f in wanted:
             old = have.get(f.name)
-            if old is not None and old != f.type and not _same(old, f.type):
-                raise SinkError(
-                    f"lake table {self.path_for_messages()}: column {f.name} is {old} there but "
-                    f"{f.type} in the source now",
-                    "a type change the lake table cannot take: rewrite the table (drop it and "
-                    "backfill), or leave the column out (columns: exclude: [...])",
-                    retryable=False,
-                )
+            if old is None or _same(old, f.type):
+                continue
+            if widens(old, f.type):
+                widened[f.name] = f.type
+                continue
+            raise SinkError(
+                f"lake table {self.path_for_messages()}: column {f.name} is {old} there but "
+                f"{f.type} in the source now",
+                "a type change the lake table cannot take (only int → bigint, real → double "
+                "and a larger numeric precision are applied): rewrite the table (drop it and "
+                "backfill), or leave the column out (columns: exclude: [...])",
+                retryable=False,
+            )
+        return widened
 
     # -- rows -----------------------------------------------------------------------------------
     def columns_of(self, batch: TableBatch) -> list[str]:
@@ -126,6 +134,18 @@ class LakeTable:
         both = pa.concat_tables([versions, closing])
         flags = [False] * versions.num_rows + [True] * closing.num_rows
         return both.append_column("_close", pa.array(flags, pa.bool_()))
+
+
+def widens(old: Any, new: Any) -> bool:
+    """`new` holds every value of `old`, and both Delta and Iceberg can change one into the
+    other: int → bigint, float → double, decimal(p, s) → decimal(p' > p, s)."""
+    pa = _pa()
+    if (old, new) in ((pa.int32(), pa.int64()), (pa.float32(), pa.float64())):
+        return True
+    return (
+        pa.types.is_decimal(old) and pa.types.is_decimal(new)
+        and new.scale == old.scale and new.precision >= old.precision
+    )  # fmt: skip
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -1,0 +1,108 @@
+"""Schema changes at the source, mid-stream, in the lake tables (Delta and Iceberg)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from tests.conftest import unique
+from tests.lake import delta_rows, iceberg_rows
+from walstream.config import parse_config
+from walstream.delivery.parking import ParkingLot
+from walstream.runtime import Runtime
+from walstream.testing import wait_until
+
+pytestmark = [pytest.mark.spark]
+
+
+def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
+    db.execute("CREATE TABLE s (id int PRIMARY KEY, a int, b real, c numeric(6,2), d text)")
+    pub = db.create_publication("s")
+    slot = unique("slot")
+    db.slots.append(slot)
+    cfg = parse_config({
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [
+            {"name": "delta", "source": "app",
+             "destination": {"type": "delta", "path": str(tmp_path / "delta" / "{table}")}},
+            {"name": "iceberg", "source": "app",
+             "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "wh")}}},
+        ],
+    })  # fmt: skip
+    runtime = Runtime(cfg, spark=spark).start()
+    total = 0
+
+    def step(*sql: str, changes: int) -> None:
+        """Run the statements; wait until both sinks took their changes."""
+        nonlocal total
+        for s in sql:
+            db.execute(s)
+        total += changes
+
+        def done() -> bool:
+            runtime.poll()
+            p = runtime.progress()
+            return all(p.get(n) and p[n].delivered >= total for n in ("delta", "iceberg"))
+
+        wait_until(done, 120, interval=0.2, message=lambda: f"{sql}: {runtime.progress()}")
+
+    try:
+        step("INSERT INTO s VALUES (1, 1, 1.5, 10.25, 'one'), (2, 2, 2.5, 20.5, 'two')", changes=2)
+        step("ALTER TABLE s ADD COLUMN e text",
+             "INSERT INTO s VALUES (3, 3, 3.5, 30, 'three', 'e3')",
+             "UPDATE s SET e = 'e1' WHERE id = 1", changes=2)  # fmt: skip
+        step("ALTER TABLE s DROP COLUMN d", "INSERT INTO s VALUES (4, 4, 4.5, 40, 'e4')",
+             "UPDATE s SET a = 22 WHERE id = 2", changes=2)  # fmt: skip
+        step("ALTER TABLE s ALTER COLUMN a TYPE bigint",
+             "ALTER TABLE s ALTER COLUMN b TYPE double precision",
+             "ALTER TABLE s ALTER COLUMN c TYPE numeric(12,2)",
+             "UPDATE s SET a = 5000000000, b = 0.1, c = 1234567890.12 WHERE id = 3", changes=1)  # fmt: skip
+    finally:
+        runtime.stop()
+
+    want = [
+        (1, 1, 1.5, Decimal("10.25"), "one", "e1"),
+        (2, 22, 2.5, Decimal("20.50"), None, None),  # changed after the drop: d is NULL
+        (3, 5_000_000_000, 0.1, Decimal("1234567890.12"), None, "e3"),  # widened, changed
+        (4, 4, 4.5, Decimal("40.00"), None, "e4"),
+    ]
+    for name, rows in (
+        ("delta", delta_rows(tmp_path / "delta" / "s")),
+        ("iceberg", iceberg_rows(db.dsn, "public.s")),
+    ):
+        got = sorted((r["id"], r["a"], r["b"], r["c"], r["d"], r["e"]) for r in rows)
+        assert got == want, name
+
+
+def test_a_type_change_that_does_not_widen_pauses_the_sink_with_the_fix(spark, db, tmp_path):
+    db.execute("CREATE TABLE n (id int PRIMARY KEY, a int)")
+    pub = db.create_publication("n")
+    slot = unique("slot")
+    db.slots.append(slot)
+    cfg = parse_config({
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [{"name": "lake", "source": "app",
+                   "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path)}}}],
+    })  # fmt: skip
+    runtime = Runtime(cfg, spark=spark).start()
+    lot = ParkingLot(cfg.state_dsn)
+    try:
+        db.execute("INSERT INTO n VALUES (1, 1)")
+        wait_until(
+            lambda: runtime.poll() or ((p := runtime.progress().get("lake")) and p.delivered),
+            120, interval=0.2, message=lambda: f"{runtime.progress()}",
+        )  # fmt: skip
+        db.execute("ALTER TABLE n ALTER COLUMN a TYPE text")
+        db.execute("INSERT INTO n VALUES (2, 'two')")
+        wait_until(lambda: "lake" in lot.paused(), 120, message="the sink was not paused")
+    finally:
+        runtime.stop()
+    reason = lot.paused()["lake"] or ""
+    assert "column a is int32 there but string in the source now" in reason
+    assert "drop it and backfill" in reason
+    assert [(r["id"], r["a"]) for r in iceberg_rows(db.dsn, "public.n")] == [(1, 1)]
