@@ -166,3 +166,12 @@ def _type_of(
     if typmod < 0:
         cache[oid] = out
     return out
+
+
+def publication_tables(conn: Any, publication: str) -> list[tuple[str, str]]:
+    """The (schema, table) pairs a publication covers, sorted."""
+    rows = conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
+        (publication,),
+    ).fetchall()
+    return [(str(s), str(t)) for s, t in rows]

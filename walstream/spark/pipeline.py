@@ -39,7 +39,7 @@ from walstream.errors import ConfigError
 from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
-from walstream.spark.tables import write_or_pause, write_tables
+from walstream.spark.tables import Upkeep, write_or_pause, write_tables
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,8 @@ class Pipeline:
     backfills: BackfillMerge | None = None
     #: Observes batch durations and latencies (walstream.server.metrics.Metrics).
     metrics: Any = None
+    #: Lake sinks' `optimize.every`, between batches.
+    upkeep: Upkeep = field(default_factory=Upkeep)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -349,6 +351,7 @@ class Pipeline:
             ),
             sink.name, self.parking, lambda: self._hold(batch_id),
         )  # fmt: skip
+        self.upkeep.after_batch(sink.name, table_sink, out)
         with self.lock:
             p = self.progress.setdefault(sink.name, SinkProgress())
             p.add_batch(out.changes, out.max_committed_us)

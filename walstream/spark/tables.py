@@ -16,8 +16,9 @@ when typed stops the batch with an error naming the table, column and change.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from walstream.config import SinkConfig
@@ -40,6 +41,7 @@ class TablesWritten:
     replayed: int = 0  # tables whose commit for this batch existed already
     last: tuple[int, int] | None = None
     max_committed_us: int = 0
+    written: set[tuple[str, str]] = field(default_factory=set)  # source tables
 
 
 def _text_ddl(shape: TableShape) -> str:
@@ -148,6 +150,7 @@ def write_tables(
             out.changes += int(r["n"])
             out.rows += written.rows
             out.tables += 1
+            out.written.add((shape.schema, shape.table))
             out.replayed += int(written.replayed)
             last = (int(r["last"]["lsn"]), int(r["last"]["seq"]))
             out.last = max(out.last, last) if out.last else last
@@ -178,3 +181,34 @@ def write_or_pause(
             log.error("sink %s paused: %s; `walstream resume %s` once fixed", sink, reason, sink)
             parking.set_paused(sink, True, reason)
             hold()
+
+
+class Upkeep:
+    """`optimize.every`: compaction and cleanup of a lake sink's tables, run between batches
+    by the pipeline (so it never races the sink's own commits)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, set[tuple[str, str]]] = {}
+        self.last: dict[str, float] = {}
+
+    def after_batch(self, sink: str, table_sink: TableSink, written: TablesWritten) -> None:
+        every = table_sink.config.optimize.every
+        if every is None:
+            return
+        self.tables.setdefault(sink, set()).update(written.written)
+        now = time.monotonic()
+        started = self.last.setdefault(sink, now)
+        if now - started < every:
+            return
+        self.last[sink] = now
+        for schema, table in sorted(self.tables.pop(sink, set())):
+            t0 = time.monotonic()
+            try:
+                result = table_sink.optimize(schema, table)
+            except Exception as exc:  # maintenance only: the next round tries again
+                log.warning("sink %s: optimizing %s.%s failed: %s", sink, schema, table, exc)
+                continue
+            log.info(
+                "sink %s: optimized %s.%s in %.1fs: %s", sink, schema, table,
+                time.monotonic() - t0, result,
+            )  # fmt: skip
