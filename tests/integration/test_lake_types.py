@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -12,8 +15,9 @@ from walstream.config import parse_config
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress as Progress
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import load_shape
+from walstream.postgres.table_shape import Column, TableShape, load_shape
 from walstream.runtime import Runtime
+from walstream.spark.tables import to_batch, typed_rows
 from walstream.testing import wait_until
 
 
@@ -112,3 +116,38 @@ def test_a_value_its_column_cannot_hold_stops_the_sink_and_is_never_null(spark, 
     assert [(r["id"], r["price"] and str(r["price"])) for r in rows] == [
         (1, "9.99"), (2, None), (3, None),
     ]  # fmt: skip
+
+
+SHAPE = TableShape("public", "t", (
+    Column("id", "INT"), Column("n", "DECIMAL(10,2)"), Column("d", "DATE"),
+    Column("ts", "TIMESTAMP"), Column("l", "TIMESTAMP_NTZ"), Column("a", "ARRAY<DECIMAL(5,1)>"),
+    Column("b", "BINARY"), Column("j", "STRING"),
+), ("id",), {"n": "numeric", "d": "date", "ts": "timestamptz", "a": "numeric[]"})  # fmt: skip
+
+
+def typed(spark: Any, *records: dict[str, Any]) -> Any:
+    from walstream.change import spark_schema
+
+    rows = [
+        ("app", 10, i, 1, datetime(2024, 1, 1, tzinfo=UTC), "insert", "public", "t", [str(i)],
+         json.dumps(r), None, None, None)
+        for i, r in enumerate(records)
+    ]  # fmt: skip
+    df = spark.createDataFrame(rows, spark_schema())
+    return to_batch(typed_rows(df, SHAPE).toArrow(), SHAPE)
+
+
+@pytest.mark.spark
+def test_typing_keeps_every_value_and_refuses_what_a_column_cannot_hold(spark):
+    good = {"id": 1, "n": "12.30", "d": "2024-02-29", "ts": "2024-01-02T03:04:05.678901Z",
+            "l": "2024-01-02T03:04:05", "a": ["1.5", None], "b": "AAEC", "j": {"k": [1]}}  # fmt: skip
+    (row,) = typed(spark, good).to_pylist()
+    assert row["n"] == Decimal("12.30") and row["d"] == date(2024, 2, 29)
+    assert row["ts"] == datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    assert row["l"] == datetime(2024, 1, 2, 3, 4, 5)
+    assert row["a"] == [Decimal("1.5"), None] and row["b"] == b"\x00\x01\x02"
+    assert json.loads(row["j"]) == {"k": [1]}
+    for column, value in (("n", "NaN"), ("d", "infinity"), ("ts", "-infinity"),
+                          ("a", ["1.5", "NaN"]), ("a", [["1"], ["2"]])):  # fmt: skip
+        with pytest.raises(SinkError, match=rf"cannot hold: {column} \(Postgres"):
+            typed(spark, good, {**good, "id": 2, column: value})

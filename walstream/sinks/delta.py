@@ -157,11 +157,13 @@ class DeltaSink(TableSink):
 
         key, columns = list(batch.shape.key), batch.shape.names
         rows = lake.filled(batch, lambda keys: key_filter_rows(_current(table), key, keys))
-        plan = mirror_plan(rows, key, columns)
-        if plan.truncated:  # the table is what the batch left after its last truncate
+        plan = mirror_plan(rows, key, columns, batch.complete)
+        if plan.truncated or plan.appends_only:
+            # after a truncate the table is what the batch left; new keys only: an append
             _deltalake().write_deltalake(
-                table, plan.upserts, mode="overwrite", schema_mode="merge",
-                commit_properties=commit, storage_options=self.options or None,
+                table, plan.upserts, mode="overwrite" if plan.truncated else "append",
+                schema_mode="merge", commit_properties=commit,
+                storage_options=self.options or None,
             )  # fmt: skip
             return int(plan.upserts.num_rows)
         source = lake.mirror_source(plan, key, columns)

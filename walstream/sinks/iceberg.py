@@ -201,11 +201,15 @@ class IcebergSink(TableSink):
         """Delete the batch's keys (everything after a truncate), append their newest rows."""
         key, schema = list(batch.shape.key), lake.schema(batch)
         rows = lake.filled(batch, lambda keys: self._rows(table, key, keys))
-        plan = mirror_plan(rows, key, batch.shape.names)
-        touched = [
-            key_of(r, key)
-            for r in plan.deletes.select(key).to_pylist() + plan.upserts.select(key).to_pylist()
-        ]
+        plan = mirror_plan(rows, key, batch.shape.names, batch.complete)
+        touched = (
+            []
+            if plan.appends_only
+            else [
+                key_of(r, key)
+                for r in plan.deletes.select(key).to_pylist() + plan.upserts.select(key).to_pylist()
+            ]
+        )
         if plan.truncated:
             _delete(tx, _always(), props)
         elif touched:

@@ -134,6 +134,9 @@ class TableBatch:
     batch_id: int
     shape: TableShape
     rows: Any
+    #: Every change of the table is here (no filter, every action, no reset): an insert is
+    #: a key the lake table does not have yet.
+    complete: bool = False
 
     @property
     def marker(self) -> str:

@@ -97,24 +97,35 @@ class MirrorPlan:
     truncated: bool
     upserts: Any  # pyarrow Table of the source columns
     deletes: Any  # pyarrow Table of the key columns
+    #: Every upsert is a key the table cannot have (inserted in this batch, first): the
+    #: batch is an append, no merge.
+    appends_only: bool = False
 
 
-def mirror_plan(rows: Any, key: Sequence[str], columns: Sequence[str]) -> MirrorPlan:
-    """The newest version of each key after the last truncate."""
+def mirror_plan(
+    rows: Any, key: Sequence[str], columns: Sequence[str], complete: bool = False
+) -> MirrorPlan:
+    """The newest version of each key after the last truncate.
+
+    `complete`: the batch holds every change of the table (no filter, every action), so
+    a key whose first change here is an insert is not in the table yet.
+    """
     pa = _pa()
     import pyarrow.compute as pc
 
     rows, truncated = after_last_truncate(rows)
     indexed = rows.select(list(key)).append_column("_i", pa.array(range(rows.num_rows)))
-    last = indexed.group_by(list(key), use_threads=False).aggregate([("_i", "max")])
-    positions = last.column("_i_max")
+    ends = indexed.group_by(list(key), use_threads=False).aggregate([("_i", "max"), ("_i", "min")])
+    positions = ends.column("_i_max")
     newest = rows.take(pc.take(positions, pc.sort_indices(positions)))  # in WAL order
     deleted = pc.equal(newest.column("_op"), "delete")
-    return MirrorPlan(
-        truncated,
-        newest.filter(pc.invert(deleted)).select(list(columns)),
-        newest.filter(deleted).select(list(key)),
+    new_keys = complete and bool(
+        pc.all(pc.equal(rows.column("_op").take(ends.column("_i_min")), "insert")).as_py()
     )
+    upserts = newest.filter(pc.invert(deleted)).select(list(columns))
+    if new_keys:  # inserted here first: a delete of one is a key the table never had
+        return MirrorPlan(truncated, upserts, newest.slice(0, 0).select(list(key)), True)
+    return MirrorPlan(truncated, upserts, newest.filter(deleted).select(list(key)))
 
 
 @dataclass

@@ -44,37 +44,64 @@ class TablesWritten:
     written: set[tuple[str, str]] = field(default_factory=set)  # source tables
 
 
-def _text_ddl(shape: TableShape) -> str:
-    return ", ".join(f"`{c.name.replace('`', '``')}` STRING" for c in shape.columns)
+#: Column types a JSON value may fail to fit (NaN, infinity, BC dates, nested arrays):
+#: parsed as text first, then cast, so a failure is seen instead of becoming NULL.
+_FALLIBLE = ("DECIMAL", "DATE", "TIMESTAMP", "ARRAY")
 
 
-def typed_rows(df: Any, shape: TableShape) -> Any:
-    """The table's rows of `df` as the TableBatch columns, plus `_lost` (see module doc)."""
+def _name(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _typed(parsed: Any, shape: TableShape) -> tuple[Any, list[Any]]:
+    """(the row as a struct of the shape's types, the columns whose value was lost) from
+    `parsed`: the JSON parsed with fallible columns as text."""
     from pyspark.sql import functions as F
 
-    ddl = shape.ddl()
-    record = F.from_json(F.col("record"), ddl)
-    old = F.from_json(F.col("old"), ddl)
-    text = F.from_json(F.col("record"), _text_ddl(shape))
-    text_old = F.from_json(F.col("old"), _text_ddl(shape))
-    checks = []
+    fields, lost = [], []
     for c in shape.columns:
-        if c.type == "STRING":
-            continue  # any JSON value reads as text
-        for label, typed, raw in (("", record, text), ("old ", old, text_old)):
-            checks.append(
-                F.when(raw[c.name].isNotNull() & typed[c.name].isNull(), F.lit(label + c.name))
-            )
-    lost = F.filter(F.array(*checks), lambda x: x.isNotNull()) if checks else F.array()
+        raw = parsed[c.name]
+        if not c.type.startswith(_FALLIBLE):
+            fields.append(raw.alias(c.name))
+            continue
+        if c.type.startswith("ARRAY"):
+            typed = F.from_json(raw, c.type)
+            texts = F.from_json(raw, "ARRAY<STRING>")
+            count = lambda a: F.size(F.filter(a, lambda x: x.isNotNull()))  # noqa: E731
+            failed = raw.isNotNull() & (typed.isNull() | (count(texts) != count(typed)))
+        else:
+            typed = raw.try_cast(c.type.lower())  # NULL, not an error, when it does not fit
+            failed = raw.isNotNull() & typed.isNull()
+        fields.append(typed.alias(c.name))
+        lost.append(F.when(failed, F.lit(c.name)))
+    return F.struct(*fields), lost
+
+
+def typed_rows(df: Any, shape: TableShape, before: bool = False) -> Any:
+    """The table's rows of `df` as the TableBatch columns, plus `_lost` (see module doc).
+    `before`: type `old` too (`_before`; only changelog tables keep it)."""
+    from pyspark.sql import functions as F
+
+    parse = ", ".join(
+        f"{_name(c.name)} {'STRING' if c.type.startswith(_FALLIBLE) else c.type}"
+        for c in shape.columns
+    )
+    row, lost = _typed(F.from_json(F.col("record"), parse), shape)
+    if before:
+        old, lost_old = _typed(F.from_json(F.col("old"), parse), shape)
+        lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]
+    else:
+        old = F.lit(None).cast(f"struct<{shape.ddl()}>")
+    checks = F.filter(F.array(*lost), lambda x: x.isNotNull()) if lost else F.array()
     return df.where((F.col("schema") == shape.schema) & (F.col("table") == shape.table)).select(
         F.col("action").alias("_op"),
         F.col("lsn").alias("_lsn"),
         F.col("seq").alias("_seq"),
         F.col("committed_at").alias("_committed_at"),
         F.col("unchanged_toast").alias("_toast"),
-        record.alias("_row"),
+        row.alias("_row"),
         old.alias("_before"),
-        lost.cast("array<string>").alias("_lost"),
+        checks.cast("array<string>").alias("_lost"),
     )
 
 
@@ -119,10 +146,16 @@ def write_tables(
     if skip_before is not None:
         where = f"lsn >= {int(skip_before)} AND {where}"
     rows = df.where(where)
+    # every change of a table reaches the sink: an insert is then a new key (an append)
+    complete = (
+        skip_before is None and sink.filter is None and not sink.event_types
+        and set(sink.actions) >= {"insert", "update", "delete", "truncate"}
+    )  # fmt: skip
     if reads is not None:
         rows = rows.unionByName(reads.where(where).drop("backfill"))
     rows = rows.persist()
     out = TablesWritten()
+    t0 = time.monotonic()
     try:
         found = (
             rows.groupBy("schema", "table")
@@ -143,9 +176,14 @@ def write_tables(
                 )
                 for r in found
             ]
+        t_found = time.monotonic() - t0
         for r, shape in zip(found, shapes, strict=True):
-            arrow = typed_rows(rows, shape).toArrow()
-            batch = TableBatch(sink.name, query_id, batch_id, shape, to_batch(arrow, shape))
+            t1 = time.monotonic()
+            arrow = typed_rows(rows, shape, before=dest.mode == "changelog").toArrow()
+            batch = TableBatch(
+                sink.name, query_id, batch_id, shape, to_batch(arrow, shape), complete
+            )
+            t2 = time.monotonic()
             written: Written = table_sink.write_batch(batch)
             out.changes += int(r["n"])
             out.rows += written.rows
@@ -156,9 +194,11 @@ def write_tables(
             out.last = max(out.last, last) if out.last else last
             out.max_committed_us = max(out.max_committed_us, int(r["us"] or 0))
             log.debug(
-                "batch %d: sink %s wrote %d rows of %s.%s to %s%s", batch_id, sink.name,
-                written.rows, shape.schema, shape.table, written.target,
+                "batch %d: sink %s wrote %d rows of %s.%s to %s%s (tables %.3fs, typed rows "
+                "%.3fs, commit %.3fs)", batch_id, sink.name, written.rows, shape.schema,
+                shape.table, written.target,
                 " (replayed: written before)" if written.replayed else "",
+                t_found, t2 - t1, time.monotonic() - t2,
             )  # fmt: skip
     finally:
         rows.unpersist()

@@ -125,3 +125,19 @@ def test_history_truncate_ends_every_open_version_and_the_targets():
     assert [(r["id"], r["valid_to"], r["is_current"]) for r in plan.versions.to_pylist()] == [
         (1, at(2), False), (2, None, True),
     ]  # fmt: skip
+
+
+def test_a_complete_batch_of_new_keys_is_an_append():
+    batch = rows(("insert", 1, 1, "a", "x"), ("update", 2, 1, "a2", "x"),
+                 ("insert", 3, 2, "b", "x"), ("delete", 4, 2, None, None))  # fmt: skip
+    plan = mirror_plan(batch, ["id"], ["id", "v", "w"], complete=True)
+    assert plan.appends_only
+    assert plan.upserts.to_pylist() == [{"id": 1, "v": "a2", "w": "x"}]
+    assert plan.deletes.num_rows == 0  # key 2 never reached the table
+    # a filtered sink may have missed a delete: the same batch merges
+    assert not mirror_plan(batch, ["id"], ["id", "v", "w"], complete=False).appends_only
+    # a key whose first change is an update is in the table already: merge
+    assert not mirror_plan(
+        rows(("insert", 1, 1, "a", "x"), ("update", 2, 9, "z", "x")), ["id"], ["id", "v", "w"],
+        complete=True,
+    ).appends_only  # fmt: skip

@@ -1,0 +1,276 @@
+"""Lake sinks: backfill and streaming rates next to Postgres' own, latency, small files.
+
+    .venv/bin/python -m bench.lake [--rows 2000000] [--changes 500000] [--rate 5000]
+                                   [--latency-seconds 30] [--files-minutes 10]
+
+On an embedded Postgres, with walstream's Runtime (`local[2]`):
+
+1. backfill: an 8-column table (as bench.backfill) of ROWS rows backfilled into a Delta
+   mirror, then into an Iceberg mirror, each timed from the request until every chunk is
+   in the table; next to `COPY (SELECT * ...) TO STDOUT` of the same table (target 0.5×).
+2. streaming: CHANGES inserts waiting in a slot, applied to a Delta mirror and an Iceberg
+   mirror (each its own slot); next to `pg_recvlogical` of the same backlog.
+3. latency: inserts at RATE/s for LATENCY_SECONDS into a Delta mirror; a poller sees
+   each new table version (every 20 ms) and the newest id in it: commit → visible in the
+   table, p50 / p99 over the rows.
+4. small files: inserts at 1,000/s for FILES_MINUTES into two Delta mirrors, one with
+   `optimize.every: 1m`; the data files each table has at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.backfill import copy_rate, fill
+from bench.backlog import write_backlog
+from bench.results import figure
+from bench.stream import TABLE, recvlogical
+from walstream.backfill.coordinator import request
+from walstream.backfill.store import DONE, BackfillStore
+from walstream.change import parse_lsn
+from walstream.config import parse_config
+from walstream.postgres.embedded import EmbeddedPostgres
+from walstream.postgres.replication import connect
+from walstream.runtime import Runtime
+
+
+def lake_sink(name: str, kind: str, work: Path, **dest: Any) -> dict[str, Any]:
+    where = (
+        {"path": str(work / name / "{table}")}
+        if kind == "delta"
+        else {"table": f"{name.replace('-', '_')}.{{table}}",
+              "catalog": {"warehouse": str(work / "warehouse")}}
+    )  # fmt: skip
+    return {"name": name, "source": "bench", "destination": {"type": kind, **where, **dest}}
+
+
+def plan(dsn: str, work: Path, slot: str, sinks: list[dict[str, Any]], **source: Any) -> Any:
+    return parse_config({
+        "server": {"enabled": False},
+        "spark": {"master": "local[2]", "checkpoint_dir": str(work / f"ckpt-{slot}")},
+        "sources": [{"name": "bench", "dsn": dsn, "slot": slot, "publication": "bench",
+                     **source}],
+        "sinks": sinks,
+    })  # fmt: skip
+
+
+def wait(runtime: Runtime, done: Any, what: str, timeout: float = 3600) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        runtime.poll()
+        if runtime.fatal is not None:
+            raise SystemExit(f"walstream stopped: {runtime.fatal}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what}: not done after {timeout:.0f}s: {runtime.progress()}")
+        time.sleep(0.2)
+
+
+def backfills(pg: EmbeddedPostgres, work: Path, rows: int) -> None:
+    dsn = pg.dsn()
+    copy = copy_rate(pg, rows)
+    print(f"COPY TO STDOUT > /dev/null: {copy:,.0f} rows/s", flush=True)
+    cfg = plan(dsn, work, "fill", [lake_sink("bf-delta", "delta", work),
+                                    lake_sink("bf-iceberg", "iceberg", work)])  # fmt: skip
+    runtime = Runtime(cfg).start()
+    store = BackfillStore(cfg.state_dsn)
+    try:
+        for sink in ("bf-delta", "bf-iceberg"):
+            t0 = time.perf_counter()
+            (b,) = request(cfg, store, sink)
+
+            def finished(b_id: int = b.id, sink: str = sink) -> bool:
+                now = store.get(b_id)
+                assert now is not None
+                if now.status not in ("pending", "running", DONE):
+                    raise SystemExit(f"backfill {now.status}: {now.error}")
+                p = runtime.progress().get(sink)
+                return now.status == DONE and p is not None and p.delivered >= rows
+
+            wait(runtime, finished, f"backfill into {sink}")
+            rate = rows / (time.perf_counter() - t0)
+            kind = sink.split("-")[1]
+            print(f"backfill into a {kind} mirror: {rate:,.0f} rows/s = {rate / copy:.3f}x COPY",
+                  flush=True)  # fmt: skip
+            figure("lake", f"backfill into {kind} (rows/s)", rate, "/s",
+                   reference="COPY TO STDOUT", reference_value=copy, target=">= 0.5x")  # fmt: skip
+    finally:
+        runtime.stop()
+
+
+def streaming(pg: EmbeddedPostgres, work: Path, changes: int) -> None:
+    dsn = pg.dsn()
+    with connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE accounts_history")
+        for slot in ("raw", "st_delta", "st_iceberg"):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    write_backlog(dsn, changes)
+    with connect(dsn, autocommit=True) as conn:
+        end = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+    raw = changes / recvlogical(pg, "raw", end)
+    print(f"pg_recvlogical of the backlog: {raw:,.0f} changes/s", flush=True)
+    for kind in ("delta", "iceberg"):
+        cfg = plan(dsn, work, f"st_{kind}", [lake_sink(f"st-{kind}", kind, work)])
+        t0 = time.perf_counter()
+        runtime = Runtime(cfg).start()
+        try:
+            wait(
+                runtime,
+                lambda k=kind, r=runtime: (p := r.progress().get(f"st-{k}")) is not None
+                and p.delivered >= changes,
+                f"streaming into {kind}",
+            )  # fmt: skip
+        finally:
+            runtime.stop()
+        rate = changes / (time.perf_counter() - t0)
+        print(f"streaming into a {kind} mirror: {rate:,.0f} changes/s = {rate / raw:.3f}x raw "
+              "(SparkSession start included)", flush=True)  # fmt: skip
+        figure("lake", f"stream into {kind} mirror (changes/s)", rate, "/s",
+               reference="pg_recvlogical", reference_value=raw)  # fmt: skip
+
+
+class Inserts:
+    """Inserts into `lat` at `rate` rows/s (50-row transactions), each id's commit time."""
+
+    def __init__(self, dsn: str, rate: int, seconds: float) -> None:
+        self.dsn, self.rate, self.seconds = dsn, rate, seconds
+        self.committed: dict[int, float] = {}  # last id of each transaction -> time.time()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        per = 50
+        with connect(self.dsn, autocommit=True) as conn:
+            t0, n = time.monotonic(), 0
+            while time.monotonic() - t0 < self.seconds:
+                conn.execute(
+                    "INSERT INTO lat SELECT g, clock_timestamp() "
+                    "FROM generate_series(%s::bigint, %s::bigint) g", (n + 1, n + per),
+                )  # fmt: skip
+                n += per
+                self.committed[n] = time.time()
+                ahead = n / self.rate - (time.monotonic() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+
+
+def latency(pg: EmbeddedPostgres, work: Path, rate: int, seconds: float) -> None:
+    from deltalake import DeltaTable
+
+    dsn = pg.dsn()
+    with connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE lat (id bigint PRIMARY KEY, at timestamptz)")
+        conn.execute("ALTER PUBLICATION bench ADD TABLE lat")
+    cfg = plan(dsn, work, "lat", [lake_sink("lat", "delta", work)], tables=["public.lat"])
+    runtime = Runtime(cfg).start()
+    path = str(work / "lat" / "lat")
+    seen: list[float] = []
+    try:
+        with connect(dsn, autocommit=True) as conn:  # the run is up once a first row is in
+            conn.execute("INSERT INTO lat VALUES (0, now())")
+        wait(runtime, lambda: (p := runtime.progress().get("lat")) is not None and p.delivered >= 1,
+             "first row")  # fmt: skip
+        writer = Inserts(dsn, rate, seconds)
+        writer.thread.start()
+        version, visible = -1, 0
+        while writer.thread.is_alive() or visible < max(writer.committed, default=0):
+            runtime.poll()
+            t = DeltaTable(path)
+            if t.version() != version:
+                version, now = t.version(), time.time()
+                newest = t.to_pyarrow_dataset().to_table(columns=["id"])["id"]
+                top = max(newest.to_pylist(), default=0)
+                for last, at in writer.committed.items():
+                    if visible < last <= top:
+                        seen.extend([now - at] * 50)
+                visible = max(visible, top)
+            time.sleep(0.02)
+    finally:
+        runtime.stop()
+    seen.sort()
+    p50, p99 = statistics.median(seen), seen[int(len(seen) * 0.99) - 1]
+    print(f"commit → visible in the Delta table at {rate:,}/s: p50 {p50 * 1000:,.0f} ms, "
+          f"p99 {p99 * 1000:,.0f} ms over {len(seen):,} rows", flush=True)  # fmt: skip
+    figure("lake", f"commit→visible p50 at {rate}/s (ms)", p50 * 1000, "ms")
+    figure("lake", f"commit→visible p99 at {rate}/s (ms)", p99 * 1000, "ms")
+
+
+def small_files(pg: EmbeddedPostgres, work: Path, minutes: float) -> None:
+    from deltalake import DeltaTable
+
+    dsn = pg.dsn()
+    with connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE sf (id bigint PRIMARY KEY, at timestamptz)")
+        conn.execute("ALTER PUBLICATION bench ADD TABLE sf")
+    cfg = plan(dsn, work, "sf", [
+        lake_sink("sf-plain", "delta", work),
+        lake_sink("sf-optimized", "delta", work, optimize={"every": "1m", "retain": 0}),
+    ], tables=["public.sf"])  # fmt: skip
+    runtime = Runtime(cfg).start()
+    try:
+        with connect(dsn, autocommit=True) as conn:
+            t0, n = time.monotonic(), 0
+            while time.monotonic() - t0 < minutes * 60:
+                conn.execute("INSERT INTO sf SELECT g, now() FROM generate_series(%s::bigint, "
+                             "%s::bigint) g", (n + 1, n + 100))  # fmt: skip
+                n += 100
+                runtime.poll()
+                time.sleep(max(0.0, n / 1000 - (time.monotonic() - t0)))
+        wait(runtime, lambda: all((p := runtime.progress().get(s)) is not None and p.delivered >= n
+                                  for s in ("sf-plain", "sf-optimized")), "small files")  # fmt: skip
+    finally:
+        runtime.stop()
+    files = {
+        s: len(DeltaTable(str(work / s / "sf")).file_uris()) for s in ("sf-plain", "sf-optimized")
+    }
+    print(f"data files after {minutes:g} min at 1,000 inserts/s: without optimize "
+          f"{files['sf-plain']:,}, with optimize.every 1m {files['sf-optimized']:,}", flush=True)  # fmt: skip
+    figure("lake", f"files after {minutes:g} min, no optimize", files["sf-plain"], "files")
+    figure("lake", f"files after {minutes:g} min, optimize 1m", files["sf-optimized"], "files")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--changes", type=int, default=500_000)
+    ap.add_argument("--rate", type=int, default=5000)
+    ap.add_argument("--latency-seconds", type=float, default=30)
+    ap.add_argument("--files-minutes", type=float, default=10)
+    ap.add_argument("--only", default="backfill,streaming,latency,files")
+    args = ap.parse_args()
+    parts = set(args.only.split(","))
+    work = Path(tempfile.mkdtemp(prefix="walstream-bench-lake-"))
+    try:
+        with EmbeddedPostgres(
+            settings={"fsync": "off", "synchronous_commit": "off", "max_wal_size": "4GB"}
+        ) as pg:
+            if "backfill" in parts:
+                t0 = time.perf_counter()
+                fill(pg.dsn(), args.rows)  # creates the table
+                print(f"table: {args.rows:,} rows × 8 columns in {time.perf_counter() - t0:.0f}s",
+                      flush=True)  # fmt: skip
+            with connect(pg.dsn(), autocommit=True) as conn:
+                if "backfill" not in parts:
+                    conn.execute(TABLE)
+                conn.execute("CREATE PUBLICATION bench FOR TABLE accounts_history")
+            if "backfill" in parts:
+                backfills(pg, work, args.rows)
+            if "streaming" in parts:
+                streaming(pg, work, args.changes)
+            if "latency" in parts:
+                latency(pg, work, args.rate, args.latency_seconds)
+            if "files" in parts:
+                small_files(pg, work, args.files_minutes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
