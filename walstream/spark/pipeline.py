@@ -13,25 +13,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from walstream.backfill.merge import BackfillMerge
 from walstream.backoff import Backoff
-from walstream.change import ChangeRow
 from walstream.config import (
     SinkConfig,
     SourceConfig,
     sink_snapshot,
 )
-from walstream.delivery.deliver import (
-    DeliveryPlan,
-    Row,
-    Stats,
-    deliver_columns,
-    deliver_partition,
-)
+from walstream.delivery.deliver import DeliveryPlan, Stats
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
@@ -40,13 +33,9 @@ from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
 from walstream.spark.tables import Upkeep, write_or_pause, write_tables
+from walstream.spark.tasks import STATS_DDL, deliver_arrow
 
 log = logging.getLogger(__name__)
-
-STATS_DDL = (
-    "partition INT, delivered BIGINT, skipped BIGINT, last_lsn BIGINT, last_seq INT, "
-    "max_committed_us BIGINT, parked BIGINT, dead BIGINT, discarded BIGINT"
-)
 
 
 def prepare(
@@ -94,48 +83,6 @@ def validate(spark: Any, sink: SinkConfig) -> None:
             "they are Spark SQL over the change columns (source, lsn, seq, xid, committed_at, "
             "action, schema, table, pk, record, old, annotations)",
         ) from None
-
-
-def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The mapInArrow function: deliver this task's partition, yield one row of counts."""
-
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx is not None else 0
-        if plan.columnar:
-            stats = deliver_columns(plan, partition, batches, lambda b: _rows(b, pa))
-        else:
-            stats = deliver_partition(plan, partition, _rows(batches, pa))
-        yield pa.RecordBatch.from_pylist([vars(stats)], schema=_stats_schema(pa))
-
-    return run
-
-
-def _stats_schema(pa: Any) -> Any:
-    return pa.schema(
-        [("partition", pa.int32()), ("delivered", pa.int64()), ("skipped", pa.int64()),
-         ("last_lsn", pa.int64()), ("last_seq", pa.int32()), ("max_committed_us", pa.int64()),
-         ("parked", pa.int64()), ("dead", pa.int64()), ("discarded", pa.int64())]
-    )  # fmt: skip
-
-
-_EXTRAS = ("_group", "_key", "_route", "_message", "_ikey")
-
-
-def _rows(batches: Iterable[Any], pa: Any) -> Iterator[Row]:
-    """Arrow batches of change columns (+ the pipeline's extras) as Rows, column-wise."""
-    for batch in batches:
-        cols = dict(zip(batch.schema.names, batch.columns, strict=True))
-        cols["committed_at_us"] = cols.pop("committed_at").cast(pa.int64())
-        none = [None] * batch.num_rows
-        fields = zip(
-            *(cols[f].to_pylist() if f in cols else none for f in ChangeRow._fields), strict=True
-        )
-        extras = [cols[x].to_pylist() if x in cols else none for x in _EXTRAS]
-        yield from zip(map(ChangeRow._make, fields), *extras, strict=True)
 
 
 def planned_partitions(df: Any) -> int:
@@ -347,7 +294,8 @@ class Pipeline:
         t0 = time.monotonic()
         out = write_or_pause(
             lambda: write_tables(
-                df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads
+                df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads,
+                self.source.publication_name,
             ),
             sink.name, self.parking, lambda: self._hold(batch_id),
         )  # fmt: skip

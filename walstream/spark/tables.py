@@ -24,7 +24,7 @@ from typing import Any
 from walstream.config import SinkConfig
 from walstream.delivery.parking import ParkingLot
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import TableShape, load_shape
+from walstream.postgres.table_shape import TableShape, load_shape, publication_tables
 from walstream.sinks.lake import TableBatch, TableSink, Written
 from walstream.spark.expressions import selection_expr
 
@@ -42,6 +42,20 @@ class TablesWritten:
     last: tuple[int, int] | None = None
     max_committed_us: int = 0
     written: set[tuple[str, str]] = field(default_factory=set)  # source tables
+
+    def add(self, rows: Any, written: Written, table: tuple[str, str]) -> None:
+        """Count one table's TableBatch rows (in WAL order) and what the sink did."""
+        import pyarrow.compute as pc
+
+        self.changes += rows.num_rows
+        self.rows += written.rows
+        self.tables += 1
+        self.replayed += int(written.replayed)
+        self.written.add(table)
+        last = (rows["_lsn"][-1].as_py(), rows["_seq"][-1].as_py())
+        self.last = max(self.last, last) if self.last else last
+        newest = pc.max(rows["_committed_at"]).cast("int64").as_py() or 0
+        self.max_committed_us = max(self.max_committed_us, newest)
 
 
 #: Column types a JSON value may fail to fit (NaN, infinity, BC dates, nested arrays):
@@ -135,11 +149,14 @@ def to_batch(arrow: Any, shape: TableShape) -> Any:
 
 def write_tables(
     df: Any, sink: SinkConfig, table_sink: TableSink, query_id: str, batch_id: int,
-    skip_before: int | None = None, reads: Any = None,
+    skip_before: int | None = None, reads: Any = None, publication: str | None = None,
 ) -> TablesWritten:  # fmt: skip
-    """Write the batch's changes (and backfill rows placed in it) to one lake sink."""
+    """Write the batch's changes (and backfill rows placed in it) to one lake sink.
+
+    When the sink can take one table only (of `publication`), its rows are typed in one
+    job; otherwise a first job finds the tables the batch has, then one job each.
+    """
     import psycopg
-    from pyspark.sql import functions as F
 
     dest = table_sink.config
     where = selection_expr(sink)
@@ -153,46 +170,39 @@ def write_tables(
     )  # fmt: skip
     if reads is not None:
         rows = rows.unionByName(reads.where(where).drop("backfill"))
-    rows = rows.persist()
+    assert dest.source_dsn is not None, "the plan fills in source_dsn"
     out = TablesWritten()
     t0 = time.monotonic()
-    try:
-        found = (
-            rows.groupBy("schema", "table")
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.max(F.struct("lsn", "seq")).alias("last"),
-                F.max(F.unix_micros("committed_at")).alias("us"),
-            )
-            .collect()
+    with psycopg.connect(dest.source_dsn.get_secret_value(), connect_timeout=10) as conn:
+        candidates = (
+            [t for t in publication_tables(conn, publication) if sink.wants_table(*t)]
+            if publication is not None
+            else []
         )
-        if not found:
-            return out
-        assert dest.source_dsn is not None, "the plan fills in source_dsn"
-        with psycopg.connect(dest.source_dsn.get_secret_value(), connect_timeout=10) as conn:
-            shapes = [
-                load_shape(conn, r["schema"], r["table"], need_key=dest.mode != "changelog").select(
-                    dest.columns.include, dest.columns.exclude
-                )
-                for r in found
-            ]
-        t_found = time.monotonic() - t0
-        for r, shape in zip(found, shapes, strict=True):
+        several = len(candidates) != 1
+        if several:
+            rows = rows.persist()
+            tables = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
+        else:
+            tables = candidates
+        shapes = [
+            load_shape(conn, schema, table, need_key=dest.mode != "changelog").select(
+                dest.columns.include, dest.columns.exclude
+            )
+            for schema, table in tables
+        ]
+    t_found = time.monotonic() - t0
+    try:
+        for shape in shapes:
             t1 = time.monotonic()
             arrow = typed_rows(rows, shape, before=dest.mode == "changelog").toArrow()
-            batch = TableBatch(
-                sink.name, query_id, batch_id, shape, to_batch(arrow, shape), complete
-            )
+            if arrow.num_rows == 0:
+                continue
+            typed = to_batch(arrow, shape)
+            batch = TableBatch(sink.name, query_id, batch_id, shape, typed, complete)
             t2 = time.monotonic()
             written: Written = table_sink.write_batch(batch)
-            out.changes += int(r["n"])
-            out.rows += written.rows
-            out.tables += 1
-            out.written.add((shape.schema, shape.table))
-            out.replayed += int(written.replayed)
-            last = (int(r["last"]["lsn"]), int(r["last"]["seq"]))
-            out.last = max(out.last, last) if out.last else last
-            out.max_committed_us = max(out.max_committed_us, int(r["us"] or 0))
+            out.add(typed, written, (shape.schema, shape.table))
             log.debug(
                 "batch %d: sink %s wrote %d rows of %s.%s to %s%s (tables %.3fs, typed rows "
                 "%.3fs, commit %.3fs)", batch_id, sink.name, written.rows, shape.schema,
@@ -201,7 +211,8 @@ def write_tables(
                 t_found, t2 - t1, time.monotonic() - t2,
             )  # fmt: skip
     finally:
-        rows.unpersist()
+        if several:
+            rows.unpersist()
     return out
 
 

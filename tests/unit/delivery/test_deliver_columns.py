@@ -15,7 +15,7 @@ from walstream.change import ChangeRow, change_key
 from walstream.config import parse_config
 from walstream.delivery.deliver import DeliveryPlan, deliver_columns, deliver_partition
 from walstream.formats import formatter
-from walstream.spark.pipeline import _rows
+from walstream.spark.tasks import _rows
 
 TS = 1_763_884_850_561_930
 
