@@ -37,6 +37,8 @@ PLAN: list[tuple[str, list[str]]] = [
     ("backfill", ["--rows", "2000000"]),
     ("events", ["--requests", "2000", "--threads", "8"]),
     ("shards", ["--changes", "500000"]),
+    ("lake", ["--rows", "1000000", "--changes", "500000", "--latency-seconds", "30",
+              "--files-minutes", "3"]),
 ]
 #: Arguments that are sizes (scaled by --scale).
 SIZES = {"--rows", "--changes", "--messages", "--requests"}
