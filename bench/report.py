@@ -39,7 +39,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("shards", ["--changes", "500000"]),
     ("lake", ["--rows", "1000000", "--changes", "500000", "--latency-seconds", "30",
               "--files-minutes", "3"]),
-]
+]  # fmt: skip
 #: Arguments that are sizes (scaled by --scale).
 SIZES = {"--rows", "--changes", "--messages", "--requests"}
 

@@ -1,0 +1,137 @@
+"""Read table rows as typed Arrow with a C reader of Postgres' binary COPY (ADBC).
+
+The lake sinks' backfill path (issue 22): a chunk's rows come out of Postgres as
+Arrow, already in the lake table's column types (`postgres/table_shape.py`), with no
+Python step per row and no JSON. `adbc-driver-postgresql` runs the query as
+`COPY (...) TO STDOUT (FORMAT binary)` and decodes it in C.
+
+Columns the lake keeps as text (uuid, enums, json, time, interval, numeric without
+precision, ...) are selected as `::text`, so their text is Postgres' own — the text
+the stream's decoder reads from pgoutput, with the same session settings
+(`SESSION_SETTINGS`). Other columns are read in their binary form and cast to the lake
+type; a value that does not fit (numeric NaN into a decimal) fails the read, as it
+pauses a streaming batch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from psycopg import sql
+
+from walstream.errors import SinkError, optional_import
+from walstream.postgres.table_shape import TableShape
+from walstream.postgres.types import SESSION_SETTINGS
+
+_DECIMAL = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
+
+
+def arrow_type(ddl: str) -> Any:
+    """The Arrow type of a lake column type (Spark DDL, as `TableShape` gives it)."""
+    import pyarrow as pa
+
+    if ddl.startswith("ARRAY<") and ddl.endswith(">"):
+        return pa.list_(arrow_type(ddl[6:-1]))
+    m = _DECIMAL.match(ddl)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    simple = {
+        "INT": pa.int32(), "BIGINT": pa.int64(), "FLOAT": pa.float32(), "DOUBLE": pa.float64(),
+        "BOOLEAN": pa.bool_(), "DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us", tz="UTC"),
+        "TIMESTAMP_NTZ": pa.timestamp("us"), "BINARY": pa.binary(), "STRING": pa.string(),
+    }  # fmt: skip
+    return simple[ddl]
+
+
+def arrow_schema(shape: TableShape) -> Any:
+    import pyarrow as pa
+
+    return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in shape.columns])
+
+
+def select(shape: TableShape, where: sql.Composable | None = None) -> sql.Composed:
+    """`SELECT` of the shape's columns (text ones as `::text`), optionally with a WHERE."""
+    casts = {"STRING": "text", "ARRAY<STRING>": "text[]"}  # Postgres' own text
+    cols = [
+        sql.SQL("{}::{} AS {}").format(
+            sql.Identifier(c.name), sql.SQL(casts[c.type]), sql.Identifier(c.name)
+        )
+        if c.type in casts
+        else sql.Identifier(c.name)
+        for c in shape.columns
+    ]
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(cols), sql.Identifier(shape.schema, shape.table)
+    )
+    return query if where is None else sql.SQL("{} WHERE {}").format(query, where)
+
+
+def _adbc() -> Any:
+    module = optional_import("adbc_driver_postgresql", "lake", "reading backfills as Arrow")
+    import adbc_driver_postgresql.dbapi  # noqa: F401
+
+    return module
+
+
+def connect(dsn: str) -> Any:
+    """An ADBC connection with the decoder's session settings (TimeZone UTC, ISO styles)."""
+    conn = _adbc().dbapi.connect(_uri(dsn))
+    with conn.cursor() as cur:
+        for name, value in SESSION_SETTINGS.items():
+            cur.execute(f"SET {name} = '{value}'")  # constants of walstream, not input
+    return conn
+
+
+def _uri(dsn: str) -> str:
+    """A libpq URI for any DSN form (ADBC takes URIs only)."""
+    from urllib.parse import quote, urlencode
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    if dsn.startswith(("postgresql://", "postgres://")):
+        return dsn
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    user, password = params.pop("user", ""), params.pop("password", None)
+    auth = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
+    host, port = params.pop("host", "localhost"), params.pop("port", None)
+    where = f"{host}:{port}" if port else host
+    db = quote(params.pop("dbname", ""), safe="")
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql://{auth + '@' if auth else ''}{where}/{db}{query}"
+
+
+def read_batches(
+    conn: Any, shape: TableShape, query: sql.Composed, params: Sequence[Any] = ()
+) -> Iterator[Any]:
+    """The query's rows as Arrow record batches in the shape's lake types."""
+    schema = arrow_schema(shape)
+    text = query.as_string(None)
+    with conn.cursor() as cur:
+        cur.execute(text, parameters=tuple(params) or None)
+        reader = cur.fetch_record_batch()
+        for batch in reader:
+            yield _cast(batch, schema, shape)
+
+
+def _cast(batch: Any, schema: Any, shape: TableShape) -> Any:
+    import pyarrow as pa
+
+    columns = []
+    for i, field in enumerate(schema):
+        col = batch.column(i)
+        if isinstance(col.type, pa.ExtensionType):
+            col = col.storage
+        try:
+            columns.append(col.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SinkError(
+                f"backfill of {shape.schema}.{shape.table}: column {field.name} (Postgres "
+                f"{shape.pg_types.get(field.name, '?')}) has a value its lake column "
+                f"({field.type}) cannot hold: {exc}",
+                "leave the column out of the sink (columns: exclude: [...]), or change the "
+                "value (numeric NaN and infinite dates have no typed column)",
+                retryable=False,
+            ) from exc
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
