@@ -151,3 +151,20 @@ def test_typing_keeps_every_value_and_refuses_what_a_column_cannot_hold(spark):
                           ("a", ["1.5", "NaN"]), ("a", [["1"], ["2"]])):  # fmt: skip
         with pytest.raises(SinkError, match=rf"cannot hold: {column} \(Postgres"):
             typed(spark, good, {**good, "id": 2, column: value})
+
+
+def test_the_iceberg_check_works_before_the_state_schema_exists(db, tmp_path):
+    from walstream.sinks.registry import sink_for
+
+    plan = parse_config({
+        "state": {"schema": "fresh_state"},
+        "sources": [{"name": "app", "dsn": db.dsn}],
+        "sinks": [{"name": "lake", "source": "app",
+                   "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path)}}}],
+    })  # fmt: skip
+    assert not db.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'fresh_state'")
+    sink_for(plan.sinks[0].destination).test_connection()
+    tables = db.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'fresh_state' ORDER BY 1"
+    )
+    assert [t[0] for t in tables] == ["iceberg_namespace_properties", "iceberg_tables"]

@@ -30,6 +30,8 @@ from walstream.sinks.lake_plan import history_plan, mirror_plan
 from walstream.sinks.lake_tables import LakeTable, key_filter_rows
 from walstream.sinks.registry import register
 
+log = logging.getLogger(__name__)
+
 
 class DeltaDestination(LakeDestination):
     """Delta tables at `path` (e.g. `./lake/{schema}/{table}` or `s3://bucket/{table}`)."""
@@ -54,9 +56,6 @@ class DeltaDestination(LakeDestination):
             return where
         parts = urlsplit(where)
         return f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
-
-
-log = logging.getLogger(__name__)
 
 
 def _deltalake() -> Any:

@@ -104,6 +104,15 @@ def sqlalchemy_url(dsn: str, schema: str) -> str:
 _CATALOGS: Clients[Any] = Clients()
 
 
+def _ensure_schema(dsn: str, schema: str) -> None:
+    """The schema the SQL catalog's tables go in (the state schema) exists."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+
+
 @register
 class IcebergSink(TableSink):
     settings_model = IcebergDestination
@@ -138,7 +147,10 @@ class IcebergSink(TableSink):
             props["uri"] = sqlalchemy_url(dsn, self.config.state_schema)
             import pyiceberg.catalog.sql as sql
 
-            make = lambda: sql.SqlCatalog("walstream", **props)  # noqa: E731
+            def make(dsn: str = dsn, schema: str = self.config.state_schema) -> Any:
+                _ensure_schema(dsn, schema)  # once per catalog: its tables go there
+                return sql.SqlCatalog("walstream", **props)
+
         key = (c.type, tuple(sorted(props.items())))
         return _CATALOGS.get(key, make)
 
