@@ -2,15 +2,16 @@
 
 For a sink whose destination writes tables (`type: delta`, `type: iceberg`) the
 foreachBatch does not build messages. It selects the sink's rows (tables, actions,
-filter), finds which tables the batch touches, reads each table's shape from the
-source catalog, types `record` and `old` with `from_json` on the executors, brings
-the typed rows to the driver as Arrow and hands them to the sink, which commits
-each table once (see `sinks/lake.py`).
+filter), finds which tables the batch touches (no job when the sink can take one table
+only), reads each table's shape from the source catalog, types `record` (and `old`,
+for changelog tables) with one `from_json` on the executors, brings the typed rows to
+the driver as Arrow and hands them to the sink, which commits each table once (see
+`sinks/lake.py`).
 
 A value that does not fit its column type (numeric NaN into a decimal, an infinite
-date, a multi-dimensional array) would come out of `from_json` as NULL: each row is
-parsed a second time with every column as text, and a value present there but NULL
-when typed stops the batch with an error naming the table, column and change.
+date, a multi-dimensional array) must not become NULL: columns of those types are
+parsed as text and then `try_cast`, and a value present as text but NULL once cast
+stops the batch with an error naming the table, column and change (the sink pauses).
 """
 
 from __future__ import annotations
