@@ -18,6 +18,18 @@ from uuid import UUID
 import psycopg
 
 
+def run_config(
+    db: Any, tmp_path: Path, slot: str, pub: str, sinks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A walstream.yaml (as data) of one source `app` and these sinks, server off."""
+    return {
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": sinks,
+    }
+
+
 def duck() -> Any:
     """A DuckDB connection with the delta and iceberg extensions loaded from their wheels."""
     import duckdb

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_run import oracle
-from tests.lake import delta_rows, iceberg_rows, normalised, source_rows
+from tests.lake import delta_rows, iceberg_rows, normalised, run_config, source_rows
 from walstream.config import parse_config
 from walstream.runtime import Runtime
 from walstream.testing import wait_until
@@ -96,13 +96,7 @@ def run_until_delivered(spark: Any, cfg: Any, changes: Callable[[], list[Any]]) 
 
 
 def config(db: Any, tmp_path: Any, slot: str, pub: str, sinks: list[dict[str, Any]]) -> Any:
-    return parse_config(
-        {
-            "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-            "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
-            "sinks": sinks,
-        }
-    )
+    return parse_config(run_config(db, tmp_path, slot, pub, sinks))
 
 
 def test_mirror_tables_equal_the_source_after_updates_deletes_toast_and_truncate(

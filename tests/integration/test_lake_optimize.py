@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from tests.conftest import unique
-from tests.lake import delta_rows, iceberg_rows, normalised, source_rows
+from tests.lake import delta_rows, iceberg_rows, normalised, run_config, source_rows
 from walstream.cli import app
 from walstream.config import load_config
 from walstream.runtime import Runtime
@@ -52,19 +52,14 @@ def test_lake_optimize_compacts_every_table_of_the_sink_and_keeps_its_rows(
     slot = unique("slot")
     db.slots.append(slot)
     config = tmp_path / "walstream.yaml"
-    config.write_text(yaml.safe_dump({
-        "server": {"enabled": False},
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
-        "sinks": [
-            {"name": "delta", "source": "app",
-             "destination": {"type": "delta", "path": str(tmp_path / "d" / "{table}"),
-                             "optimize": {"retain": 0}}},
-            {"name": "iceberg", "source": "app",
-             "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "w")},
-                             "optimize": {"every": "2s", "retain": 0}}},
-        ],
-    }))  # fmt: skip
+    config.write_text(yaml.safe_dump(run_config(db, tmp_path, slot, pub, [
+        {"name": "delta", "source": "app",
+         "destination": {"type": "delta", "path": str(tmp_path / "d" / "{table}"),
+                         "optimize": {"retain": 0}}},
+        {"name": "iceberg", "source": "app",
+         "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "w")},
+                         "optimize": {"every": "2s", "retain": 0}}},
+    ])))  # fmt: skip
     plan = load_config(config)
     caplog.set_level(logging.INFO, logger="walstream.spark.tables")
     runtime = Runtime(plan, spark=spark).start()

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from tests.conftest import unique
-from tests.lake import delta_rows, iceberg_rows
+from tests.lake import delta_rows, iceberg_rows, run_config
 from walstream.config import parse_config
 from walstream.delivery.parking import ParkingLot
 from walstream.runtime import Runtime
@@ -21,17 +21,12 @@ def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
     pub = db.create_publication("s")
     slot = unique("slot")
     db.slots.append(slot)
-    cfg = parse_config({
-        "server": {"enabled": False},
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
-        "sinks": [
-            {"name": "delta", "source": "app",
-             "destination": {"type": "delta", "path": str(tmp_path / "delta" / "{table}")}},
-            {"name": "iceberg", "source": "app",
-             "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "wh")}}},
-        ],
-    })  # fmt: skip
+    cfg = parse_config(run_config(db, tmp_path, slot, pub, [
+        {"name": "delta", "source": "app",
+         "destination": {"type": "delta", "path": str(tmp_path / "delta" / "{table}")}},
+        {"name": "iceberg", "source": "app",
+         "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "wh")}}},
+    ]))  # fmt: skip
     runtime = Runtime(cfg, spark=spark).start()
     total = 0
 
@@ -82,13 +77,10 @@ def test_a_type_change_that_does_not_widen_pauses_the_sink_with_the_fix(spark, d
     pub = db.create_publication("n")
     slot = unique("slot")
     db.slots.append(slot)
-    cfg = parse_config({
-        "server": {"enabled": False},
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
-        "sinks": [{"name": "lake", "source": "app",
-                   "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path)}}}],
-    })  # fmt: skip
+    cfg = parse_config(run_config(db, tmp_path, slot, pub, [
+        {"name": "lake", "source": "app",
+         "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path)}}},
+    ]))  # fmt: skip
     runtime = Runtime(cfg, spark=spark).start()
     lot = ParkingLot(cfg.state_dsn)
     try:

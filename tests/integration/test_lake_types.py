@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import unique
-from tests.lake import delta_rows
+from tests.lake import delta_rows, run_config
 from walstream.config import parse_config
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress as Progress
@@ -56,13 +56,9 @@ def test_a_table_without_a_key_is_refused_for_mirror_with_the_fix(db):
 
 
 def cfg_data(db: Any, tmp_path: Any, slot: str, pub: str) -> dict[str, Any]:
-    return {
-        "server": {"enabled": False},
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
-        "sinks": [{"name": "lake", "source": "app",
-                   "destination": {"type": "delta", "path": str(tmp_path / "lake" / "{table}")}}],
-    }  # fmt: skip
+    delta = {"type": "delta", "path": str(tmp_path / "lake" / "{table}")}
+    return run_config(db, tmp_path, slot, pub, [{"name": "lake", "source": "app",
+                                                  "destination": delta}])  # fmt: skip
 
 
 @pytest.mark.spark

@@ -100,9 +100,13 @@ class TableShape:
     def names(self) -> list[str]:
         return [c.name for c in self.columns]
 
-    def ddl(self) -> str:
-        """The columns as a Spark DDL struct body (`from_json`'s schema)."""
-        return ", ".join(f"`{c.name.replace('`', '``')}` {c.type}" for c in self.columns)
+    def ddl(self, as_text: tuple[str, ...] = ()) -> str:
+        """The columns as a Spark DDL struct body (`from_json`'s schema); columns whose type
+        starts with one of `as_text` are STRING."""
+        return ", ".join(
+            f"`{c.name.replace('`', '``')}` {'STRING' if c.type.startswith(as_text) else c.type}"
+            for c in self.columns
+        )
 
     def select(self, include: list[str] | None, exclude: list[str] | None) -> TableShape:
         """Only the columns `include` names (all when None), without those `exclude` names;
@@ -134,38 +138,41 @@ def load_shape(conn: Any, schema: str, table: str, *, need_key: bool = True) -> 
             f"add a primary key to {schema}.{table}, or write it with `mode: changelog`",
             retryable=False,
         )
-    cache: dict[int, tuple[str, str]] = {}
     columns, pg_types = [], {}
     for name, oid, typmod, not_null in rows:
-        spark_type, pg_name = _type_of(conn, int(oid), int(typmod), cache)
+        spark_type, pg_name = _type_of(conn, int(oid), int(typmod))
         columns.append(Column(name, spark_type, not bool(not_null)))
         pg_types[name] = pg_name
     return TableShape(schema, table, tuple(columns), key, pg_types)
 
 
-def _type_of(
-    conn: Any, oid: int, typmod: int, cache: dict[int, tuple[str, str]]
-) -> tuple[str, str]:
+#: pg_type rows by (database, OID): a type's row does not change while its OID exists (a
+#: type dropped and created again gets a new OID), so each is read once per process.
+_PG_TYPES: dict[tuple[str, int], tuple[Any, ...] | None] = {}
+
+
+def _pg_type(conn: Any, oid: int) -> tuple[Any, ...] | None:
+    key = (conn.info.dsn, oid)
+    if key not in _PG_TYPES:
+        _PG_TYPES[key] = conn.execute(_TYPE, (oid,)).fetchone()
+    return _PG_TYPES[key]
+
+
+def _type_of(conn: Any, oid: int, typmod: int) -> tuple[str, str]:
     """(column type, Postgres type name) of a type OID: domains by their base, arrays by
     their element."""
-    if oid in cache and typmod < 0:
-        return cache[oid]
-    row = conn.execute(_TYPE, (oid,)).fetchone()
+    row = _pg_type(conn, oid)
     if row is None:
         return "STRING", str(oid)
     name, typtype, elem, base, base_typmod, category, nsp = row
     if typtype == "d":  # a domain: its base type (with the domain's own typmod)
-        out = _type_of(conn, int(base), int(base_typmod), cache)
-    elif category == "A" and elem:
-        inner, inner_name = _type_of(conn, int(elem), typmod, cache)
-        out = (f"ARRAY<{inner}>" if not inner.startswith("ARRAY") else "STRING", inner_name + "[]")
-    elif nsp != "pg_catalog" or typtype in ("e", "c", "r", "m"):
-        out = ("STRING", name)  # enums, composites, ranges, extension types: their text
-    else:
-        out = (column_type(name, typmod, category), name)
-    if typmod < 0:
-        cache[oid] = out
-    return out
+        return _type_of(conn, int(base), int(base_typmod))
+    if category == "A" and elem:
+        inner, inner_name = _type_of(conn, int(elem), typmod)
+        return (f"ARRAY<{inner}>" if not inner.startswith("ARRAY") else "STRING"), inner_name + "[]"
+    if nsp != "pg_catalog" or typtype in ("e", "c", "r", "m"):
+        return "STRING", name  # enums, composites, ranges, extension types: their text
+    return column_type(name, typmod, category), name
 
 
 def publication_tables(conn: Any, publication: str) -> list[tuple[str, str]]:

@@ -77,11 +77,11 @@ class DeltaSink(TableSink):
         self.options = {k: v.get_secret_value() for k, v in config.storage_options.items()}
 
     def target(self, schema: str, table: str) -> str:
-        return LakeTable.for_(self.config, schema, table).path_for_messages()
+        return self.config.location_for_messages(schema, table)
 
     def test_connection(self) -> None:
         dl = _deltalake()
-        uri = LakeTable.for_(self.config, "public", "probe").location
+        uri = self.config.location("public", "probe")
         try:
             dl.DeltaTable.is_deltatable(uri, storage_options=self.options or None)
         except Exception as exc:
@@ -99,7 +99,7 @@ class DeltaSink(TableSink):
 
     def write_batch(self, batch: TableBatch) -> Written:
         dl = _deltalake()
-        lake = LakeTable.for_(self.config, batch.shape.schema, batch.shape.table)
+        lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
         app_id = f"walstream/{batch.sink}/{batch.query_id}"
         commit = dl.CommitProperties(
             app_transactions=[dl.Transaction(app_id=app_id, version=batch.batch_id)],
@@ -201,12 +201,8 @@ class DeltaSink(TableSink):
         )  # fmt: skip
         return int(plan.versions.num_rows)
 
-    def read_table(self, schema: str, table: str) -> Any:
-        t = self._open(LakeTable.for_(self.config, schema, table).location)
-        return None if t is None else t.to_pyarrow_table()
-
     def optimize(self, schema: str, table: str) -> dict[str, Any]:
-        t = self._open(LakeTable.for_(self.config, schema, table).location)
+        t = self._open(self.config.location(schema, table))
         if t is None:
             return {"table": self.target(schema, table), "missing": True}
         opt = self.config.optimize

@@ -187,7 +187,7 @@ class IcebergSink(TableSink):
         return table
 
     def write_batch(self, batch: TableBatch) -> Written:
-        lake = LakeTable.for_(self.config, batch.shape.schema, batch.shape.table)
+        lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
         schema = lake.schema(batch)
         table = self._open(batch.shape.schema, batch.shape.table) or self._create(batch, schema)
         if self._replayed(table, batch):
@@ -290,10 +290,6 @@ class IcebergSink(TableSink):
                 table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
             )
         return False
-
-    def read_table(self, schema: str, table: str) -> Any:
-        t = self._open(schema, table)
-        return None if t is None else t.scan().to_arrow()
 
     def optimize(self, schema: str, table: str) -> dict[str, Any]:
         """Rewrite the table into files of about `target_file_size` when it has more small

@@ -172,7 +172,3 @@ class TableSink(Sink):
     @abstractmethod
     def optimize(self, schema: str, table: str) -> dict[str, Any]:
         """Compact small files and expire what `optimize.retain` no longer keeps."""
-
-    @abstractmethod
-    def read_table(self, schema: str, table: str) -> Any:
-        """The lake table as a pyarrow Table (for `walstream lake` and tests' diagnostics)."""

@@ -38,10 +38,6 @@ class LakeTable:
     schema_name: str
     table_name: str
 
-    @classmethod
-    def for_(cls, config: LakeDestination, schema: str, table: str) -> LakeTable:
-        return cls(config, schema, table)
-
     @property
     def location(self) -> str:
         return self.config.location(self.schema_name, self.table_name)
@@ -94,9 +90,6 @@ class LakeTable:
         return widened
 
     # -- rows -----------------------------------------------------------------------------------
-    def columns_of(self, batch: TableBatch) -> list[str]:
-        return batch.shape.names
-
     def changelog(self, batch: TableBatch) -> Any:
         return changelog_rows(batch.rows, batch.shape.names)
 
@@ -169,9 +162,8 @@ def _norm(t: Any) -> Any:
 
 
 def _keys(data: Any, key: Sequence[str]) -> list[Key]:
-    """Every key of a pyarrow dataset or table."""
-    rows = data.to_table(columns=list(key)) if hasattr(data, "to_table") else data.select(key)
-    return [key_of(r, key) for r in rows.to_pylist()]
+    """Every key of a pyarrow dataset."""
+    return [key_of(r, key) for r in data.to_table(columns=list(key)).to_pylist()]
 
 
 def key_filter_rows(data: Any, key: Sequence[str], keys: list[Key]) -> dict[Key, dict[str, Any]]:

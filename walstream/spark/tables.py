@@ -20,16 +20,19 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from walstream.config import SinkConfig
 from walstream.delivery.parking import ParkingLot
 from walstream.errors import SinkError
 from walstream.postgres.table_shape import TableShape, load_shape, publication_tables
+from walstream.sinks.clients import Clients
 from walstream.sinks.lake import TableBatch, TableSink, Written
 from walstream.spark.expressions import selection_expr
+from walstream.state.db import once_more
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -40,12 +43,11 @@ class TablesWritten:
     rows: int = 0  # rows added to lake tables
     tables: int = 0
     replayed: int = 0  # tables whose commit for this batch existed already
-    last: tuple[int, int] | None = None
     max_committed_us: int = 0
     written: set[tuple[str, str]] = field(default_factory=set)  # source tables
 
     def add(self, rows: Any, written: Written, table: tuple[str, str]) -> None:
-        """Count one table's TableBatch rows (in WAL order) and what the sink did."""
+        """Count one table's TableBatch rows and what the sink did."""
         import pyarrow.compute as pc
 
         self.changes += rows.num_rows
@@ -53,8 +55,6 @@ class TablesWritten:
         self.tables += 1
         self.replayed += int(written.replayed)
         self.written.add(table)
-        last = (rows["_lsn"][-1].as_py(), rows["_seq"][-1].as_py())
-        self.last = max(self.last, last) if self.last else last
         newest = pc.max(rows["_committed_at"]).cast("int64").as_py() or 0
         self.max_committed_us = max(self.max_committed_us, newest)
 
@@ -62,10 +62,6 @@ class TablesWritten:
 #: Column types a JSON value may fail to fit (NaN, infinity, BC dates, nested arrays):
 #: parsed as text first, then cast, so a failure is seen instead of becoming NULL.
 _FALLIBLE = ("DECIMAL", "DATE", "TIMESTAMP", "ARRAY")
-
-
-def _name(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _typed(parsed: Any, shape: TableShape) -> tuple[Any, list[Any]]:
@@ -97,10 +93,7 @@ def typed_rows(df: Any, shape: TableShape, before: bool = False) -> Any:
     `before`: type `old` too (`_before`; only changelog tables keep it)."""
     from pyspark.sql import functions as F
 
-    parse = ", ".join(
-        f"{_name(c.name)} {'STRING' if c.type.startswith(_FALLIBLE) else c.type}"
-        for c in shape.columns
-    )
+    parse = shape.ddl(as_text=_FALLIBLE)
     row, lost = _typed(F.from_json(F.col("record"), parse), shape)
     if before:
         old, lost_old = _typed(F.from_json(F.col("old"), parse), shape)
@@ -148,6 +141,25 @@ def to_batch(arrow: Any, shape: TableShape) -> Any:
     return pa.table(out)
 
 
+#: One autocommit connection per source and thread, for the catalog reads of each batch.
+_SOURCES: Clients[Any] = Clients(per_thread=True)
+
+
+def on_source(dsn: str, fn: Callable[[Any], T]) -> T:
+    """`fn(conn)` on this thread's catalog connection to the source, with the state
+    database's retry policy (a connection the server dropped is replaced once)."""
+    import psycopg
+
+    def connect() -> Any:
+        return _SOURCES.get(
+            dsn,
+            lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=10),
+            lambda c: not c.closed and not c.broken,
+        )
+
+    return once_more(connect, fn)
+
+
 def write_tables(
     df: Any, sink: SinkConfig, table_sink: TableSink, query_id: str, batch_id: int,
     skip_before: int | None = None, reads: Any = None, publication: str | None = None,
@@ -157,8 +169,6 @@ def write_tables(
     When the sink can take one table only (of `publication`), its rows are typed in one
     job; otherwise a first job finds the tables the batch has, then one job each.
     """
-    import psycopg
-
     dest = table_sink.config
     where = selection_expr(sink)
     if skip_before is not None:
@@ -174,24 +184,25 @@ def write_tables(
     assert dest.source_dsn is not None, "the plan fills in source_dsn"
     out = TablesWritten()
     t0 = time.monotonic()
-    with psycopg.connect(dest.source_dsn.get_secret_value(), connect_timeout=10) as conn:
-        candidates = (
-            [t for t in publication_tables(conn, publication) if sink.wants_table(*t)]
-            if publication is not None
-            else []
+    dsn = dest.source_dsn.get_secret_value()
+    candidates = (
+        on_source(dsn, lambda c: [t for t in publication_tables(c, publication)
+                                  if sink.wants_table(*t)])
+        if publication is not None
+        else []
+    )  # fmt: skip
+    several = len(candidates) != 1
+    if several:
+        rows = rows.persist()
+        tables = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
+    else:
+        tables = candidates
+    shapes = on_source(dsn, lambda c: [
+        load_shape(c, schema, table, need_key=dest.mode != "changelog").select(
+            dest.columns.include, dest.columns.exclude
         )
-        several = len(candidates) != 1
-        if several:
-            rows = rows.persist()
-            tables = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
-        else:
-            tables = candidates
-        shapes = [
-            load_shape(conn, schema, table, need_key=dest.mode != "changelog").select(
-                dest.columns.include, dest.columns.exclude
-            )
-            for schema, table in tables
-        ]
+        for schema, table in tables
+    ])  # fmt: skip
     t_found = time.monotonic() - t0
     try:
         for shape in shapes:
