@@ -15,7 +15,7 @@ from walstream.backfill.arrow_read import _uri, connect, read_batches, select
 from walstream.change import spark_schema
 from walstream.errors import SinkError
 from walstream.postgres.table_shape import load_shape
-from walstream.spark.tables import to_batch, typed_rows
+from walstream.spark.typed import to_batch, typed_rows
 
 
 @pytest.mark.spark

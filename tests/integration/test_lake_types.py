@@ -17,7 +17,7 @@ from walstream.delivery.progress import SinkProgress as Progress
 from walstream.errors import SinkError
 from walstream.postgres.table_shape import Column, TableShape, load_shape
 from walstream.runtime import Runtime
-from walstream.spark.tables import to_batch, typed_rows
+from walstream.spark.typed import to_batch, typed_rows
 from walstream.testing import wait_until
 
 

@@ -16,12 +16,16 @@ pauses a streaming batch.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from typing import Any
 
 from psycopg import sql
 
-from walstream.errors import SinkError, optional_import
+from walstream.backfill.read import ChunkResult, ChunkTask, watermark
+from walstream.errors import ConnectionFailed, SinkError, optional_import
+from walstream.postgres.replication import safe_dsn
 from walstream.postgres.table_shape import TableShape
 from walstream.postgres.types import SESSION_SETTINGS
 
@@ -51,10 +55,10 @@ def arrow_schema(shape: TableShape) -> Any:
     return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in shape.columns])
 
 
-def select(shape: TableShape, where: sql.Composable | None = None) -> sql.Composed:
-    """`SELECT` of the shape's columns (text ones as `::text`), optionally with a WHERE."""
+def select_list(shape: TableShape) -> list[sql.Composable]:
+    """The shape's columns as a SELECT list: text ones as `::text`, named as the column."""
     casts = {"STRING": "text", "ARRAY<STRING>": "text[]"}  # Postgres' own text
-    cols = [
+    return [
         sql.SQL("{}::{} AS {}").format(
             sql.Identifier(c.name), sql.SQL(casts[c.type]), sql.Identifier(c.name)
         )
@@ -62,8 +66,12 @@ def select(shape: TableShape, where: sql.Composable | None = None) -> sql.Compos
         else sql.Identifier(c.name)
         for c in shape.columns
     ]
+
+
+def select(shape: TableShape, where: sql.Composable | None = None) -> sql.Composed:
+    """`SELECT` of the shape's columns (text ones as `::text`), optionally with a WHERE."""
     query = sql.SQL("SELECT {} FROM {}").format(
-        sql.SQL(", ").join(cols), sql.Identifier(shape.schema, shape.table)
+        sql.SQL(", ").join(select_list(shape)), sql.Identifier(shape.schema, shape.table)
     )
     return query if where is None else sql.SQL("{} WHERE {}").format(query, where)
 
@@ -77,10 +85,19 @@ def _adbc() -> Any:
 
 def connect(dsn: str) -> Any:
     """An ADBC connection with the decoder's session settings (TimeZone UTC, ISO styles)."""
-    conn = _adbc().dbapi.connect(_uri(dsn))
+    try:
+        conn = _adbc().dbapi.connect(_uri(dsn))
+    except Exception as exc:  # the driver's own error type; its text names no password
+        raise ConnectionFailed(
+            f"cannot connect to PostgreSQL at {safe_dsn(dsn)} to read rows as Arrow: "
+            f"{str(exc).strip().splitlines()[0]}",
+            "check that the server runs and that host, port, user, password and database in "
+            "the DSN are right",
+        ) from None
     with conn.cursor() as cur:
         for name, value in SESSION_SETTINGS.items():
             cur.execute(f"SET {name} = '{value}'")  # constants of walstream, not input
+    conn.commit()  # the settings outlive the transaction they were made in
     return conn
 
 
@@ -103,16 +120,50 @@ def _uri(dsn: str) -> str:
 
 
 def read_batches(
-    conn: Any, shape: TableShape, query: sql.Composed, params: Sequence[Any] = ()
+    conn: Any, shape: TableShape, query: sql.Composed | str, params: Sequence[Any] = ()
 ) -> Iterator[Any]:
-    """The query's rows as Arrow record batches in the shape's lake types."""
+    """The query's rows as Arrow record batches in the shape's lake types, read in a READ
+    ONLY transaction (a backfill's predicate cannot write)."""
     schema = arrow_schema(shape)
-    text = query.as_string(None)
-    with conn.cursor() as cur:
-        cur.execute(text, parameters=tuple(params) or None)
-        reader = cur.fetch_record_batch()
-        for batch in reader:
-            yield _cast(batch, schema, shape)
+    text = query if isinstance(query, str) else query.as_string(None)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION READ ONLY")
+            cur.execute(text, parameters=tuple(params) or None)
+            reader = cur.fetch_record_batch()
+            for batch in reader:
+                yield _cast(batch, schema, shape)
+    finally:
+        conn.rollback()
+
+
+def read_typed_chunk(task: ChunkTask) -> ChunkResult:
+    """`read.read_chunk` for a lake sink: the chunk's rows between the two watermarks,
+    staged as Parquet in the lake types of `task.shape` (row order: the key's)."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    from walstream.postgres.replication import connect as pg_connect
+
+    assert task.shape is not None, "a typed chunk task names its shape"
+    t0 = time.monotonic()
+    schema = arrow_schema(task.shape)
+    filesystem, path = pafs.FileSystem.from_uri(task.path)
+    filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    tmp = path + ".tmp"
+    rows = 0
+    with pg_connect(task.dsn, autocommit=True) as marks, closing(connect(task.dsn)) as conn:
+        watermark(marks, task, "low")
+        with (
+            filesystem.open_output_stream(tmp) as out,
+            pq.ParquetWriter(out, schema, compression="lz4") as writer,
+        ):
+            for batch in read_batches(conn, task.shape, task.query):
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        filesystem.move(tmp, path)
+        watermark(marks, task, "high", rows=rows)
+    return ChunkResult(task.backfill, task.n, task.attempt, rows, time.monotonic() - t0)
 
 
 def _cast(batch: Any, schema: Any, shape: TableShape) -> Any:

@@ -16,7 +16,8 @@ Per micro-batch of a source with running backfills (driver side, in foreachBatch
    staging directory, so a high watermark in a later batch sees the whole window.
 
 All of it is Spark work over files and the batch: the driver holds watermarks,
-never rows. Chunk files are removed once the batch that emitted them is
+never rows. A lake sink's chunks are staged typed and placed by its writer instead
+(`typed.py`): it gets the chunk files and the window's changes (`TypedReads`). Chunk files are removed once the batch that emitted them is
 committed, window files once no open window needs them.
 """
 
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
 from walstream.backfill.store import BackfillStore, Mark
+from walstream.backfill.typed import TypedChunk, TypedReads
 from walstream.postgres.decoder import WATERMARK
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,7 @@ class Staging:
         return f"{self.root}/{backfill}/chunk-{n}-{attempt}.parquet"
 
     def window(self, query_id: str, batch: int) -> str:
-        return f"{self.root}/windows/{query_id}/batch-{batch}"
+        return f"{self.root}/windows/{query_id}/{_WINDOW}{batch}"
 
     def _fs(self) -> tuple[Any, str]:
         from pyarrow import fs as pafs
@@ -84,8 +87,9 @@ class Staging:
                 continue
             inner = pafs.FileSelector(info.path, allow_not_found=True)
             for batch in filesystem.get_file_info(inner):
-                n = batch.base_name.removeprefix("batch-")
-                if n.isdigit() and int(n) < before:
+                n = batch.base_name.removeprefix(_WINDOW)
+                # an older layout's file counts as missing: its chunk is read again
+                if not (batch.base_name.startswith(_WINDOW) and n.isdigit()) or int(n) < before:
                     filesystem.delete_dir(batch.path)
 
 
@@ -111,10 +115,12 @@ class _Emit:
     committed_us: int
 
 
-_WINDOW_COLUMNS = ("`schema`", "`table`", "pk", "lsn", "seq", "action", "old")
+#: A window file's name (and layout: the key columns' JSON for typed reads, in `record`).
+_WINDOW = "keys-"
+_WINDOW_COLUMNS = ("`schema`", "`table`", "pk", "lsn", "seq", "action", "record", "old")
 _WINDOW_DDL = (
     "`schema` STRING, `table` STRING, pk ARRAY<STRING>, lsn BIGINT, seq INT, action STRING, "
-    "old STRING"
+    "record STRING, old STRING"
 )
 #: Up to this many stream changes in the chunks' windows, their keys are broadcast.
 BROADCAST_ROWS = 250_000
@@ -122,10 +128,14 @@ _STAGED_DDL = "pk ARRAY<STRING>, record STRING, ord INT, backfill BIGINT, chunk 
 
 
 class BackfillMerge:
-    def __init__(self, store: BackfillStore, source: str, staging: Staging) -> None:
+    def __init__(
+        self, store: BackfillStore, source: str, staging: Staging, typed: Set[str] = frozenset()
+    ) -> None:
         self.store = store
         self.source = source
         self.staging = staging
+        #: Sinks whose chunks are staged typed (`reads_typed`): placed as `TypedReads`.
+        self.typed = typed
 
     # -- at the start of every batch ----------------------------------------------------------
     def batch_started(self, query_id: str, batch_id: int) -> dict[int, tuple[str, str, str]]:
@@ -150,7 +160,8 @@ class BackfillMerge:
     def reads(
         self, df: Any, batch_id: int, query_id: str, running: dict[int, tuple[str, str, str]]
     ) -> dict[str, Any]:
-        """sink -> DataFrame of the read rows this batch delivers (change columns + backfill)."""
+        """sink -> the read rows this batch delivers: a DataFrame (change columns + backfill),
+        or for a sink in `typed` a `TypedReads`."""
         spark = df.sparkSession
         found = (
             df.where(f"action = '{WATERMARK}'")
@@ -203,9 +214,20 @@ class BackfillMerge:
             emits.append(_Emit(targets[high.backfill], low, high, us))
         out: dict[str, Any] = {}
         if emits:
-            rows = self._rows(spark, keys, emits, query_id, batch_id)
+            inside, window, em = self._inside(spark, keys, emits, query_id, batch_id)
+            rows = self._rows(spark, inside, window, em, emits)
             for sink in sorted({e.target.sink for e in emits}):
-                out[sink] = rows.where(f"_sink = {_q(sink)}").drop("_sink")
+                if sink in self.typed:
+                    out[sink] = TypedReads(tuple(
+                        TypedChunk(e.high.backfill, e.high.chunk, e.target.schema,
+                                   e.target.table,
+                                   self.staging.chunk(e.high.backfill, e.high.chunk,
+                                                      e.high.attempt),
+                                   e.high.lsn, e.high.seq, e.committed_us)
+                        for e in emits if e.target.sink == sink
+                    ), inside)  # fmt: skip
+                else:
+                    out[sink] = rows.where(f"_sink = {_q(sink)}").drop("_sink")
 
         open_lows = self.store.open_lows(list(running))
         if open_lows:
@@ -226,7 +248,7 @@ class BackfillMerge:
         tables = {(s, t) for _, s, t in running.values()}
         cond = " OR ".join(f"(`schema` = {_q(s)} AND `table` = {_q(t)})" for s, t in tables)
         return df.where(f"action <> '{WATERMARK}' AND ({cond})").selectExpr(
-            "`schema`", "`table`", "pk", "lsn", "seq", "action",
+            "`schema`", "`table`", "pk", "lsn", "seq", "action", "record",
             "CASE WHEN action = 'update' THEN old END AS old",
         )  # fmt: skip
 
@@ -237,10 +259,11 @@ class BackfillMerge:
             for id_, (sink, schema, table) in running.items()
         }
 
-    def _rows(self, spark: Any, keys: Any, emits: list[_Emit], query_id: str, batch_id: int) -> Any:
-        """The read rows of every chunk emitted in this batch, as one DataFrame (its plan
-        does not grow with the number of chunks): staged rows, minus those whose key
-        changed in their chunk's window, at their high watermark's place."""
+    def _inside(
+        self, spark: Any, keys: Any, emits: list[_Emit], query_id: str, batch_id: int
+    ) -> tuple[Any, Any, Any]:
+        """(each stream change inside an emitted chunk's window, with the chunk's columns:
+        `backfill`, `chunk`, its target and watermarks; the windows' changes; the chunks)"""
         from pyspark.sql import functions as F
 
         em = spark.createDataFrame(
@@ -265,6 +288,17 @@ class BackfillMerge:
             & ((F.col("lsn") < F.col("high_lsn"))
                | ((F.col("lsn") == F.col("high_lsn")) & (F.col("seq") < F.col("high_seq")))),
         )  # fmt: skip
+        return inside, window, em
+
+    def _rows(self, spark: Any, inside: Any, window: Any, em: Any, emits: list[_Emit]) -> Any:
+        """The read rows of the (untyped) chunks emitted in this batch, as one DataFrame
+        (its plan does not grow with the number of chunks): staged rows, minus those whose
+        key changed in their chunk's window, at their high watermark's place."""
+        from pyspark.sql import functions as F
+
+        emits = [e for e in emits if e.target.sink not in self.typed]
+        if not emits:
+            return None
         # What is dropped is the window's keys: usually few next to the chunks' rows. Sent
         # to every task (a hash lookup per row) instead of shuffling the rows to join them.
         small = F.broadcast if window.count() <= BROADCAST_ROWS else (lambda d: d)

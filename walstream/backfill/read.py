@@ -29,6 +29,7 @@ from psycopg import sql
 from walstream.postgres.chunks import read_only
 from walstream.postgres.decoder import WATERMARK_PREFIX
 from walstream.postgres.fastpath import compile_fields_encoder
+from walstream.postgres.table_shape import TableShape
 from walstream.postgres.types import PgType, TypeRegistry
 
 ROWS_PER_BATCH = 8192
@@ -66,6 +67,9 @@ class ChunkTask:
     key_idx: tuple[int, ...]
     types: tuple[PgType, ...]
     path: str  # the staging file (a path or URI)
+    #: A lake sink's backfill: the rows are staged typed, in these lake columns
+    #: (`arrow_read.read_typed_chunk`), and `query` selects them.
+    shape: TableShape | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ time per chunk.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -188,13 +188,17 @@ def plan(conn: Any, table: Table, size: int, where: Predicate | None = None) -> 
 
 
 def chunk_query(
-    table: Table, r: KeyRange, where: Predicate | None = None
-) -> tuple[sql.Composed, list[str]]:
-    """The query that reads one chunk's rows, in key order, and its parameters."""
+    table: Table, r: KeyRange, where: Predicate | None = None,
+    columns: Sequence[sql.Composable] | None = None,
+) -> tuple[sql.Composed, list[str]]:  # fmt: skip
+    """The query that reads one chunk's rows, in key order, and its parameters.
+    `columns`: what it selects (default: the table's columns)."""
     rng, params = _range(table, r)
     query = sql.SQL("SELECT {} FROM {} WHERE true{}{} ORDER BY {}").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in table.columns),
+        sql.SQL(", ").join(columns or [sql.Identifier(c) for c in table.columns]),
         table.ident, rng, _where(where),
-        sql.SQL(", ").join(sql.Identifier(k) for k in table.pk),
+        # the table's columns: a bare name would sort by a `::text` output column
+        sql.SQL(", ").join(sql.SQL("{}.{}").format(table.ident, sql.Identifier(k))
+                           for k in table.pk),
     )  # fmt: skip
     return query, params

@@ -21,12 +21,12 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
         return psycopg.connect(dsn, options=session_options(), **kwargs)
     except psycopg.OperationalError as exc:
         raise ConnectionFailed(
-            f"cannot connect to PostgreSQL at {_safe_dsn(dsn)}: {str(exc).strip()}",
+            f"cannot connect to PostgreSQL at {safe_dsn(dsn)}: {str(exc).strip()}",
             "check that the server runs and that host, port, user, password and database in the DSN are right",
         ) from exc
 
 
-def _safe_dsn(dsn: str) -> str:
+def safe_dsn(dsn: str) -> str:
     """The DSN without its password, for messages."""
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
@@ -49,7 +49,7 @@ def replication_connection(dsn: str, extra_options: str = "") -> Any:
         )
     except psycopg2.OperationalError as exc:
         raise ConnectionFailed(
-            f"cannot open a replication connection to {_safe_dsn(dsn)}: {str(exc).strip()}",
+            f"cannot open a replication connection to {safe_dsn(dsn)}: {str(exc).strip()}",
             "the role needs the REPLICATION attribute (ALTER ROLE ... WITH REPLICATION) and "
             "pg_hba.conf must allow it; wal_level must be logical",
         ) from exc

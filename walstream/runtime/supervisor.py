@@ -18,6 +18,7 @@ from walstream.backfill.coordinator import Coordinator
 from walstream.backfill.coordinator import request as request_backfill
 from walstream.backfill.merge import BackfillMerge, Staging
 from walstream.backfill.store import BackfillStore
+from walstream.backfill.typed import reads_typed
 from walstream.backoff import QUERY_RESTART
 from walstream.config import Plan, SourceConfig
 from walstream.delivery.ledger import Ledger
@@ -108,7 +109,8 @@ class Runtime:
                 database_name(source.dsn.get_secret_value()), parallelism,
                 query_id=functools.partial(self._wait_query_id, sq),
                 backfills=BackfillMerge(
-                    backfills, source.name, Staging(cfg.spark.checkpoint_dir, source.name)
+                    backfills, source.name, Staging(cfg.spark.checkpoint_dir, source.name),
+                    typed={s.name for s in cfg.sinks_of(source.name) if reads_typed(s)},
                 ),
                 metrics=self.metrics,
             )  # fmt: skip

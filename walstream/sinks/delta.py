@@ -27,7 +27,7 @@ from walstream.sinks.lake import (
     fill_template,
 )
 from walstream.sinks.lake_plan import history_plan, mirror_plan
-from walstream.sinks.lake_tables import LakeTable, key_filter_rows
+from walstream.sinks.lake_tables import LakeTable, key_filter_rows, present_keys
 from walstream.sinks.registry import register
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,10 @@ class DeltaSink(TableSink):
 
         key, columns = list(batch.shape.key), batch.shape.names
         rows = lake.filled(batch, lambda keys: key_filter_rows(_current(table), key, keys))
-        plan = mirror_plan(rows, key, columns, batch.complete)
+        plan = mirror_plan(
+            rows, key, columns, batch.complete,
+            lambda keys: present_keys(lambda c, lo, hi: _key_range(table, key, c, lo, hi), keys),
+        )  # fmt: skip
         if plan.truncated or plan.appends_only:
             # after a truncate the table is what the batch left; new keys only: an append
             _deltalake().write_deltalake(
@@ -224,6 +227,14 @@ def _arrow_schema(table: Any) -> Any:
     import pyarrow as pa
 
     return pa.schema(table.schema().to_arrow())
+
+
+def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:
+    """The table's key columns where `column` is within [low, high]."""
+    import pyarrow.dataset as ds
+
+    where = (ds.field(column) >= low) & (ds.field(column) <= high)
+    return table.to_pyarrow_dataset().to_table(columns=key, filter=where)
 
 
 def _current(table: Any) -> Any:

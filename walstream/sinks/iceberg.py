@@ -29,7 +29,7 @@ from walstream.sinks.lake import (
     fill_template,
 )
 from walstream.sinks.lake_plan import Key, history_plan, key_of, mirror_plan
-from walstream.sinks.lake_tables import LakeTable
+from walstream.sinks.lake_tables import LakeTable, present_keys
 from walstream.sinks.registry import register
 
 #: Snapshots walked back from the current one to find this sink's last batch.
@@ -213,15 +213,20 @@ class IcebergSink(TableSink):
         """Delete the batch's keys (everything after a truncate), append their newest rows."""
         key, schema = list(batch.shape.key), lake.schema(batch)
         rows = lake.filled(batch, lambda keys: self._rows(table, key, keys))
-        plan = mirror_plan(rows, key, batch.shape.names, batch.complete)
-        touched = (
-            []
-            if plan.appends_only
-            else [
+        plan = mirror_plan(
+            rows, key, batch.shape.names, batch.complete,
+            lambda keys: present_keys(lambda c, lo, hi: _key_range(table, key, c, lo, hi), keys),
+        )  # fmt: skip
+        if plan.appends_only:
+            touched = []
+        elif plan.present is not None:  # looked up: the table has only these (and deletes)
+            touched = [key_of(r, key) for r in plan.deletes.select(key).to_pylist()]
+            touched += [key_of(r, key) for r in plan.present.to_pylist()]
+        else:
+            touched = [
                 key_of(r, key)
                 for r in plan.deletes.select(key).to_pylist() + plan.upserts.select(key).to_pylist()
             ]
-        )
         if plan.truncated:
             _delete(tx, _always(), props)
         elif touched:
@@ -332,6 +337,13 @@ def _delete(tx: Any, where: Any, props: dict[str, str]) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Delete operation did not match any records")
         tx.delete(where, snapshot_properties=props)
+
+
+def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:
+    """The table's key columns where `column` is within [low, high]."""
+    ex = _pyiceberg().expressions
+    where = ex.And(ex.GreaterThanOrEqual(column, low), ex.LessThanOrEqual(column, high))
+    return table.scan(row_filter=where, selected_fields=tuple(key)).to_arrow()
 
 
 def _always() -> Any:

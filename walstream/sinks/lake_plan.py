@@ -97,18 +97,24 @@ class MirrorPlan:
     truncated: bool
     upserts: Any  # pyarrow Table of the source columns
     deletes: Any  # pyarrow Table of the key columns
-    #: Every upsert is a key the table cannot have (inserted in this batch, first): the
-    #: batch is an append, no merge.
+    #: Every upsert is a key the table cannot have (inserted in this batch, first) or was
+    #: found not to have: the batch is an append, no merge.
     appends_only: bool = False
+    #: When the plan looked the keys up: those the table has (a pyarrow Table of keys).
+    present: Any = None
 
 
 def mirror_plan(
-    rows: Any, key: Sequence[str], columns: Sequence[str], complete: bool = False
-) -> MirrorPlan:
+    rows: Any, key: Sequence[str], columns: Sequence[str], complete: bool = False,
+    present: Callable[[Any], Any] | None = None,
+) -> MirrorPlan:  # fmt: skip
     """The newest version of each key after the last truncate.
 
     `complete`: the batch holds every change of the table (no filter, every action), so
     a key whose first change here is an insert is not in the table yet.
+    `present(keys)`: which of these keys (a pyarrow Table) the table has. Asked when every
+    other key is new and some were first read here (a backfill): when the table has none
+    of them, the batch is an append.
     """
     pa = _pa()
     import pyarrow.compute as pc
@@ -119,12 +125,19 @@ def mirror_plan(
     positions = ends.column("_i_max")
     newest = rows.take(pc.take(positions, pc.sort_indices(positions)))  # in WAL order
     deleted = pc.equal(newest.column("_op"), "delete")
-    new_keys = complete and bool(
-        pc.all(pc.equal(rows.column("_op").take(ends.column("_i_min")), "insert")).as_py()
-    )
+    first = rows.column("_op").take(ends.column("_i_min"))
+    new = pc.equal(first, "insert") if complete else pa.repeat(False, len(first))
+    read = pc.equal(first, "read")
     upserts = newest.filter(pc.invert(deleted)).select(list(columns))
-    if new_keys:  # inserted here first: a delete of one is a key the table never had
-        return MirrorPlan(truncated, upserts, newest.slice(0, 0).select(list(key)), True)
+    no_deletes = newest.slice(0, 0).select(list(key))
+    if bool(pc.all(new).as_py()):  # inserted here first: a delete of one is a key never had
+        return MirrorPlan(truncated, upserts, no_deletes, True)
+    if not truncated and present is not None and bool(pc.all(pc.or_(new, read)).as_py()):
+        found = present(ends.filter(read).select(list(key)))
+        if found.num_rows == 0:
+            return MirrorPlan(truncated, upserts, no_deletes, True, found)
+        return MirrorPlan(truncated, upserts, newest.filter(deleted).select(list(key)), False,
+                          found)  # fmt: skip
     return MirrorPlan(truncated, upserts, newest.filter(deleted).select(list(key)))
 
 

@@ -174,3 +174,20 @@ def key_filter_rows(data: Any, key: Sequence[str], keys: list[Key]) -> dict[Key,
     rows = data.to_table(filter=ds.field(key[0]).isin(first)).to_pylist()
     wanted = set(keys)
     return {k: r for r in rows if (k := key_of(r, key)) in wanted}
+
+
+def present_keys(read_range: Callable[[str, Any, Any], Any], keys: Any) -> Any:
+    """Which of `keys` (a pyarrow Table of key columns) a table has. `read_range(column,
+    low, high)` reads the table's key columns where the first key column is within
+    [low, high] (files outside it skipped by their statistics)."""
+    import pyarrow.compute as pc
+
+    if keys.num_rows == 0:
+        return keys
+    first = keys.column_names[0]
+    bounds = pc.min_max(keys[first]).as_py()
+    found = read_range(first, bounds["min"], bounds["max"])
+    if found.num_rows == 0:
+        return keys.slice(0, 0)
+    found = found.select(keys.column_names).cast(keys.schema)
+    return keys.join(found, keys=keys.column_names, join_type="left semi")

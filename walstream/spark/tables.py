@@ -3,15 +3,10 @@
 For a sink whose destination writes tables (`type: delta`, `type: iceberg`) the
 foreachBatch does not build messages. It selects the sink's rows (tables, actions,
 filter), finds which tables the batch touches (no job when the sink can take one table
-only), reads each table's shape from the source catalog, types `record` (and `old`,
-for changelog tables) with one `from_json` on the executors, brings the typed rows to
-the driver as Arrow and hands them to the sink, which commits each table once (see
-`sinks/lake.py`).
-
-A value that does not fit its column type (numeric NaN into a decimal, an infinite
-date, a multi-dimensional array) must not become NULL: columns of those types are
-parsed as text and then `try_cast`, and a value present as text but NULL once cast
-stops the batch with an error naming the table, column and change (the sink pauses).
+only), reads each table's shape from the source catalog, types the rows (`typed.py`:
+the stream's on the executors, a backfill's staged typed already), brings them to the
+driver as Arrow and hands them to the sink, which commits each table once (see
+`sinks/lake.py`). A value its column cannot hold pauses the sink (`write_or_pause`).
 """
 
 from __future__ import annotations
@@ -22,13 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from walstream.backfill.typed import TypedReads
 from walstream.config import SinkConfig
 from walstream.delivery.parking import ParkingLot
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import TableShape, load_shape, publication_tables
+from walstream.postgres.table_shape import load_shape, publication_tables
 from walstream.sinks.clients import Clients
 from walstream.sinks.lake import TableBatch, TableSink, Written
 from walstream.spark.expressions import selection_expr
+from walstream.spark.typed import read_rows, to_batch, typed_rows
 from walstream.state.db import once_more
 
 log = logging.getLogger(__name__)
@@ -59,88 +56,6 @@ class TablesWritten:
         self.max_committed_us = max(self.max_committed_us, newest)
 
 
-#: Column types a JSON value may fail to fit (NaN, infinity, BC dates, nested arrays):
-#: parsed as text first, then cast, so a failure is seen instead of becoming NULL.
-_FALLIBLE = ("DECIMAL", "DATE", "TIMESTAMP", "ARRAY")
-
-
-def _typed(parsed: Any, shape: TableShape) -> tuple[Any, list[Any]]:
-    """(the row as a struct of the shape's types, the columns whose value was lost) from
-    `parsed`: the JSON parsed with fallible columns as text."""
-    from pyspark.sql import functions as F
-
-    fields, lost = [], []
-    for c in shape.columns:
-        raw = parsed[c.name]
-        if not c.type.startswith(_FALLIBLE):
-            fields.append(raw.alias(c.name))
-            continue
-        if c.type.startswith("ARRAY"):
-            typed = F.from_json(raw, c.type)
-            texts = F.from_json(raw, "ARRAY<STRING>")
-            count = lambda a: F.size(F.filter(a, lambda x: x.isNotNull()))  # noqa: E731
-            failed = raw.isNotNull() & (typed.isNull() | (count(texts) != count(typed)))
-        else:
-            typed = raw.try_cast(c.type.lower())  # NULL, not an error, when it does not fit
-            failed = raw.isNotNull() & typed.isNull()
-        fields.append(typed.alias(c.name))
-        lost.append(F.when(failed, F.lit(c.name)))
-    return F.struct(*fields), lost
-
-
-def typed_rows(df: Any, shape: TableShape, before: bool = False) -> Any:
-    """The table's rows of `df` as the TableBatch columns, plus `_lost` (see module doc).
-    `before`: type `old` too (`_before`; only changelog tables keep it)."""
-    from pyspark.sql import functions as F
-
-    parse = shape.ddl(as_text=_FALLIBLE)
-    row, lost = _typed(F.from_json(F.col("record"), parse), shape)
-    if before:
-        old, lost_old = _typed(F.from_json(F.col("old"), parse), shape)
-        lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]
-    else:
-        old = F.lit(None).cast(f"struct<{shape.ddl()}>")
-    checks = F.filter(F.array(*lost), lambda x: x.isNotNull()) if lost else F.array()
-    return df.where((F.col("schema") == shape.schema) & (F.col("table") == shape.table)).select(
-        F.col("action").alias("_op"),
-        F.col("lsn").alias("_lsn"),
-        F.col("seq").alias("_seq"),
-        F.col("committed_at").alias("_committed_at"),
-        F.col("unchanged_toast").alias("_toast"),
-        row.alias("_row"),
-        old.alias("_before"),
-        checks.cast("array<string>").alias("_lost"),
-    )
-
-
-def to_batch(arrow: Any, shape: TableShape) -> Any:
-    """The collected Arrow of `typed_rows` as a TableBatch's rows, in WAL order; a value
-    lost to its column type stops here."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if arrow.num_rows and pc.any(pc.greater(pc.list_value_length(arrow["_lost"]), 0)).as_py():
-        at = pc.index(pc.greater(pc.list_value_length(arrow["_lost"]), 0), True).as_py()
-        row = arrow.slice(at, 1).to_pylist()[0]
-        cols = ", ".join(
-            f"{c} (Postgres {shape.pg_types.get(c.split()[-1], '?')})" for c in row["_lost"]
-        )
-        raise SinkError(
-            f"lake: {shape.schema}.{shape.table} change {row['_lsn']}:{row['_seq']} has a value "
-            f"its lake column cannot hold: {cols}; it is not written as NULL",
-            "leave the column out of the sink (columns: exclude: [...]), or change the value "
-            "(numeric NaN, infinite dates and multi-dimensional arrays have no typed column)",
-            retryable=False,
-        )
-    arrow = arrow.sort_by([("_lsn", "ascending"), ("_seq", "ascending")])
-    row = arrow["_row"].combine_chunks()
-    columns = dict(zip(shape.names, row.flatten(), strict=True))
-    out = {n: arrow[n] for n in ("_op", "_lsn", "_seq", "_committed_at", "_toast")}
-    out.update(columns)
-    out["_before"] = arrow["_before"]
-    return pa.table(out)
-
-
 #: One autocommit connection per source and thread, for the catalog reads of each batch.
 _SOURCES: Clients[Any] = Clients(per_thread=True)
 
@@ -169,6 +84,8 @@ def write_tables(
     When the sink can take one table only (of `publication`), its rows are typed in one
     job; otherwise a first job finds the tables the batch has, then one job each.
     """
+    import pyarrow as pa
+
     dest = table_sink.config
     where = selection_expr(sink)
     if skip_before is not None:
@@ -179,7 +96,8 @@ def write_tables(
         skip_before is None and sink.filter is None and not sink.event_types
         and set(sink.actions) >= {"insert", "update", "delete", "truncate"}
     )  # fmt: skip
-    if reads is not None:
+    typed_reads = reads if isinstance(reads, TypedReads) else None
+    if reads is not None and typed_reads is None:
         rows = rows.unionByName(reads.where(where).drop("backfill"))
     assert dest.source_dsn is not None, "the plan fills in source_dsn"
     out = TablesWritten()
@@ -195,6 +113,9 @@ def write_tables(
     if several:
         rows = rows.persist()
         tables = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
+        if typed_reads is not None:
+            tables += [t for t in dict.fromkeys((c.schema, c.table) for c in typed_reads.chunks)
+                       if t not in tables]  # fmt: skip
     else:
         tables = candidates
     shapes = on_source(dsn, lambda c: [
@@ -208,9 +129,15 @@ def write_tables(
         for shape in shapes:
             t1 = time.monotonic()
             arrow = typed_rows(rows, shape, before=dest.mode == "changelog").toArrow()
-            if arrow.num_rows == 0:
+            placed = None if typed_reads is None else read_rows(typed_reads, shape, skip_before)
+            if arrow.num_rows == 0 and placed is None:
                 continue
-            typed = to_batch(arrow, shape)
+            typed = to_batch(arrow, shape) if arrow.num_rows else None
+            if placed is not None:  # backfill rows, at their high watermarks' places
+                typed = placed if typed is None else pa.concat_tables(
+                    [typed, placed.cast(typed.schema)]
+                ).sort_by([("_lsn", "ascending"), ("_seq", "ascending")])  # fmt: skip
+            assert typed is not None
             batch = TableBatch(sink.name, query_id, batch_id, shape, typed, complete)
             t2 = time.monotonic()
             written: Written = table_sink.write_batch(batch)

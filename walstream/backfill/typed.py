@@ -1,0 +1,69 @@
+"""Backfills of lake sinks: rows read and placed as typed Arrow, never as change rows.
+
+A lake sink (`type: delta`/`iceberg`) keeps typed columns, so its backfill chunks are
+read with ADBC's binary COPY reader straight into the lake column types and staged as
+Parquet (`arrow_read.read_typed_chunk`). Where the stream reaches a chunk's high
+watermark, the pipeline hands the sink a `TypedReads`: the chunk files and the stream's
+changes inside each chunk's window. The sink's writer (`spark/tables.py`) drops the
+rows whose key changed there (DBLog: the stream's newer version wins) with an Arrow
+anti-join on the typed key, and writes the rest in the batch's one commit per table.
+No step per row runs in Python, and no row goes through JSON or Spark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from walstream.backfill.arrow_read import read_typed_chunk
+from walstream.backfill.read import ChunkResult, ChunkTask, read_chunk
+from walstream.config import SinkConfig
+from walstream.postgres.chunks import Table
+from walstream.postgres.table_shape import TableShape, load_shape
+from walstream.sinks.lake import LakeDestination
+
+
+def lake_shape(conn: Any, sink: SinkConfig, table: Table) -> TableShape | None:
+    """The lake columns a table sink's backfill of `table` reads (the sink's columns of
+    those the publication sends: `table.columns`), or None when it is not read typed."""
+    dest = sink.destination
+    if not reads_typed(sink) or not isinstance(dest, LakeDestination):
+        return None
+    shape = load_shape(conn, table.schema, table.name, need_key=dest.mode != "changelog")
+    return shape.select(dest.columns.include, dest.columns.exclude).select(table.columns, None)
+
+
+def read_task(task: ChunkTask) -> ChunkResult:
+    """Read one chunk (in a Spark task): typed for a lake sink, else as change rows."""
+    return read_typed_chunk(task) if task.shape is not None else read_chunk(task)
+
+
+def reads_typed(sink: SinkConfig) -> bool:
+    """Whether the sink's backfills are read typed: a lake sink, unless a SQL filter (or
+    event types) over the change row must see the read rows as change rows."""
+    return sink.destination.writes_tables and sink.filter is None and not sink.event_types
+
+
+@dataclass(frozen=True)
+class TypedChunk:
+    """A chunk a batch places: its staged typed rows, their table and their place (the
+    high watermark's cursor and commit time)."""
+
+    backfill: int
+    chunk: int
+    schema: str
+    table: str
+    path: str  # the staged Parquet file
+    lsn: int
+    seq: int
+    committed_us: int
+
+
+@dataclass(frozen=True)
+class TypedReads:
+    """A lake sink's read rows in one batch."""
+
+    chunks: tuple[TypedChunk, ...]
+    #: The stream's changes inside the chunks' windows (a Spark DataFrame, one row per
+    #: change and chunk: `backfill`, `chunk`, `schema`, `table`, `action`, `record`, `old`).
+    inside: Any

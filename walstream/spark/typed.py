@@ -1,0 +1,214 @@
+"""Typed rows: a batch's change rows, and a backfill's staged chunks, as lake columns.
+
+The stream's rows are typed on the executors with one `from_json` of `record` (and
+`old`) per table (`typed_rows`), collected as Arrow (`to_batch`). A value that does
+not fit its column type (numeric NaN into a decimal, an infinite date, a
+multi-dimensional array) must not become NULL: columns of those types are parsed as
+text and then `try_cast`, and a value present as text but NULL once cast stops the
+batch with an error naming the table, column and change (the sink pauses).
+
+A lake sink's backfill rows arrive typed already (`backfill/typed.py`): `read_rows`
+reads a batch's staged chunks, drops the rows whose key changed in their windows and
+gives them their places in the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from walstream.backfill.arrow_read import arrow_schema
+from walstream.backfill.typed import TypedChunk, TypedReads
+from walstream.errors import SinkError
+from walstream.postgres.table_shape import TableShape
+
+#: Column types a JSON value may fail to fit (NaN, infinity, BC dates, nested arrays):
+#: parsed as text first, then cast, so a failure is seen instead of becoming NULL.
+_FALLIBLE = ("DECIMAL", "DATE", "TIMESTAMP", "ARRAY")
+
+
+def _typed(parsed: Any, shape: TableShape) -> tuple[Any, list[Any]]:
+    """(the row as a struct of the shape's types, the columns whose value was lost) from
+    `parsed`: the JSON parsed with fallible columns as text."""
+    from pyspark.sql import functions as F
+
+    fields, lost = [], []
+    for c in shape.columns:
+        raw = parsed[c.name]
+        if not c.type.startswith(_FALLIBLE):
+            fields.append(raw.alias(c.name))
+            continue
+        if c.type.startswith("ARRAY"):
+            typed = F.from_json(raw, c.type)
+            texts = F.from_json(raw, "ARRAY<STRING>")
+            count = lambda a: F.size(F.filter(a, lambda x: x.isNotNull()))  # noqa: E731
+            failed = raw.isNotNull() & (typed.isNull() | (count(texts) != count(typed)))
+        else:
+            typed = raw.try_cast(c.type.lower())  # NULL, not an error, when it does not fit
+            failed = raw.isNotNull() & typed.isNull()
+        fields.append(typed.alias(c.name))
+        lost.append(F.when(failed, F.lit(c.name)))
+    return F.struct(*fields), lost
+
+
+def typed_rows(df: Any, shape: TableShape, before: bool = False) -> Any:
+    """The table's rows of `df` as the TableBatch columns, plus `_lost` (see module doc).
+    `before`: type `old` too (`_before`; only changelog tables keep it)."""
+    from pyspark.sql import functions as F
+
+    parse = shape.ddl(as_text=_FALLIBLE)
+    row, lost = _typed(F.from_json(F.col("record"), parse), shape)
+    if before:
+        old, lost_old = _typed(F.from_json(F.col("old"), parse), shape)
+        lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]
+    else:
+        old = F.lit(None).cast(f"struct<{shape.ddl()}>")
+    checks = F.filter(F.array(*lost), lambda x: x.isNotNull()) if lost else F.array()
+    return df.where((F.col("schema") == shape.schema) & (F.col("table") == shape.table)).select(
+        F.col("action").alias("_op"),
+        F.col("lsn").alias("_lsn"),
+        F.col("seq").alias("_seq"),
+        F.col("committed_at").alias("_committed_at"),
+        F.col("unchanged_toast").alias("_toast"),
+        row.alias("_row"),
+        old.alias("_before"),
+        checks.cast("array<string>").alias("_lost"),
+    )
+
+
+def to_batch(arrow: Any, shape: TableShape) -> Any:
+    """The collected Arrow of `typed_rows` as a TableBatch's rows, in WAL order; a value
+    lost to its column type stops here."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if arrow.num_rows and pc.any(pc.greater(pc.list_value_length(arrow["_lost"]), 0)).as_py():
+        at = pc.index(pc.greater(pc.list_value_length(arrow["_lost"]), 0), True).as_py()
+        row = arrow.slice(at, 1).to_pylist()[0]
+        cols = ", ".join(
+            f"{c} (Postgres {shape.pg_types.get(c.split()[-1], '?')})" for c in row["_lost"]
+        )
+        raise SinkError(
+            f"lake: {shape.schema}.{shape.table} change {row['_lsn']}:{row['_seq']} has a value "
+            f"its lake column cannot hold: {cols}; it is not written as NULL",
+            "leave the column out of the sink (columns: exclude: [...]), or change the value "
+            "(numeric NaN, infinite dates and multi-dimensional arrays have no typed column)",
+            retryable=False,
+        )
+    arrow = arrow.sort_by([("_lsn", "ascending"), ("_seq", "ascending")])
+    row = arrow["_row"].combine_chunks()
+    columns = dict(zip(shape.names, row.flatten(), strict=True))
+    out = {n: arrow[n] for n in ("_op", "_lsn", "_seq", "_committed_at", "_toast")}
+    out.update(columns)
+    out["_before"] = arrow["_before"]
+    return pa.table(out)
+
+
+def read_rows(reads: TypedReads, shape: TableShape, skip_before: int | None = None) -> Any:
+    """The backfill rows `reads` places in the shape's table as a TableBatch's rows (WAL
+    order), without those whose key changed in their chunk's window (DBLog: the stream's
+    newer version wins) or all of a chunk whose window has a truncate; None when none."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunks = [
+        c for c in reads.chunks
+        if (c.schema, c.table) == (shape.schema, shape.table)
+        and (skip_before is None or c.lsn >= skip_before)
+    ]  # fmt: skip
+    if not chunks:
+        return None
+    schema = arrow_schema(shape)
+    truncated, changed = _window_keys(reads, shape, chunks, schema)
+    parts = []
+    for c in chunks:
+        if (c.backfill, c.chunk) in truncated:
+            continue
+        data = _conform(_read_staged(c.path), schema)
+        n = data.num_rows
+        data = data.append_column("_ord", pa.array(range(n), pa.int32()))
+        gone = changed.get((c.backfill, c.chunk))
+        if gone is not None:
+            data = data.join(gone, keys=list(shape.key), join_type="left anti").sort_by("_ord")
+            n = data.num_rows
+        if n == 0:
+            continue
+        meta = {
+            "_op": pa.array(["read"] * n, pa.string()),
+            "_lsn": pa.repeat(pa.scalar(c.lsn, pa.int64()), n),
+            "_seq": pc.add(data["_ord"], pa.scalar(c.seq + 1, pa.int32())),
+            "_committed_at": pa.repeat(pa.scalar(c.committed_us, pa.timestamp("us", "UTC")), n),
+            "_toast": pa.nulls(n, pa.list_(pa.string())),
+        }
+        columns = {f.name: data[f.name] for f in schema}
+        before = {"_before": pa.nulls(n, pa.struct(list(schema)))}
+        parts.append(pa.table({**meta, **columns, **before}))
+    return pa.concat_tables(parts) if parts else None
+
+
+def _window_keys(
+    reads: TypedReads, shape: TableShape, chunks: list[TypedChunk], schema: Any
+) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Any]]:
+    """(chunks whose window has a truncate, {chunk: the keys changed in its window}): the
+    stream's changes typed like its rows are (one small job), keys from `record` (a
+    delete's too) and, for an update that moved the key, `old`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+
+    key = list(shape.key)
+    key_shape = shape.select(key, None)
+    parse = key_shape.ddl(as_text=_FALLIBLE)
+    new, _ = _typed(F.from_json(F.col("record"), parse), key_shape)
+    old, _ = _typed(F.from_json(F.col("old"), parse), key_shape)
+    found = (
+        reads.inside.where(
+            (F.col("schema") == shape.schema) & (F.col("table") == shape.table)
+            & F.col("backfill").isin(sorted({c.backfill for c in chunks}))
+        )
+        .select("backfill", "chunk", "action", new.alias("_new"), old.alias("_old"))
+        .toArrow()
+    )  # fmt: skip
+    if found.num_rows == 0:
+        return set(), {}
+    truncate = pc.equal(found["action"], "truncate")
+    truncated = {
+        (r["backfill"], r["chunk"]) for r in found.filter(truncate).select(["backfill", "chunk"])
+        .to_pylist()
+    }  # fmt: skip
+    rest = found.filter(pc.invert(truncate))
+    parts = []
+    for side in ("_new", "_old"):
+        valid = rest.filter(pc.is_valid(rest[side]))
+        if valid.num_rows:
+            values = valid[side].combine_chunks().flatten()
+            cols = {"_b": valid["backfill"], "_c": valid["chunk"]}
+            for k, v in zip(key, values, strict=True):
+                cols[k] = v.cast(schema.field(k).type)
+            parts.append(pa.table(cols))
+    changed = {}
+    if parts:
+        both = pa.concat_tables(parts)
+        for b, c in {(r["_b"], r["_c"]) for r in both.select(["_b", "_c"]).to_pylist()}:
+            mine = pc.and_(pc.equal(both["_b"], b), pc.equal(both["_c"], c))
+            changed[(b, c)] = both.filter(mine).select(key)
+    return truncated, changed
+
+
+def _read_staged(path: str) -> Any:
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    filesystem, where = pafs.FileSystem.from_uri(path)
+    return pq.read_table(where, filesystem=filesystem)
+
+
+def _conform(data: Any, schema: Any) -> Any:
+    """Staged rows in the table's columns now: a column added since read is NULL (the
+    row was read before it existed), one dropped since is left out, types cast."""
+    import pyarrow as pa
+
+    return pa.table({
+        f.name: data[f.name].cast(f.type) if f.name in data.column_names
+        else pa.nulls(data.num_rows, f.type)
+        for f in schema
+    })  # fmt: skip
