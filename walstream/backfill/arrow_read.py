@@ -15,7 +15,6 @@ pauses a streaming batch.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import closing
@@ -28,31 +27,6 @@ from walstream.errors import ConnectionFailed, SinkError, optional_import
 from walstream.postgres.replication import safe_dsn
 from walstream.postgres.table_shape import TableShape
 from walstream.postgres.types import SESSION_SETTINGS
-
-_DECIMAL = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
-
-
-def arrow_type(ddl: str) -> Any:
-    """The Arrow type of a lake column type (Spark DDL, as `TableShape` gives it)."""
-    import pyarrow as pa
-
-    if ddl.startswith("ARRAY<") and ddl.endswith(">"):
-        return pa.list_(arrow_type(ddl[6:-1]))
-    m = _DECIMAL.match(ddl)
-    if m:
-        return pa.decimal128(int(m.group(1)), int(m.group(2)))
-    simple = {
-        "INT": pa.int32(), "BIGINT": pa.int64(), "FLOAT": pa.float32(), "DOUBLE": pa.float64(),
-        "BOOLEAN": pa.bool_(), "DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us", tz="UTC"),
-        "TIMESTAMP_NTZ": pa.timestamp("us"), "BINARY": pa.binary(), "STRING": pa.string(),
-    }  # fmt: skip
-    return simple[ddl]
-
-
-def arrow_schema(shape: TableShape) -> Any:
-    import pyarrow as pa
-
-    return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in shape.columns])
 
 
 def select_list(shape: TableShape) -> list[sql.Composable]:
@@ -124,7 +98,7 @@ def read_batches(
 ) -> Iterator[Any]:
     """The query's rows as Arrow record batches in the shape's lake types, read in a READ
     ONLY transaction (a backfill's predicate cannot write)."""
-    schema = arrow_schema(shape)
+    schema = shape.arrow_schema()
     text = query if isinstance(query, str) else query.as_string(None)
     try:
         with conn.cursor() as cur:
@@ -147,7 +121,7 @@ def read_typed_chunk(task: ChunkTask) -> ChunkResult:
 
     assert task.shape is not None, "a typed chunk task names its shape"
     t0 = time.monotonic()
-    schema = arrow_schema(task.shape)
+    schema = task.shape.arrow_schema()
     filesystem, path = pafs.FileSystem.from_uri(task.path)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
     tmp = path + ".tmp"
@@ -156,7 +130,7 @@ def read_typed_chunk(task: ChunkTask) -> ChunkResult:
         watermark(marks, task, "low")
         with (
             filesystem.open_output_stream(tmp) as out,
-            pq.ParquetWriter(out, schema, compression="lz4") as writer,
+            pq.ParquetWriter(out, schema, compression="snappy") as writer,
         ):
             for batch in read_batches(conn, task.shape, task.query):
                 writer.write_batch(batch)

@@ -25,7 +25,7 @@ from walstream.backfill.arrow_read import select_list
 from walstream.backfill.merge import Staging
 from walstream.backfill.read import ChunkResult, ChunkTask
 from walstream.backfill.store import PENDING, RUNNING, Backfill, BackfillStore
-from walstream.backfill.typed import lake_shape, read_task
+from walstream.backfill.typed import lake_shape, read_task, reads_typed
 from walstream.config import Plan, SinkConfig, SourceConfig
 from walstream.errors import ConfigError, WalstreamError, error_summary
 from walstream.periodic import Periodic
@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 20_000
 DEFAULT_TARGET_SECONDS = 2.0
 MIN_CHUNK, MAX_CHUNK = 500, 200_000
-#: Typed chunks (lake sinks) are read as Arrow at about a million rows a second: bigger.
-MAX_TYPED_CHUNK = 1_000_000
+#: Typed chunks (lake sinks) are read as Arrow at most of a million rows a second: bigger.
+DEFAULT_TYPED_CHUNK_SIZE, MAX_TYPED_CHUNK = 250_000, 1_000_000
 MAX_FAILURES = 5
 
 
@@ -176,7 +176,7 @@ def request(
     for schema, table, estimate in plans:
         id_ = store.create(
             sink.name, source.name, schema, table, predicate.sql if predicate else None,
-            chunk_size or DEFAULT_CHUNK_SIZE,
+            chunk_size or (DEFAULT_TYPED_CHUNK_SIZE if reads_typed(sink) else DEFAULT_CHUNK_SIZE),
             DEFAULT_TARGET_SECONDS if target_seconds is None else target_seconds, estimate,
         )  # fmt: skip
         found = store.get(id_)
@@ -203,7 +203,8 @@ class Coordinator:
         self.store = store
         self.sources: dict[str, SourceConfig] = {s.name: s for s in config.sources}
         self.sinks: dict[str, SinkConfig] = {s.name: s for s in config.sinks}
-        self.parallelism = parallelism or spark.sparkContext.defaultParallelism
+        # One task slot is left to the stream: it places chunks while others are read.
+        self.parallelism = parallelism or max(1, spark.sparkContext.defaultParallelism - 1)
         # Steps back to back while there is work, every 0.5 s when there is none; 5 s
         # after a failure (the state database or a source is away).
         self.task = Periodic(

@@ -219,7 +219,7 @@ class BackfillMerge:
             for sink in sorted({e.target.sink for e in emits}):
                 if sink in self.typed:
                     out[sink] = TypedReads(tuple(
-                        TypedChunk(e.high.backfill, e.high.chunk, e.target.schema,
+                        TypedChunk(e.high.backfill, e.high.chunk, e.high.attempt, e.target.schema,
                                    e.target.table,
                                    self.staging.chunk(e.high.backfill, e.high.chunk,
                                                       e.high.attempt),

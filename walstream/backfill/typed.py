@@ -51,6 +51,7 @@ class TypedChunk:
 
     backfill: int
     chunk: int
+    attempt: int
     schema: str
     table: str
     path: str  # the staged Parquet file

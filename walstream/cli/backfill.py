@@ -187,7 +187,11 @@ def start(
     ] = None,
     chunk_size: Annotated[
         int | None,
-        typer.Option(min=1, max=200_000, help="Rows per chunk to start with (default 20,000)."),
+        typer.Option(
+            min=1,
+            max=1_000_000,
+            help="Rows per chunk to start with (default 20,000; 250,000 into a lake table).",
+        ),
     ] = None,
     target_seconds: Annotated[
         float | None,

@@ -26,6 +26,7 @@ as NULL: the batch stops with an error naming the column (see `spark/tables.py`)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,26 @@ def column_type(name: str, typmod: int, category: str = "", element: str | None 
     return _SCALARS.get(name, "STRING")
 
 
+_DECIMAL = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
+
+
+def arrow_type(ddl: str) -> Any:
+    """The Arrow type of a lake column type (Spark DDL, as `column_type` gives it)."""
+    import pyarrow as pa
+
+    if ddl.startswith("ARRAY<") and ddl.endswith(">"):
+        return pa.list_(arrow_type(ddl[6:-1]))
+    m = _DECIMAL.match(ddl)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    simple = {
+        "INT": pa.int32(), "BIGINT": pa.int64(), "FLOAT": pa.float32(), "DOUBLE": pa.float64(),
+        "BOOLEAN": pa.bool_(), "DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us", tz="UTC"),
+        "TIMESTAMP_NTZ": pa.timestamp("us"), "BINARY": pa.binary(), "STRING": pa.string(),
+    }  # fmt: skip
+    return simple[ddl]
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -107,6 +128,12 @@ class TableShape:
             f"`{c.name.replace('`', '``')}` {'STRING' if c.type.startswith(as_text) else c.type}"
             for c in self.columns
         )
+
+    def arrow_schema(self) -> Any:
+        """The columns as an Arrow schema in their lake types."""
+        import pyarrow as pa
+
+        return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in self.columns])
 
     def select(self, include: list[str] | None, exclude: list[str] | None) -> TableShape:
         """Only the columns `include` names (all when None), without those `exclude` names;

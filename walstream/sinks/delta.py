@@ -11,6 +11,7 @@ modes and `docs/lakehouse.md` for the guide.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from walstream.errors import SinkError, optional_import
 from walstream.sinks.lake import (
+    FilesBatch,
     LakeDestination,
     TableBatch,
     TableSink,
@@ -27,7 +29,13 @@ from walstream.sinks.lake import (
     fill_template,
 )
 from walstream.sinks.lake_plan import history_plan, mirror_plan
-from walstream.sinks.lake_tables import LakeTable, key_filter_rows, present_keys
+from walstream.sinks.lake_tables import (
+    LakeTable,
+    adoptable,
+    key_filter_rows,
+    move_staged,
+    present_keys,
+)
 from walstream.sinks.registry import register
 
 log = logging.getLogger(__name__)
@@ -100,11 +108,8 @@ class DeltaSink(TableSink):
     def write_batch(self, batch: TableBatch) -> Written:
         dl = _deltalake()
         lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
-        app_id = f"walstream/{batch.sink}/{batch.query_id}"
-        commit = dl.CommitProperties(
-            app_transactions=[dl.Transaction(app_id=app_id, version=batch.batch_id)],
-            custom_metadata={"walstream.batch": batch.marker},
-        )
+        app_id = self._app_id(batch)
+        commit = self._commit(batch)
         schema = lake.schema(batch)
         table = self._open(lake.location)
         if table is None:
@@ -130,6 +135,59 @@ class DeltaSink(TableSink):
         else:
             n = self._history(table, lake, batch, commit)
         return Written(lake.path_for_messages(), n)
+
+    def adopt_files(self, batch: FilesBatch) -> Written | None:
+        """A mirror's new keys as the staged files themselves: each moved into the table's
+        directory and added in one commit (with the batch's application transaction)."""
+        import pyarrow.parquet as pq
+
+        if self.config.mode != "mirror" or self.config.partition_by:
+            return None
+        dl = _deltalake()
+        lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
+        wanted = batch.shape.arrow_schema()
+        table = self._open(lake.location)
+        done = None if table is None else table.transaction_version(self._app_id(batch))
+        if done is not None and done >= batch.batch_id:
+            return Written(lake.path_for_messages(), 0, replayed=True)
+        targets = [f"{lake.location.rstrip('/')}/{name}" for _, name in batch.files]
+        metas = [pq.read_metadata(_staged_or(path, target)) for (path, _), target in
+                 zip(batch.files, targets, strict=True)]  # fmt: skip
+        existing = None if table is None else _arrow_schema(table)
+        if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
+            return None
+        key = list(batch.shape.key)
+        if table is not None:
+            for (path, _), target in zip(batch.files, targets, strict=True):
+                keys = pq.read_table(_staged_or(path, target), columns=key)
+                ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
+                if present_keys(ranged, keys).num_rows:
+                    return None  # a key the table has: the rows are merged
+        else:
+            table = dl.DeltaTable.create(
+                lake.location, wanted, mode="ignore", storage_options=self.options or None,
+            )  # fmt: skip
+        now = int(time.time() * 1000)
+        actions = []
+        for (path, name), target, meta in zip(batch.files, targets, metas, strict=True):
+            move_staged(path, target)
+            size = _size(target)
+            actions.append(dl.transaction.AddAction(name, size, {}, now, True, _stats(meta)))
+        table.create_write_transaction(
+            actions, mode="append", schema=table.schema(), commit_properties=self._commit(batch)
+        )
+        return Written(lake.path_for_messages(), sum(m.num_rows for m in metas))
+
+    def _app_id(self, batch: TableBatch | FilesBatch) -> str:
+        return f"walstream/{batch.sink}/{batch.query_id}"
+
+    def _commit(self, batch: TableBatch | FilesBatch) -> Any:
+        """The batch's commit properties: its application transaction and marker."""
+        dl = _deltalake()
+        return dl.CommitProperties(
+            app_transactions=[dl.Transaction(app_id=self._app_id(batch), version=batch.batch_id)],
+            custom_metadata={"walstream.batch": batch.marker},
+        )
 
     def _widen(self, table: Any, widened: dict[str, Any]) -> Any:
         """Rewrite the table with the widened column types (its own commit: the data is
@@ -227,6 +285,54 @@ def _arrow_schema(table: Any) -> Any:
     import pyarrow as pa
 
     return pa.schema(table.schema().to_arrow())
+
+
+def _staged_or(staged: str, target: str) -> str:
+    """Where a staged file is now: still staged, or moved by an earlier try."""
+    from pyarrow import fs as pafs
+
+    filesystem, path = pafs.FileSystem.from_uri(staged)
+    return staged if filesystem.get_file_info(path).type == pafs.FileType.File else target
+
+
+def _size(uri: str) -> int:
+    from pyarrow import fs as pafs
+
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    return int(filesystem.get_file_info(path).size)
+
+
+#: Parquet physical types whose footer min/max are Delta statistics as they are.
+_STAT_TYPES = ("INT32", "INT64")
+
+
+def _stats(meta: Any) -> str:
+    """A data file's Delta statistics from its Parquet footer: rows, null counts, and
+    min/max of integer and text columns (what data skipping on keys needs)."""
+    import json
+
+    out: dict[str, Any] = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {},
+                           "nullCount": {}}  # fmt: skip
+    schema = meta.schema
+    for i in range(meta.num_columns):
+        column = schema.column(i)
+        if column.max_definition_level > 1:  # nested: no statistics
+            continue
+        stats = [meta.row_group(g).column(i).statistics for g in range(meta.num_row_groups)]
+        if not stats or any(s is None for s in stats):
+            continue
+        name = column.name
+        if all(s.has_null_count for s in stats):
+            out["nullCount"][name] = sum(s.null_count for s in stats)
+        text = column.physical_type == "BYTE_ARRAY" and str(column.logical_type) == "String"
+        if (
+            column.physical_type in _STAT_TYPES and str(column.logical_type) in ("None", "Int")
+        ) or text:
+            values = [s for s in stats if s.has_min_max]
+            if len(values) == len(stats):
+                out["minValues"][name] = min(s.min for s in values)
+                out["maxValues"][name] = max(s.max for s in values)
+    return json.dumps(out)
 
 
 def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:

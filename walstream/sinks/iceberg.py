@@ -13,104 +13,29 @@ the new ones; changelog appends. See `docs/lakehouse.md`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-
-from walstream.errors import SinkError, optional_import
-from walstream.fields import Model
-from walstream.sinks.clients import Clients
+from walstream.errors import SinkError
+from walstream.postgres.table_shape import TableShape
+from walstream.sinks.iceberg_catalog import (
+    CATALOGS,
+    IcebergDestination,
+    ensure_schema,
+    load_pyiceberg,
+    sqlalchemy_url,
+)
 from walstream.sinks.lake import (
-    LakeDestination,
+    FilesBatch,
     TableBatch,
     TableSink,
     Written,
-    check_template,
-    fill_template,
 )
 from walstream.sinks.lake_plan import Key, history_plan, key_of, mirror_plan
-from walstream.sinks.lake_tables import LakeTable, present_keys
+from walstream.sinks.lake_tables import LakeTable, adoptable, move_staged, present_keys
 from walstream.sinks.registry import register
 
 #: Snapshots walked back from the current one to find this sink's last batch.
 _LOOKBACK = 1000
-
-
-class Catalog(Model):
-    """Where Iceberg tables are registered."""
-
-    type: Literal["sql", "rest"] = "sql"
-    #: sql: a Postgres DSN (default: the state database); rest: the catalog's URL.
-    uri: SecretStr | None = None
-    warehouse: str = "./lake"
-    token: SecretStr | None = None  # rest: a bearer token
-    #: More pyiceberg catalog properties (s3.endpoint, s3.access-key-id, ...).
-    properties: dict[str, SecretStr] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _rest_needs_uri(self) -> Catalog:
-        if self.type == "rest" and self.uri is None:
-            raise ValueError("a rest catalog needs `uri` (the catalog's URL)")
-        return self
-
-
-class IcebergDestination(LakeDestination):
-    """Iceberg tables named `table` (`namespace.table`, default `{schema}.{table}`)."""
-
-    type: Literal["iceberg"]
-    table: str = "{schema}.{table}"
-    catalog: Catalog = Field(default_factory=lambda: Catalog.model_validate({}))
-
-    @field_validator("table")
-    @classmethod
-    def _table(cls, v: str) -> str:
-        check_template(v, "table")
-        if "." not in v:
-            raise ValueError(f"table {v!r}: give namespace.table, e.g. '{{schema}}.{{table}}'")
-        return v
-
-    def location(self, schema: str, table: str) -> str:
-        return fill_template(self.table, schema, table)
-
-
-def _pyiceberg() -> Any:
-    """pyiceberg, with the submodules the sink uses imported."""
-    module = optional_import("pyiceberg", "iceberg", "the Iceberg sink")
-    import pyiceberg.catalog
-    import pyiceberg.exceptions
-    import pyiceberg.expressions  # noqa: F401
-
-    return module
-
-
-def sqlalchemy_url(dsn: str, schema: str) -> str:
-    """A libpq DSN as the SQLAlchemy URL pyiceberg's SQL catalog takes (psycopg 3), with
-    the catalog's tables in `schema`."""
-    from psycopg.conninfo import conninfo_to_dict
-    from sqlalchemy import URL
-
-    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
-    query = {
-        k: v for k, v in params.items() if k not in ("user", "password", "host", "port", "dbname")
-    }
-    query["options"] = (query.get("options", "") + f" -csearch_path={schema}").strip()
-    return URL.create(
-        "postgresql+psycopg", username=params.get("user"), password=params.get("password"),
-        host=params.get("host"), port=int(params["port"]) if "port" in params else None,
-        database=params.get("dbname"), query=query,
-    ).render_as_string(hide_password=False)  # fmt: skip
-
-
-_CATALOGS: Clients[Any] = Clients()
-
-
-def _ensure_schema(dsn: str, schema: str) -> None:
-    """The schema the SQL catalog's tables go in (the state schema) exists."""
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
 
 
 @register
@@ -132,7 +57,7 @@ class IcebergSink(TableSink):
             props["uri"] = c.uri.get_secret_value()
             if c.token is not None:
                 props["token"] = c.token.get_secret_value()
-            make = lambda: _pyiceberg().catalog.load_catalog("walstream", type="rest", **props)  # noqa: E731
+            make = lambda: load_pyiceberg().catalog.load_catalog("walstream", type="rest", **props)  # noqa: E731
         else:
             dsn = c.uri.get_secret_value() if c.uri is not None else self.config.state_dsn
             if not dsn:
@@ -148,11 +73,11 @@ class IcebergSink(TableSink):
             import pyiceberg.catalog.sql as sql
 
             def make(dsn: str = dsn, schema: str = self.config.state_schema) -> Any:
-                _ensure_schema(dsn, schema)  # once per catalog: its tables go there
+                ensure_schema(dsn, schema)  # once per catalog: its tables go there
                 return sql.SqlCatalog("walstream", **props)
 
         key = (c.type, tuple(sorted(props.items())))
-        return _CATALOGS.get(key, make)
+        return CATALOGS.get(key, make)
 
     def test_connection(self) -> None:
         try:
@@ -168,14 +93,14 @@ class IcebergSink(TableSink):
             ) from exc
 
     def _open(self, schema: str, table: str) -> Any | None:
-        exc = _pyiceberg().exceptions
+        exc = load_pyiceberg().exceptions
         try:
             return self._catalog().load_table(self.target(schema, table))
         except exc.NoSuchTableError:
             return None
 
-    def _create(self, batch: TableBatch, schema: Any) -> Any:
-        ident = self.target(batch.shape.schema, batch.shape.table)
+    def _create(self, shape: TableShape, schema: Any) -> Any:
+        ident = self.target(shape.schema, shape.table)
         catalog = self._catalog()
         catalog.create_namespace_if_not_exists(ident.rsplit(".", 1)[0])
         table = catalog.create_table_if_not_exists(ident, schema=schema)
@@ -189,7 +114,9 @@ class IcebergSink(TableSink):
     def write_batch(self, batch: TableBatch) -> Written:
         lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
         schema = lake.schema(batch)
-        table = self._open(batch.shape.schema, batch.shape.table) or self._create(batch, schema)
+        table = self._open(batch.shape.schema, batch.shape.table) or self._create(
+            batch.shape, schema
+        )
         if self._replayed(table, batch):
             return Written(lake.path_for_messages(), 0, replayed=True)
         lake.check_schema(table.schema().as_arrow(), schema)
@@ -206,6 +133,41 @@ class IcebergSink(TableSink):
             else:
                 n = self._history(tx, table, lake, batch, props)
         return Written(lake.path_for_messages(), n)
+
+    def adopt_files(self, batch: FilesBatch) -> Written | None:
+        """A mirror's new keys as the staged files themselves: each moved under the table's
+        `data/` and added in one snapshot (pyiceberg reads their footers for statistics)."""
+        import pyarrow.parquet as pq
+
+        if self.config.mode != "mirror" or self.config.partition_by:
+            return None
+        lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
+        wanted = batch.shape.arrow_schema()
+        table = self._open(batch.shape.schema, batch.shape.table)
+        if table is not None and self._replayed(table, batch):
+            return Written(lake.path_for_messages(), 0, replayed=True)
+        staged = [path for path, _ in batch.files]
+        existing = None if table is None else table.schema().as_arrow()
+        schemas = [pq.read_schema(_where(p, table, name)) for p, name in batch.files]
+        if not adoptable(schemas, wanted, existing):
+            return None
+        key = list(batch.shape.key)
+        if table is not None:
+            for path, name in batch.files:
+                keys = pq.read_table(_where(path, table, name), columns=key)
+                ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
+                if present_keys(ranged, keys).num_rows:
+                    return None  # a key the table has: the rows are merged
+        else:
+            table = self._create(batch.shape, wanted)
+        targets = [_data_file(table, name) for _, name in batch.files]
+        for path, target in zip(staged, targets, strict=True):
+            move_staged(path, target)
+        rows = sum(pq.read_metadata(_local(t)).num_rows for t in targets)
+        props = {"walstream.sink": batch.sink, "walstream.batch": batch.marker}
+        with table.transaction() as tx:
+            tx.add_files(targets, snapshot_properties=props, check_duplicate_files=False)
+        return Written(lake.path_for_messages(), rows)
 
     def _mirror(
         self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]
@@ -258,7 +220,7 @@ class IcebergSink(TableSink):
             if k in closes
         ]
         if ended:
-            ex = _pyiceberg().expressions
+            ex = load_pyiceberg().expressions
             _delete(
                 tx, ex.And(ex.EqualTo("is_current", True), _keys_filter(key, list(closes))), props
             )
@@ -273,7 +235,7 @@ class IcebergSink(TableSink):
         self, table: Any, key: list[str], keys: list[Key] | None
     ) -> dict[Key, dict[str, Any]]:
         """The table's current rows (history: `is_current`) of `keys` (None: all), by key."""
-        ex = _pyiceberg().expressions
+        ex = load_pyiceberg().expressions
         cond = ex.AlwaysTrue() if keys is None else _keys_filter(key, keys)
         if keys is not None and not keys:
             return {}
@@ -282,7 +244,7 @@ class IcebergSink(TableSink):
         rows = table.scan(row_filter=cond).to_arrow().to_pylist()
         return {key_of(r, key): r for r in rows}
 
-    def _replayed(self, table: Any, batch: TableBatch) -> bool:
+    def _replayed(self, table: Any, batch: TableBatch | FilesBatch) -> bool:
         snap = table.current_snapshot()
         for _ in range(_LOOKBACK):
             if snap is None:
@@ -339,20 +301,40 @@ def _delete(tx: Any, where: Any, props: dict[str, str]) -> None:
         tx.delete(where, snapshot_properties=props)
 
 
+def _data_file(table: Any, name: str) -> str:
+    """Where the table keeps a data file of this name."""
+    return f"{table.location().rstrip('/')}/data/{name}"
+
+
+def _local(uri: str) -> str:
+    """A URI as pyarrow opens it (a plain path for `file://`)."""
+    return uri.removeprefix("file://")
+
+
+def _where(staged: str, table: Any | None, name: str) -> str:
+    """Where a staged file is now: still staged, or moved under the table by an earlier try."""
+    from pyarrow import fs as pafs
+
+    filesystem, path = pafs.FileSystem.from_uri(staged)
+    if table is None or filesystem.get_file_info(path).type == pafs.FileType.File:
+        return staged
+    return _local(_data_file(table, name))
+
+
 def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:
     """The table's key columns where `column` is within [low, high]."""
-    ex = _pyiceberg().expressions
+    ex = load_pyiceberg().expressions
     where = ex.And(ex.GreaterThanOrEqual(column, low), ex.LessThanOrEqual(column, high))
     return table.scan(row_filter=where, selected_fields=tuple(key)).to_arrow()
 
 
 def _always() -> Any:
-    return _pyiceberg().expressions.AlwaysTrue()
+    return load_pyiceberg().expressions.AlwaysTrue()
 
 
 def _keys_filter(key: list[str], keys: list[Key]) -> Any:
     """An Iceberg row filter matching exactly these keys."""
-    ex = _pyiceberg().expressions
+    ex = load_pyiceberg().expressions
     if len(key) == 1:
         return ex.In(key[0], sorted({k[0] for k in keys}, key=repr))
     out: Any = None

@@ -145,6 +145,23 @@ class TableBatch:
 
 
 @dataclass(frozen=True)
+class FilesBatch:
+    """One table's new rows in a micro-batch as staged Parquet files in its lake columns
+    (backfill chunks from which nothing was dropped): a sink may commit them as they are."""
+
+    sink: str
+    query_id: str
+    batch_id: int
+    shape: TableShape
+    #: (staged file, a name unique to it in the table's data files)
+    files: tuple[tuple[str, str], ...]
+
+    @property
+    def marker(self) -> str:
+        return f"{self.query_id}:{self.batch_id}"
+
+
+@dataclass(frozen=True)
 class Written:
     """What a lake sink did with one TableBatch."""
 
@@ -168,6 +185,11 @@ class TableSink(Sink):
     @abstractmethod
     def write_batch(self, batch: TableBatch) -> Written:
         """Write one table's batch in one commit; nothing when the commit exists already."""
+
+    def adopt_files(self, batch: FilesBatch) -> Written | None:
+        """Commit the staged files as the batch's rows of one table, in one commit, when the
+        table can take them as they are; None: the rows are written with `write_batch`."""
+        return None
 
     @abstractmethod
     def optimize(self, schema: str, table: str) -> dict[str, Any]:

@@ -191,3 +191,41 @@ def present_keys(read_range: Callable[[str, Any, Any], Any], keys: Any) -> Any:
         return keys.slice(0, 0)
     found = found.select(keys.column_names).cast(keys.schema)
     return keys.join(found, keys=keys.column_names, join_type="left semi")
+
+
+def adoptable(files: Any, wanted: Any, existing: Any | None) -> bool:
+    """Whether staged files whose Arrow schemas are `files` can be a table's data files as
+    they are: each has the shape's columns now (`wanted`) in their types, and so has the
+    table (`existing`, None when it does not exist yet)."""
+    names = wanted.names
+    if any(s.names != names or not all(_same(a.type, b.type) for a, b in zip(s, wanted,
+           strict=True)) for s in files):  # fmt: skip
+        return False
+    if existing is None:
+        return True
+    have = {f.name: f.type for f in existing}
+    return set(have) == set(names) and all(_same(have[f.name], f.type) for f in wanted)
+
+
+def move_staged(staged: str, target: str) -> None:
+    """Move a staged file to where a table keeps its data files (any two filesystems). A
+    try that moved it before a crash left it there: that is fine; neither is not."""
+    from pyarrow import fs as pafs
+
+    src_fs, src = pafs.FileSystem.from_uri(staged)
+    dst_fs, dst = pafs.FileSystem.from_uri(target)
+    if src_fs.get_file_info(src).type == pafs.FileType.NotFound:
+        if dst_fs.get_file_info(dst).type == pafs.FileType.File:
+            return
+        raise SinkError(
+            f"lake: the staged backfill file {staged} is gone (and not at {target})",
+            "files under the checkpoint directory must stay while walstream runs: restore it, "
+            "or cancel the backfill (`walstream backfill cancel`) and request it again",
+            retryable=False,
+        )
+    if type(src_fs) is type(dst_fs) and src_fs.equals(dst_fs):
+        dst_fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
+        src_fs.move(src, dst)
+        return
+    pafs.copy_files(src, dst, source_filesystem=src_fs, destination_filesystem=dst_fs)
+    src_fs.delete_file(src)

@@ -23,9 +23,9 @@ from walstream.delivery.parking import ParkingLot
 from walstream.errors import SinkError
 from walstream.postgres.table_shape import load_shape, publication_tables
 from walstream.sinks.clients import Clients
-from walstream.sinks.lake import TableBatch, TableSink, Written
+from walstream.sinks.lake import FilesBatch, TableBatch, TableSink, Written
 from walstream.spark.expressions import selection_expr
-from walstream.spark.typed import read_rows, to_batch, typed_rows
+from walstream.spark.typed import place, to_batch, typed_rows
 from walstream.state.db import once_more
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,15 @@ class TablesWritten:
         """Count one table's TableBatch rows and what the sink did."""
         import pyarrow.compute as pc
 
-        self.changes += rows.num_rows
+        newest = pc.max(rows["_committed_at"]).cast("int64").as_py() or 0
+        self.count(rows.num_rows, written, table, newest)
+
+    def count(self, changes: int, written: Written, table: tuple[str, str], newest: int) -> None:
+        self.changes += changes
         self.rows += written.rows
         self.tables += 1
         self.replayed += int(written.replayed)
         self.written.add(table)
-        newest = pc.max(rows["_committed_at"]).cast("int64").as_py() or 0
         self.max_committed_us = max(self.max_committed_us, newest)
 
 
@@ -129,13 +132,28 @@ def write_tables(
         for shape in shapes:
             t1 = time.monotonic()
             arrow = typed_rows(rows, shape, before=dest.mode == "changelog").toArrow()
-            placed = None if typed_reads is None else read_rows(typed_reads, shape, skip_before)
-            if arrow.num_rows == 0 and placed is None:
+            placed = None if typed_reads is None else place(typed_reads, shape, skip_before)
+            if placed is not None and arrow.num_rows == 0 and placed.whole:
+                # only backfill rows, none dropped: the staged files may do as they are
+                files = FilesBatch(sink.name, query_id, batch_id, shape, placed.files())
+                adopted = table_sink.adopt_files(files)
+                if adopted is not None:
+                    out.count(adopted.rows, adopted, (shape.schema, shape.table),
+                              placed.newest_us)  # fmt: skip
+                    log.debug(
+                        "batch %d: sink %s committed %d staged backfill file(s) of %s.%s, %d "
+                        "rows, to %s%s", batch_id, sink.name, len(files.files), shape.schema,
+                        shape.table, adopted.rows, adopted.target,
+                        " (replayed: written before)" if adopted.replayed else "",
+                    )  # fmt: skip
+                    continue
+            reads_part = None if placed is None else placed.rows()
+            if arrow.num_rows == 0 and reads_part is None:
                 continue
             typed = to_batch(arrow, shape) if arrow.num_rows else None
-            if placed is not None:  # backfill rows, at their high watermarks' places
-                typed = placed if typed is None else pa.concat_tables(
-                    [typed, placed.cast(typed.schema)]
+            if reads_part is not None:  # backfill rows, at their high watermarks' places
+                typed = reads_part if typed is None else pa.concat_tables(
+                    [typed, reads_part.cast(typed.schema)]
                 ).sort_by([("_lsn", "ascending"), ("_seq", "ascending")])  # fmt: skip
             assert typed is not None
             batch = TableBatch(sink.name, query_id, batch_id, shape, typed, complete)

@@ -7,16 +7,17 @@ multi-dimensional array) must not become NULL: columns of those types are parsed
 text and then `try_cast`, and a value present as text but NULL once cast stops the
 batch with an error naming the table, column and change (the sink pauses).
 
-A lake sink's backfill rows arrive typed already (`backfill/typed.py`): `read_rows`
-reads a batch's staged chunks, drops the rows whose key changed in their windows and
-gives them their places in the batch.
+A lake sink's backfill rows arrive typed already (`backfill/typed.py`): `place` finds
+the keys that changed in the windows of a batch's chunks; `Placed.rows` reads the staged
+chunks, drops those keys' rows and gives the rest their places in the batch, or, when
+nothing is dropped, `Placed.files` lets the sink commit the staged files as they are.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from walstream.backfill.arrow_read import arrow_schema
 from walstream.backfill.typed import TypedChunk, TypedReads
 from walstream.errors import SinkError
 from walstream.postgres.table_shape import TableShape
@@ -103,13 +104,70 @@ def to_batch(arrow: Any, shape: TableShape) -> Any:
     return pa.table(out)
 
 
-def read_rows(reads: TypedReads, shape: TableShape, skip_before: int | None = None) -> Any:
-    """The backfill rows `reads` places in the shape's table as a TableBatch's rows (WAL
-    order), without those whose key changed in their chunk's window (DBLog: the stream's
-    newer version wins) or all of a chunk whose window has a truncate; None when none."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+@dataclass
+class Placed:
+    """The backfill chunks a batch places in one table, and what their windows drop."""
 
+    shape: TableShape
+    chunks: list[TypedChunk]
+    truncated: set[tuple[int, int]]  # chunks whose window has a truncate: all rows go
+    changed: dict[tuple[int, int], Any]  # chunk -> the keys changed in its window
+
+    @property
+    def whole(self) -> bool:
+        """Every staged row goes into the table as it is (nothing changed in the windows)."""
+        return not self.truncated and not self.changed
+
+    def files(self) -> tuple[tuple[str, str], ...]:
+        """(staged file, a name unique to the chunk attempt) of each chunk."""
+        return tuple(
+            (c.path, f"walstream-backfill-{c.backfill}-{c.chunk}-{c.attempt}.parquet")
+            for c in self.chunks
+        )
+
+    @property
+    def newest_us(self) -> int:
+        return max(c.committed_us for c in self.chunks)
+
+    def rows(self) -> Any:
+        """The rows as a TableBatch's rows (WAL order), without those whose key changed in
+        their chunk's window (DBLog: the stream's newer version wins) or all of a chunk
+        whose window has a truncate; None when none are left."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        schema = self.shape.arrow_schema()
+        parts = []
+        for c in self.chunks:
+            if (c.backfill, c.chunk) in self.truncated:
+                continue
+            data = _conform(_read_staged(c.path), schema)
+            n = data.num_rows
+            data = data.append_column("_ord", pa.array(range(n), pa.int32()))
+            gone = self.changed.get((c.backfill, c.chunk))
+            if gone is not None:
+                data = data.join(gone, keys=list(self.shape.key), join_type="left anti")
+                data = data.sort_by("_ord")
+                n = data.num_rows
+            if n == 0:
+                continue
+            at = pa.scalar(c.committed_us, pa.timestamp("us", "UTC"))
+            meta = {
+                "_op": pa.array(["read"] * n, pa.string()),
+                "_lsn": pa.repeat(pa.scalar(c.lsn, pa.int64()), n),
+                "_seq": pc.add(data["_ord"], pa.scalar(c.seq + 1, pa.int32())),
+                "_committed_at": pa.repeat(at, n),
+                "_toast": pa.nulls(n, pa.list_(pa.string())),
+            }
+            columns = {f.name: data[f.name] for f in schema}
+            before = {"_before": pa.nulls(n, pa.struct(list(schema)))}
+            parts.append(pa.table({**meta, **columns, **before}))
+        return pa.concat_tables(parts) if parts else None
+
+
+def place(reads: TypedReads, shape: TableShape, skip_before: int | None = None) -> Placed | None:
+    """The chunks of `reads` for the shape's table (None when none), with their windows'
+    changed keys (one small Spark job)."""
     chunks = [
         c for c in reads.chunks
         if (c.schema, c.table) == (shape.schema, shape.table)
@@ -117,32 +175,8 @@ def read_rows(reads: TypedReads, shape: TableShape, skip_before: int | None = No
     ]  # fmt: skip
     if not chunks:
         return None
-    schema = arrow_schema(shape)
-    truncated, changed = _window_keys(reads, shape, chunks, schema)
-    parts = []
-    for c in chunks:
-        if (c.backfill, c.chunk) in truncated:
-            continue
-        data = _conform(_read_staged(c.path), schema)
-        n = data.num_rows
-        data = data.append_column("_ord", pa.array(range(n), pa.int32()))
-        gone = changed.get((c.backfill, c.chunk))
-        if gone is not None:
-            data = data.join(gone, keys=list(shape.key), join_type="left anti").sort_by("_ord")
-            n = data.num_rows
-        if n == 0:
-            continue
-        meta = {
-            "_op": pa.array(["read"] * n, pa.string()),
-            "_lsn": pa.repeat(pa.scalar(c.lsn, pa.int64()), n),
-            "_seq": pc.add(data["_ord"], pa.scalar(c.seq + 1, pa.int32())),
-            "_committed_at": pa.repeat(pa.scalar(c.committed_us, pa.timestamp("us", "UTC")), n),
-            "_toast": pa.nulls(n, pa.list_(pa.string())),
-        }
-        columns = {f.name: data[f.name] for f in schema}
-        before = {"_before": pa.nulls(n, pa.struct(list(schema)))}
-        parts.append(pa.table({**meta, **columns, **before}))
-    return pa.concat_tables(parts) if parts else None
+    truncated, changed = _window_keys(reads, shape, chunks, shape.arrow_schema())
+    return Placed(shape, chunks, truncated, changed)
 
 
 def _window_keys(
