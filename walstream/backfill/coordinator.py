@@ -27,7 +27,7 @@ from walstream.backfill.read import ChunkResult, ChunkTask
 from walstream.backfill.store import PENDING, RUNNING, Backfill, BackfillStore
 from walstream.backfill.typed import lake_shape, read_task, reads_typed
 from walstream.config import Plan, SinkConfig, SourceConfig
-from walstream.errors import ConfigError, WalstreamError, error_summary
+from walstream.errors import ConfigError, Kind, WalstreamError, error_summary
 from walstream.periodic import Periodic
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.chunks import (
@@ -353,18 +353,18 @@ class Coordinator:
             if self.stopping.is_set():
                 return
 
-            kind, message, _ = error_summary(exc)
+            kind, message, nature = error_summary(exc)
+            # A read that cannot succeed as it is (a value its lake column cannot hold)
+            # fails its backfill at once when the job read only that backfill's chunks.
+            hopeless = nature is not Kind.TRANSIENT and len(ids) == 1
             for id_ in ids:
                 self._failures[id_] = self._failures.get(id_, 0) + 1
-                if self._failures[id_] >= MAX_FAILURES:
+                if hopeless or self._failures[id_] >= MAX_FAILURES:
                     self.store.fail(id_, f"{kind}: {message}")
                     log.error(
-                        "backfill %d failed %d times, last: %s: %s",
-                        id_,
-                        MAX_FAILURES,
-                        kind,
-                        message,
-                    )
+                        "backfill %d failed (%d tries), last: %s: %s",
+                        id_, self._failures[id_], kind, message,
+                    )  # fmt: skip
             self.store.requeue_reading(ids)
             log.error("backfill: reading chunks failed (%s: %s); trying again", kind, message)
             self.stopping.wait(2.0)

@@ -1,0 +1,126 @@
+"""Staged backfill files committed as the lake table's own data files (`adopt_files`): once,
+after a crash between moving them and the commit, and never over keys the table has."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from pyiceberg.table import Transaction
+
+from tests.lake import delta_rows, iceberg_rows, run_config
+from walstream.config import parse_config
+from walstream.postgres.table_shape import TableShape, load_shape
+from walstream.sinks.lake import FilesBatch
+from walstream.sinks.registry import sink_for
+
+KINDS = ("delta", "iceberg")
+
+
+def sink_of(db: Any, tmp_path: Path, kind: str) -> Any:
+    dest = (
+        {"type": "delta", "path": str(tmp_path / "d" / "{table}")}
+        if kind == "delta"
+        else {"type": "iceberg", "table": "adopt.{table}",
+              "catalog": {"warehouse": str(tmp_path / "w")}}
+    )  # fmt: skip
+    plan = parse_config(run_config(db, tmp_path, "s", "p", [
+        {"name": "lake", "source": "app", "destination": dest},
+    ]))  # fmt: skip
+    return sink_for(plan.sink("lake").destination)
+
+
+def rows(first: int, last: int) -> list[dict[str, Any]]:
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    return [
+        {"id": i, "name": f"n{i}", "amount": Decimal(i) / 4, "at": at} for i in range(first, last)
+    ]
+
+
+def stage(tmp_path: Path, shape: TableShape, data: list[dict[str, Any]], name: str) -> str:
+    path = tmp_path / "staged" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(data, schema=shape.arrow_schema()), path)
+    return str(path)
+
+
+def table_rows(db: Any, tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    found = delta_rows(tmp_path / "d" / "t") if kind == "delta" else iceberg_rows(db.dsn, "adopt.t")
+    return sorted(found, key=lambda r: r["id"])
+
+
+def data_files(tmp_path: Path, kind: str) -> list[str]:
+    root = tmp_path / ("d" if kind == "delta" else "w")
+    return sorted(p.name for p in root.rglob("*.parquet"))
+
+
+def expected(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as DuckDB reads them back."""
+    return [{**r, "amount": r["amount"].quantize(Decimal("0.01"))} for r in data]
+
+
+@pytest.fixture
+def shape(db: Any) -> TableShape:
+    db.execute("CREATE TABLE t (id bigint PRIMARY KEY, name text, amount numeric(10,2), "
+               "at timestamptz)")  # fmt: skip
+    return load_shape(db.conn, "public", "t")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_staged_files_become_data_files_once_even_after_a_crash_before_the_commit(
+    db, tmp_path, shape, kind, monkeypatch
+):
+    sink = sink_of(db, tmp_path, kind)
+    files = (
+        (stage(tmp_path, shape, rows(1, 101), "chunk-0-0.parquet"), "walstream-backfill-1-0-0.parquet"),
+        (stage(tmp_path, shape, rows(101, 151), "chunk-1-0.parquet"), "walstream-backfill-1-1-0.parquet"),
+    )  # fmt: skip
+    batch = FilesBatch("lake", "q1", 7, shape, files)
+
+    # the first try moves the files under the table, then dies before its commit
+    commit = DeltaTable.create_write_transaction if kind == "delta" else Transaction.add_files
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("killed before the commit")
+
+    monkeypatch.setattr(DeltaTable if kind == "delta" else Transaction, commit.__name__, crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        sink.adopt_files(batch)
+    assert not any(Path(staged).exists() for staged, _ in files)
+    monkeypatch.undo()
+
+    # the replay finds them moved and commits them
+    written = sink.adopt_files(batch)
+    assert written is not None and (written.rows, written.replayed) == (150, False)
+    assert table_rows(db, tmp_path, kind) == expected(rows(1, 151))
+    assert data_files(tmp_path, kind) == [name for _, name in files]
+
+    # a replay after the commit writes nothing
+    again = sink.adopt_files(batch)
+    assert again is not None and again.replayed
+    assert len(table_rows(db, tmp_path, kind)) == 150
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_files_are_not_adopted_over_keys_the_table_has_or_in_other_columns(
+    db, tmp_path, shape, kind
+):
+    sink = sink_of(db, tmp_path, kind)
+    first = stage(tmp_path, shape, rows(1, 51), "a.parquet")
+    assert sink.adopt_files(FilesBatch("lake", "q", 1, shape, ((first, "w-a.parquet"),)))
+    # keys 40..59: 40..50 are in the table, so the rows must be merged, not appended
+    overlap = stage(tmp_path, shape, rows(40, 60), "b.parquet")
+    assert sink.adopt_files(FilesBatch("lake", "q", 2, shape, ((overlap, "w-b.parquet"),))) is None
+    assert Path(overlap).exists()
+    # a column added at the source since the file was staged: not the table's columns now
+    db.execute("ALTER TABLE t ADD COLUMN extra int")
+    wider = load_shape(db.conn, "public", "t")
+    later = stage(tmp_path, shape, rows(100, 110), "c.parquet")
+    assert sink.adopt_files(FilesBatch("lake", "q", 3, wider, ((later, "w-c.parquet"),))) is None
+    assert table_rows(db, tmp_path, kind) == expected(rows(1, 51))
