@@ -136,6 +136,8 @@ class BackfillMerge:
         self.staging = staging
         #: Sinks whose chunks are staged typed (`reads_typed`): placed as `TypedReads`.
         self.typed = typed
+        #: The last batch `reads` saw: how many of its rows are changes (not watermarks).
+        self.changes: int | None = None
 
     # -- at the start of every batch ----------------------------------------------------------
     def batch_started(self, query_id: str, batch_id: int) -> dict[int, tuple[str, str, str]]:
@@ -168,6 +170,9 @@ class BackfillMerge:
             .selectExpr("lsn", "seq", "unix_micros(committed_at) AS us", "record")
             .collect()
         )
+        # `df` is cached: counting it is cheap, and a batch of watermarks only (a backfill
+        # reading chunks starts many) spares each sink its jobs over the stream's changes
+        self.changes = df.count() - len(found)
         marks: list[tuple[Mark, int]] = []  # with the commit time (µs) of each
         for r in found:
             try:

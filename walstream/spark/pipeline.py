@@ -146,11 +146,13 @@ class Pipeline:
                 df = df.persist()
             try:
                 reads: dict[str, Any] = {}
+                empty = False  # the batch has watermarks only: no changes
                 if running:
                     assert self.backfills is not None
                     reads = self.backfills.reads(df, batch_id, query_id, running)
+                    empty = self.backfills.changes == 0
                 for sink in self.sinks:
-                    self._deliver(df, sink, batch_id, query_id, reads.get(sink.name))
+                    self._deliver(df, sink, batch_id, query_id, reads.get(sink.name), empty)
                 if running:
                     assert self.backfills is not None
                     self.backfills.batch_delivered()
@@ -207,13 +209,19 @@ class Pipeline:
         return out
 
     def _deliver(
-        self, df: Any, sink: SinkConfig, batch_id: int, query_id: str, reads: Any = None
-    ) -> None:
-        """Deliver the batch to one sink; `reads`: backfill rows that join it there."""
+        self, df: Any, sink: SinkConfig, batch_id: int, query_id: str, reads: Any = None,
+        empty: bool = False,
+    ) -> None:  # fmt: skip
+        """Deliver the batch to one sink; `reads`: backfill rows that join it there.
+        `empty`: the batch is known to hold no changes."""
         t0 = time.monotonic()
         driver_sink = sink_for(sink.destination)
         if isinstance(driver_sink, TableSink):
-            self._write_tables(df, sink, driver_sink, batch_id, query_id, reads)
+            self._write_tables(df, sink, driver_sink, batch_id, query_id, reads, empty)
+            return
+        if empty and reads is None:  # no job to run
+            with self.lock:
+                self.progress.setdefault(sink.name, SinkProgress()).batches += 1
             return
         plan = DeliveryPlan(
             sink=sink.name,
@@ -288,14 +296,14 @@ class Pipeline:
 
     def _write_tables(
         self, df: Any, sink: SinkConfig, table_sink: TableSink, batch_id: int, query_id: str,
-        reads: Any,
+        reads: Any, empty: bool = False,
     ) -> None:  # fmt: skip
         """A lake sink: each table's changes of the batch in one commit (spark/tables.py)."""
         t0 = time.monotonic()
         out = write_or_pause(
             lambda: write_tables(
                 df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads,
-                self.source.publication_name,
+                self.source.publication_name, empty,
             ),
             sink.name, self.parking, lambda: self._hold(batch_id),
         )  # fmt: skip

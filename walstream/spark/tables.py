@@ -81,11 +81,13 @@ def on_source(dsn: str, fn: Callable[[Any], T]) -> T:
 def write_tables(
     df: Any, sink: SinkConfig, table_sink: TableSink, query_id: str, batch_id: int,
     skip_before: int | None = None, reads: Any = None, publication: str | None = None,
+    empty: bool = False,
 ) -> TablesWritten:  # fmt: skip
     """Write the batch's changes (and backfill rows placed in it) to one lake sink.
 
     When the sink can take one table only (of `publication`), its rows are typed in one
     job; otherwise a first job finds the tables the batch has, then one job each.
+    `empty`: the batch is known to hold no changes (only backfill rows, if any): no job.
     """
     import pyarrow as pa
 
@@ -106,19 +108,24 @@ def write_tables(
     out = TablesWritten()
     t0 = time.monotonic()
     dsn = dest.source_dsn.get_secret_value()
+    placed_tables = [] if typed_reads is None else list(
+        dict.fromkeys((c.schema, c.table) for c in typed_reads.chunks)
+    )  # fmt: skip
+    # no stream rows: only the typed backfill rows' tables, and no Spark job
+    no_rows = empty and (reads is None or typed_reads is not None)
     candidates = (
         on_source(dsn, lambda c: [t for t in publication_tables(c, publication)
                                   if sink.wants_table(*t)])
-        if publication is not None
+        if publication is not None and not no_rows
         else []
     )  # fmt: skip
-    several = len(candidates) != 1
-    if several:
+    several = len(candidates) != 1 and not no_rows
+    if no_rows:
+        tables = placed_tables
+    elif several:
         rows = rows.persist()
         tables = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
-        if typed_reads is not None:
-            tables += [t for t in dict.fromkeys((c.schema, c.table) for c in typed_reads.chunks)
-                       if t not in tables]  # fmt: skip
+        tables += [t for t in placed_tables if t not in tables]
     else:
         tables = candidates
     shapes = on_source(dsn, lambda c: [
@@ -131,9 +138,14 @@ def write_tables(
     try:
         for shape in shapes:
             t1 = time.monotonic()
-            arrow = typed_rows(rows, shape, before=dest.mode == "changelog").toArrow()
+            arrow = (
+                None if no_rows
+                else typed_rows(rows, shape, before=dest.mode == "changelog").toArrow()
+            )  # fmt: skip
+            if arrow is not None and arrow.num_rows == 0:
+                arrow = None
             placed = None if typed_reads is None else place(typed_reads, shape, skip_before)
-            if placed is not None and arrow.num_rows == 0 and placed.whole:
+            if placed is not None and arrow is None and placed.whole:
                 # only backfill rows, none dropped: the staged files may do as they are
                 files = FilesBatch(sink.name, query_id, batch_id, shape, placed.files())
                 adopted = table_sink.adopt_files(files)
@@ -148,9 +160,9 @@ def write_tables(
                     )  # fmt: skip
                     continue
             reads_part = None if placed is None else placed.rows()
-            if arrow.num_rows == 0 and reads_part is None:
+            if arrow is None and reads_part is None:
                 continue
-            typed = to_batch(arrow, shape) if arrow.num_rows else None
+            typed = None if arrow is None else to_batch(arrow, shape)
             if reads_part is not None:  # backfill rows, at their high watermarks' places
                 typed = reads_part if typed is None else pa.concat_tables(
                     [typed, reads_part.cast(typed.schema)]
