@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.backlog import GROUPS, jvm_live_heap_mb, rss_by_group
 from bench.results import figure
 from bench.stream import TABLE
-from walstream.backfill.coordinator import request
+from walstream.backfill.requests import request
 from walstream.backfill.store import DONE, BackfillStore
 from walstream.config import parse_config
 from walstream.postgres.embedded import EmbeddedPostgres

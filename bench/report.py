@@ -37,7 +37,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("backfill", ["--rows", "2000000"]),
     ("events", ["--requests", "2000", "--threads", "8"]),
     ("shards", ["--changes", "500000"]),
-    ("lake", ["--rows", "1000000", "--changes", "500000", "--latency-seconds", "30",
+    ("lake", ["--rows", "5000000", "--changes", "500000", "--latency-seconds", "30",
               "--files-minutes", "3"]),
 ]  # fmt: skip
 #: Arguments that are sizes (scaled by --scale).

@@ -25,8 +25,9 @@ from tests.integration.test_crash import slot_inactive
 from tests.integration.test_decoder_types import CASES, USER_TYPES
 from tests.integration.test_run_crash import Run
 from tests.sinks.test_postgres import table_text
-from walstream.backfill.coordinator import Coordinator, request
+from walstream.backfill.coordinator import Coordinator
 from walstream.backfill.read import ChunkResult, read_chunk, watermark
+from walstream.backfill.requests import request
 from walstream.backfill.store import DONE, BackfillStore
 from walstream.change import read_idempotency_key
 from walstream.cli import backfill as commands

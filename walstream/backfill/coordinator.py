@@ -1,22 +1,24 @@
 """The driver thread of `walstream run` that carries backfills out: plan chunks, read them.
 
 It takes backfills of this config's sinks from the state database (`pending` ones
-are checked and started: table, key, predicate, estimate), plans key-range chunks
-a few at a time (`chunks.next_boundary`), and reads up to `parallelism` chunks at
-once as the tasks of one Spark job (`read.read_chunk`: watermarks, COPY, staged
-Parquet; for a lake sink `arrow_read.read_typed_chunk`: binary COPY into typed Arrow). The pipeline places each chunk where the stream reaches its high
-watermark (`merge`). The chunk size moves toward `target_seconds` per chunk.
+are checked and started: table, key, predicate, estimate; see `requests.py`), plans
+key-range chunks a few at a time (`chunks.next_boundary`), and reads up to
+`parallelism` chunks at once as the tasks of one Spark job (`read.read_chunk`:
+watermarks, COPY, staged Parquet; for a lake sink `arrow_read.read_typed_chunk`:
+binary COPY into typed Arrow), planning the next chunks while they are read. One task
+slot is left to the stream. The pipeline places each chunk where the stream reaches its
+high watermark (`merge`). The chunk size moves toward `target_seconds` per chunk.
 
 After a crash, chunks that were being read are read again under a new attempt
-number; whichever attempt's high watermark the stream reaches first is emitted.
-"""
+number; whichever attempt's high watermark the stream reaches first is emitted."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -24,165 +26,26 @@ import psycopg
 from walstream.backfill.arrow_read import select_list
 from walstream.backfill.merge import Staging
 from walstream.backfill.read import ChunkResult, ChunkTask
+from walstream.backfill.requests import Prepared, check_sink, prepare_table
 from walstream.backfill.store import PENDING, RUNNING, Backfill, BackfillStore
-from walstream.backfill.typed import lake_shape, read_task, reads_typed
+from walstream.backfill.typed import lake_shape, read_task
 from walstream.config import Plan, SinkConfig, SourceConfig
-from walstream.errors import ConfigError, Kind, WalstreamError, error_summary
+from walstream.errors import Kind, WalstreamError, error_summary
 from walstream.periodic import Periodic
-from walstream.postgres.catalog import load_metadata
 from walstream.postgres.chunks import (
     KeyRange,
-    Table,
-    check_where,
     chunk_query,
-    describe,
     estimate_rows,
     next_boundary,
 )
-from walstream.postgres.predicate import Predicate, parse
+from walstream.postgres.predicate import parse
 from walstream.postgres.replication import connect
-from walstream.postgres.table_shape import TableShape
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_SIZE = 20_000
-DEFAULT_TARGET_SECONDS = 2.0
 MIN_CHUNK, MAX_CHUNK = 500, 200_000
-#: Typed chunks (lake sinks) are read as Arrow at most of a million rows a second: bigger.
-DEFAULT_TYPED_CHUNK_SIZE, MAX_TYPED_CHUNK = 250_000, 1_000_000
+MAX_TYPED_CHUNK = 1_000_000  # typed chunks (lake sinks) are read at most of 1M rows/s
 MAX_FAILURES = 5
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What reading a backfill's chunks needs, worked out once on the driver."""
-
-    table: Table  # columns: those the publication sends
-    where: Predicate | None  # the operator's predicate and the publication's row filter
-    type_oids: tuple[int, ...]
-    key_idx: tuple[int, ...]
-    types: tuple[Any, ...]
-    #: A lake sink's backfill: the lake columns its rows are read in (as Arrow).
-    shape: TableShape | None = None
-
-
-def published_tables(conn: Any, publication: str) -> list[tuple[str, str]]:
-    rows = conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
-        (publication,),
-    ).fetchall()
-    return [(r[0], r[1]) for r in rows]
-
-
-def prepare_table(
-    conn: Any, publication: str, schema: str, table: str, where: Predicate | None
-) -> Prepared:
-    """The table's key, the columns pgoutput sends for it (no generated or dropped columns;
-    the publication's column list) and their types, and the full predicate."""
-    t = describe(conn, schema, table)
-    check_where(conn, t, where)
-    cols = conn.execute(
-        "SELECT attname, atttypid::int8 FROM pg_attribute "
-        "WHERE attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) "
-        "AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
-        (schema, table),
-    ).fetchall()
-    predicate = where
-    if conn.info.server_version >= 150000:
-        row = conn.execute(
-            "SELECT attnames, rowfilter FROM pg_publication_tables "
-            "WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-            (publication, schema, table),
-        ).fetchone()
-        if row is not None:
-            if row[0] is not None:
-                listed = set(row[0])
-                cols = [c for c in cols if c[0] in listed]
-            if row[1]:
-                rowfilter = Predicate.trusted(row[1])
-                predicate = where.also(rowfilter) if where else rowfilter
-    names = [c[0] for c in cols]
-    missing = [k for k in t.pk if k not in names]
-    if missing:
-        raise ConfigError(
-            f"the publication {publication} does not send key column(s) {', '.join(missing)} "
-            f"of {schema}.{table}",
-            "add them to the publication's column list",
-        )
-    oids = tuple(int(c[1]) for c in cols)
-    meta = load_metadata(conn)
-    types = tuple(meta.types.catalog.values())
-    return Prepared(
-        replace(t, columns=names), predicate, oids,
-        tuple(names.index(k) for k in t.pk), types,
-    )  # fmt: skip
-
-
-def check_sink(sink: SinkConfig, schema: str, table: str) -> None:
-    if "read" not in sink.actions:
-        raise ConfigError(
-            f"sink {sink.name} does not take action 'read', so it would drop every backfilled row",
-            f"add read to sinks[{sink.name}].actions",
-        )
-    if not sink.wants_table(schema, table):
-        raise ConfigError(
-            f"sink {sink.name} does not select {schema}.{table} (tables: {', '.join(sink.tables)})",
-            "backfill one of its tables, or add the table to the sink's tables",
-        )
-
-
-def request(
-    config: Plan,
-    store: BackfillStore,
-    sink_name: str,
-    tables: Sequence[str] = (),
-    where: str | None = None,
-    chunk_size: int | None = None,
-    target_seconds: float | None = None,
-) -> list[Backfill]:
-    """Create backfills of a sink's tables (all it selects when none are named), checked
-    against the database: the rows arrive once `walstream run` takes them."""
-    sink = config.sink(sink_name)
-    source = config.source(sink.source)
-    dsn = source.dsn.get_secret_value()
-    predicate = parse(where) if where else None
-    created = []
-    with connect(dsn, autocommit=True) as conn:
-        published = published_tables(conn, source.publication_name)
-        if tables:
-            wanted = []
-            for name in tables:
-                schema, _, table = name.rpartition(".")
-                wanted.append((schema or "public", table))
-        else:
-            wanted = [(s, t) for s, t in published if sink.wants_table(s, t)]
-            if not wanted:
-                raise ConfigError(
-                    f"sink {sink.name} selects no table of publication {source.publication_name}",
-                    "name the tables with --table, or check the sink's tables and the source",
-                )
-        plans = []
-        for schema, table in wanted:
-            check_sink(sink, schema, table)
-            prepared = prepare_table(conn, source.publication_name, schema, table, predicate)
-            if published and (schema, table) not in published:
-                raise ConfigError(
-                    f"{schema}.{table} is not in publication {source.publication_name}, so its "
-                    "changes would not follow the backfilled rows",
-                    f"add it to the source's tables (or ALTER PUBLICATION "
-                    f"{source.publication_name} ADD TABLE {schema}.{table})",
-                )
-            plans.append((schema, table, estimate_rows(conn, prepared.table, prepared.where)))
-    for schema, table, estimate in plans:
-        id_ = store.create(
-            sink.name, source.name, schema, table, predicate.sql if predicate else None,
-            chunk_size or (DEFAULT_TYPED_CHUNK_SIZE if reads_typed(sink) else DEFAULT_CHUNK_SIZE),
-            DEFAULT_TARGET_SECONDS if target_seconds is None else target_seconds, estimate,
-        )  # fmt: skip
-        found = store.get(id_)
-        assert found is not None
-        created.append(found)
-    return created
 
 
 class Coordinator:
@@ -262,7 +125,16 @@ class Coordinator:
                 tasks += self._next_tasks(b, self.parallelism - len(tasks))
         if not tasks:
             return False
-        self._read(tasks)
+        # While the chunks are read, the next ones are planned (an index scan of a chunk's
+        # keys each), so the next read starts as soon as this one ends.
+        reading = threading.Thread(target=self._read, args=(tasks,), name="walstream-backfill-read")
+        reading.start()
+        try:
+            for b in self._mine():
+                if b.status == RUNNING:
+                    self._plan(b, self.parallelism)
+        finally:
+            reading.join()
         return True
 
     def _begin(self, b: Backfill) -> None:
@@ -299,9 +171,9 @@ class Coordinator:
             self._prepared[b.id] = found
         return found
 
-    def _next_tasks(self, b: Backfill, k: int) -> list[ChunkTask]:
-        source = self.sources[b.source]
-        dsn = source.dsn.get_secret_value()
+    def _plan(self, b: Backfill, k: int) -> list[int]:
+        """Up to `k` chunks of `b` planned and not read yet (planning more as needed)."""
+        dsn = self.sources[b.source].dsn.get_secret_value()
         prepared = self._prepare(b)
         planned = [c.n for c in self.store.chunks(b.id, "planned")][:k]
         if len(planned) < k and not b.planned_all:
@@ -319,6 +191,13 @@ class Coordinator:
                         if upto is None:
                             break
                         after, n = upto, n + 1
+        return planned
+
+    def _next_tasks(self, b: Backfill, k: int) -> list[ChunkTask]:
+        source = self.sources[b.source]
+        dsn = source.dsn.get_secret_value()
+        prepared = self._prepare(b)
+        planned = self._plan(b, k)
         if not planned:
             return []
         attempts = self.store.reading(b.id, planned)

@@ -216,7 +216,7 @@ def start(
     the stream's newer version, never as a stale read. A stop or crash resumes from
     the chunks not yet delivered. Ctrl-C here only stops watching.
     """
-    from walstream.backfill.coordinator import request
+    from walstream.backfill.requests import request
 
     cfg, store = _store(config)
     created = request(cfg, store, sink, table or [], where, chunk_size, target_seconds)

@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from walstream.backfill.coordinator import Coordinator
-from walstream.backfill.coordinator import request as request_backfill
 from walstream.backfill.merge import BackfillMerge, Staging
+from walstream.backfill.requests import request as request_backfill
 from walstream.backfill.store import BackfillStore
 from walstream.backfill.typed import reads_typed
 from walstream.backoff import QUERY_RESTART

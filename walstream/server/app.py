@@ -280,7 +280,7 @@ def create_app(control: Control, monitor: Monitor, metrics: Metrics) -> FastAPI:
     @app.post("/api/backfills", tags=["backfills"], dependencies=[Write], status_code=201,
               summary="Start backfills of a sink's tables")  # fmt: skip
     def start_backfill(body: BackfillRequest) -> list[dict[str, Any]]:
-        from walstream.backfill.coordinator import request
+        from walstream.backfill.requests import request
         from walstream.postgres.predicate import BadPredicate
 
         known_sink(body.sink)
