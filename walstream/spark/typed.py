@@ -141,7 +141,7 @@ class Placed:
         for c in self.chunks:
             if (c.backfill, c.chunk) in self.truncated:
                 continue
-            data = _conform(_read_staged(c.path), schema)
+            data = _conform(_read_staged(c.path), schema, c)
             n = data.num_rows
             data = data.append_column("_ord", pa.array(range(n), pa.int32()))
             gone = self.changed.get((c.backfill, c.chunk))
@@ -236,13 +236,25 @@ def _read_staged(path: str) -> Any:
     return pq.read_table(where, filesystem=filesystem)
 
 
-def _conform(data: Any, schema: Any) -> Any:
+def _conform(data: Any, schema: Any, chunk: TypedChunk) -> Any:
     """Staged rows in the table's columns now: a column added since read is NULL (the
-    row was read before it existed), one dropped since is left out, types cast."""
+    row was read before it existed), one dropped since is left out, types cast (a type
+    that changed since into one the values do not fit fails the batch, saying so)."""
     import pyarrow as pa
 
-    return pa.table({
-        f.name: data[f.name].cast(f.type) if f.name in data.column_names
-        else pa.nulls(data.num_rows, f.type)
-        for f in schema
-    })  # fmt: skip
+    out = {}
+    for f in schema:
+        if f.name not in data.column_names:
+            out[f.name] = pa.nulls(data.num_rows, f.type)
+            continue
+        try:
+            out[f.name] = data[f.name].cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SinkError(
+                f"lake: backfill {chunk.backfill} of {chunk.schema}.{chunk.table} read column "
+                f"{f.name} as {data.schema.field(f.name).type}, and it is {f.type} now: {exc}",
+                f"cancel the backfill (`walstream backfill cancel {chunk.backfill}`): the batch "
+                "is then replayed without its rows; request the backfill again afterwards",
+                retryable=True,  # the query restarts, replaying the batch until then
+            ) from exc
+    return pa.table(out)
