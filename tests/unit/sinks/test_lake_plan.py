@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from walstream.errors import SinkError
@@ -141,3 +142,28 @@ def test_a_complete_batch_of_new_keys_is_an_append():
         rows(("insert", 1, 1, "a", "x"), ("update", 2, 9, "z", "x")), ["id"], ["id", "v", "w"],
         complete=True,
     ).appends_only  # fmt: skip
+
+
+def test_read_keys_the_table_lacks_make_an_append_and_those_it_has_a_merge():
+    asked: list[list[int]] = []
+
+    def has(*present: int) -> Any:
+        def lookup(keys: pa.Table) -> pa.Table:
+            asked.append(keys.column("id").to_pylist())
+            return keys.filter(pc.is_in(keys["id"], pa.array(present, pa.int64())))
+
+        return lookup
+
+    batch = rows(("insert", 1, 1, "a", "x"), ("read", 2, 5, "r", "y"), ("read", 2, 6, "s", "y"),
+                 ("update", 3, 6, "s2", "y"))  # fmt: skip
+    plan = mirror_plan(batch, ["id"], ["id", "v", "w"], complete=True, present=has())
+    assert asked == [[5, 6]]  # only the keys first read here are looked up
+    assert plan.appends_only and plan.deletes.num_rows == 0
+    assert [r["id"] for r in plan.upserts.to_pylist()] == [1, 5, 6]
+    plan = mirror_plan(batch, ["id"], ["id", "v", "w"], complete=True, present=has(6))
+    assert not plan.appends_only and plan.present.to_pylist() == [{"id": 6}]
+    # a key first updated here is in the table: merge, and nothing is looked up
+    asked.clear()
+    updated = rows(("read", 2, 5, "r", "y"), ("update", 3, 7, "u", "y"))
+    plan = mirror_plan(updated, ["id"], ["id", "v", "w"], complete=True, present=has())
+    assert asked == [] and not plan.appends_only and plan.present is None
