@@ -13,7 +13,7 @@ from tests.integration.test_lake import TYPES, insert
 from tests.integration.test_run import oracle
 from walstream.backfill.arrow_read import _uri, connect, read_batches, select
 from walstream.change import spark_schema
-from walstream.errors import SinkError
+from walstream.errors import ConnectionFailed, SinkError
 from walstream.postgres.table_shape import load_shape
 from walstream.spark.typed import to_batch, typed_rows
 
@@ -72,3 +72,12 @@ def test_any_dsn_form_becomes_a_uri():
                 "sslmode=require") == (
         "postgresql://app:p%40ss%3Aw%2Frd@db.internal:5433/orders?sslmode=require"
     )  # fmt: skip
+
+
+def test_an_unreachable_server_is_named_without_its_password():
+    with pytest.raises(ConnectionFailed) as err:
+        connect("host=127.0.0.1 port=1 user=app password=s3cret-pw dbname=orders")
+    assert "cannot connect to PostgreSQL at user=app dbname=orders host=127.0.0.1 port=1" in str(
+        err.value
+    )
+    assert "s3cret-pw" not in str(err.value) and "s3cret-pw" not in str(err.value.fix)

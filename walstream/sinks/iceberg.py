@@ -148,8 +148,8 @@ class IcebergSink(TableSink):
             return Written(lake.path_for_messages(), 0, replayed=True)
         staged = [path for path, _ in batch.files]
         existing = None if table is None else table.schema().as_arrow()
-        schemas = [pq.read_schema(_where(p, table, name)) for p, name in batch.files]
-        if not adoptable(schemas, wanted, existing):
+        metas = [pq.read_metadata(_where(p, table, name)) for p, name in batch.files]
+        if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
             return None
         key = list(batch.shape.key)
         if table is not None:
@@ -163,7 +163,7 @@ class IcebergSink(TableSink):
         targets = [_data_file(table, name) for _, name in batch.files]
         for path, target in zip(staged, targets, strict=True):
             move_staged(path, target)
-        rows = sum(pq.read_metadata(_local(t)).num_rows for t in targets)
+        rows = sum(m.num_rows for m in metas)
         props = {"walstream.sink": batch.sink, "walstream.batch": batch.marker}
         with table.transaction() as tx:
             tx.add_files(targets, snapshot_properties=props, check_duplicate_files=False)
