@@ -10,7 +10,8 @@ slot is left to the stream. The pipeline places each chunk where the stream reac
 high watermark (`merge`). The chunk size moves toward `target_seconds` per chunk.
 
 After a crash, chunks that were being read are read again under a new attempt
-number; whichever attempt's high watermark the stream reaches first is emitted."""
+number; whichever attempt's high watermark the stream reaches first is emitted.
+"""
 
 from __future__ import annotations
 

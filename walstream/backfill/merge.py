@@ -17,8 +17,9 @@ Per micro-batch of a source with running backfills (driver side, in foreachBatch
 
 All of it is Spark work over files and the batch: the driver holds watermarks,
 never rows. A lake sink's chunks are staged typed and placed by its writer instead
-(`typed.py`): it gets the chunk files and the window's changes (`TypedReads`). Chunk files are removed once the batch that emitted them is
-committed, window files once no open window needs them.
+(`typed.py`): it gets the chunk files and the window's changes (`TypedReads`).
+Chunk files are removed once the batch that emitted them is committed, window files
+once no open window needs them.
 """
 
 from __future__ import annotations
