@@ -11,9 +11,10 @@ from psycopg import sql
 
 from tests.integration.test_lake import TYPES, insert
 from tests.integration.test_run import oracle
-from walstream.backfill.arrow_read import _uri, connect, read_batches, select
+from walstream.backfill.arrow_read import read_batches, select
 from walstream.change import spark_schema
 from walstream.errors import ConnectionFailed, SinkError
+from walstream.postgres.adbc import _uri, connect
 from walstream.postgres.table_shape import load_shape
 from walstream.spark.typed import to_batch, typed_rows
 

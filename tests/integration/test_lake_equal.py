@@ -26,7 +26,7 @@ from walstream.testing import wait_until
 
 pytestmark = pytest.mark.spark
 
-ROWS = 60_000
+ROWS = 30_000
 
 
 def write_extra(dsn: str, stop: threading.Event, seed: int) -> None:
@@ -60,8 +60,9 @@ def test_lake_mirrors_equal_the_source_after_backfill_writes_kills_and_a_new_col
     }))  # fmt: skip
     plan = load_config(config)
     store = BackfillStore(plan.state_dsn)
+    store.ensure()  # requested before the first run creates the state tables
     ids = [b.id for s in ("delta", "iceberg")
-           for b in request(plan, store, s, chunk_size=3000, target_seconds=0)]  # fmt: skip
+           for b in request(plan, store, s, chunk_size=2000, target_seconds=0)]  # fmt: skip
     stop = threading.Event()
     counts: list[int] = []
     writer = threading.Thread(target=lambda: counts.append(churn(db.dsn, "acct", ROWS, stop, 5)))

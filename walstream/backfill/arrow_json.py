@@ -3,7 +3,8 @@
 The read path of a message sink's backfill (`read.py`) turns each row's Postgres
 text into the canonical `record` with the decoder's codecs, so a read row is byte for
 byte what the stream sends for the same values. Done per row in Python, that costs
-≈ 27 µs a row. Here the same text (each column read as `::text`; bytea as base64)
+≈ 27 µs a row. Here the same text (each column read as its output text; bytea as
+base64)
 comes as Arrow strings, and each codec's JSON is built with Arrow kernels over the
 whole column:
 
@@ -38,16 +39,23 @@ _PLAIN_DATE = r"^\d{4}-\d\d-\d\d$"
 _PLAIN_TIMESTAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?$"
 
 
+def output_text(col: sql.Composable) -> sql.Composed:
+    """A column as its type's output text, what COPY and pgoutput send (`::text` is not:
+    it gives `true` for `t`, trims `char(n)`, adds `/128` to an inet), NULL kept."""
+    # concat, not format('%s', ...): a `%` would be a placeholder where params are bound
+    return sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE concat({0}) END").format(col)
+
+
 def select_texts(names: Sequence[str], codecs: Sequence[t.Codec]) -> list[sql.Composable]:
-    """The SELECT list that reads each column as the text its kernel takes: `::text`
-    (Postgres' own output, as COPY gives it), bytea as one-line base64."""
+    """The SELECT list that reads each column as the text its kernel takes: the type's
+    output text (as COPY gives it), bytea as one-line base64."""
     out: list[sql.Composable] = []
     for name, codec in zip(names, codecs, strict=True):
         col = sql.Identifier(name)
         if codec is t.BYTEA:
             expr = sql.SQL("translate(encode({}, 'base64'), E'\\n', '')").format(col)
         else:
-            expr = sql.SQL("{}::text").format(col)
+            expr = output_text(col)
         out.append(sql.SQL("{} AS {}").format(expr, col))
     return out
 

@@ -6,9 +6,10 @@ Python step per row and no JSON. `adbc-driver-postgresql` runs the query as
 `COPY (...) TO STDOUT (FORMAT binary)` and decodes it in C.
 
 Columns the lake keeps as text (uuid, enums, json, time, interval, numeric without
-precision, ...) are selected as `::text`, so their text is Postgres' own — the text
-the stream's decoder reads from pgoutput, with the same session settings
-(`SESSION_SETTINGS`). Other columns are read in their binary form and cast to the lake
+precision, char(n), inet, ...) are selected as their type's output text
+(`arrow_json.output_text`; `::text` differs for char(n) and inet), so their text is
+Postgres' own — the text the stream's decoder reads from pgoutput, with the same
+session settings (`SESSION_SETTINGS`). Other columns are read in their binary form and cast to the lake
 type; a value that does not fit (numeric NaN into a decimal) fails the read, as it
 pauses a streaming batch.
 """
@@ -22,24 +23,26 @@ from typing import Any
 
 from psycopg import sql
 
+from walstream.backfill.arrow_json import output_text
 from walstream.backfill.read import ChunkResult, ChunkTask, watermark
-from walstream.errors import ConnectionFailed, SinkError, optional_import
-from walstream.postgres.replication import safe_dsn
+from walstream.errors import SinkError
+from walstream.postgres.adbc import connect, fetch_batches
 from walstream.postgres.table_shape import TableShape
-from walstream.postgres.types import SESSION_SETTINGS
 
 
 def select_list(shape: TableShape) -> list[sql.Composable]:
-    """The shape's columns as a SELECT list: text ones as `::text`, named as the column."""
-    casts = {"STRING": "text", "ARRAY<STRING>": "text[]"}  # Postgres' own text
-    return [
-        sql.SQL("{}::{} AS {}").format(
-            sql.Identifier(c.name), sql.SQL(casts[c.type]), sql.Identifier(c.name)
-        )
-        if c.type in casts
-        else sql.Identifier(c.name)
-        for c in shape.columns
-    ]
+    """The shape's columns as a SELECT list, named as the columns: text ones as their
+    type's output text, arrays of text as `::text[]`, the others as they are."""
+    out: list[sql.Composable] = []
+    for c in shape.columns:
+        col = sql.Identifier(c.name)
+        if c.type == "STRING":  # the type's output text, as the stream has it
+            out.append(sql.SQL("{} AS {}").format(output_text(col), col))
+        elif c.type == "ARRAY<STRING>":
+            out.append(sql.SQL("{}::text[] AS {}").format(col, col))
+        else:
+            out.append(col)
+    return out
 
 
 def select(shape: TableShape, where: sql.Composable | None = None) -> sql.Composed:
@@ -50,65 +53,14 @@ def select(shape: TableShape, where: sql.Composable | None = None) -> sql.Compos
     return query if where is None else sql.SQL("{} WHERE {}").format(query, where)
 
 
-def _adbc() -> Any:
-    module = optional_import("adbc_driver_postgresql", "lake", "reading backfills as Arrow")
-    import adbc_driver_postgresql.dbapi  # noqa: F401
-
-    return module
-
-
-def connect(dsn: str) -> Any:
-    """An ADBC connection with the decoder's session settings (TimeZone UTC, ISO styles)."""
-    try:
-        conn = _adbc().dbapi.connect(_uri(dsn))
-    except Exception as exc:  # the driver's own error type; its text names no password
-        raise ConnectionFailed(
-            f"cannot connect to PostgreSQL at {safe_dsn(dsn)} to read rows as Arrow: "
-            f"{str(exc).strip().splitlines()[0]}",
-            "check that the server runs and that host, port, user, password and database in "
-            "the DSN are right",
-        ) from None
-    with conn.cursor() as cur:
-        for name, value in SESSION_SETTINGS.items():
-            cur.execute(f"SET {name} = '{value}'")  # constants of walstream, not input
-    conn.commit()  # the settings outlive the transaction they were made in
-    return conn
-
-
-def _uri(dsn: str) -> str:
-    """A libpq URI for any DSN form (ADBC takes URIs only)."""
-    from urllib.parse import quote, urlencode
-
-    from psycopg.conninfo import conninfo_to_dict
-
-    if dsn.startswith(("postgresql://", "postgres://")):
-        return dsn
-    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
-    user, password = params.pop("user", ""), params.pop("password", None)
-    auth = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
-    host, port = params.pop("host", "localhost"), params.pop("port", None)
-    where = f"{host}:{port}" if port else host
-    db = quote(params.pop("dbname", ""), safe="")
-    query = f"?{urlencode(params)}" if params else ""
-    return f"postgresql://{auth + '@' if auth else ''}{where}/{db}{query}"
-
-
 def read_batches(
     conn: Any, shape: TableShape, query: sql.Composed | str, params: Sequence[Any] = ()
 ) -> Iterator[Any]:
     """The query's rows as Arrow record batches in the shape's lake types, read in a READ
     ONLY transaction (a backfill's predicate cannot write)."""
     schema = shape.arrow_schema()
-    text = query if isinstance(query, str) else query.as_string(None)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SET TRANSACTION READ ONLY")
-            cur.execute(text, parameters=tuple(params) or None)
-            reader = cur.fetch_record_batch()
-            for batch in reader:
-                yield _cast(batch, schema, shape)
-    finally:
-        conn.rollback()
+    for batch in fetch_batches(conn, query, params):
+        yield _cast(batch, schema, shape)
 
 
 def read_typed_chunk(task: ChunkTask) -> ChunkResult:

@@ -4,8 +4,8 @@ It takes backfills of this config's sinks from the state database (`pending` one
 are checked and started: table, key, predicate, estimate; see `requests.py`), plans
 key-range chunks a few at a time (`chunks.next_boundary`), and reads up to
 `parallelism` chunks at once as the tasks of one Spark job (`read.read_chunk`:
-watermarks, COPY, staged Parquet; for a lake sink `arrow_read.read_typed_chunk`:
-binary COPY into typed Arrow), planning the next chunks while they are read. One task
+watermarks, rows as Arrow, records built in Arrow, staged Parquet; for a lake sink
+`arrow_read.read_typed_chunk`: rows as typed Arrow), planning the next chunks while they are read. One task
 slot is left to the stream. The pipeline places each chunk where the stream reaches its
 high watermark (`merge`). The chunk size moves toward `target_seconds` per chunk.
 
@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 
+from walstream.backfill.arrow_json import select_texts
 from walstream.backfill.arrow_read import select_list
 from walstream.backfill.merge import Staging
 from walstream.backfill.read import ChunkResult, ChunkTask
@@ -41,6 +42,7 @@ from walstream.postgres.chunks import (
 )
 from walstream.postgres.predicate import parse
 from walstream.postgres.replication import connect
+from walstream.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
 
@@ -204,15 +206,20 @@ class Coordinator:
         attempts = self.store.reading(b.id, planned)
         chunks = {c.n: c for c in self.store.chunks(b.id)}
         staging = Staging(self.config.spark.checkpoint_dir, b.source)
+        registry = TypeRegistry(prepared.types)
+        codecs = [registry.codec(o) for o in prepared.type_oids]
         tasks = []
         with connect(dsn, autocommit=True) as conn, psycopg.ClientCursor(conn) as cur:
             for n, attempt in sorted(attempts.items()):
                 c = chunks[n]
                 shape = prepared.shape
-                query, params = chunk_query(
-                    prepared.table, KeyRange(c.after, c.upto), prepared.where,
-                    select_list(shape) if shape is not None else None,
+                columns = (
+                    select_list(shape) if shape is not None
+                    else select_texts(prepared.table.columns, codecs)
                 )  # fmt: skip
+                query, params = chunk_query(
+                    prepared.table, KeyRange(c.after, c.upto), prepared.where, columns
+                )
                 text = cur.mogrify(query, params)
                 tasks.append(ChunkTask(
                     dsn, b.source, b.id, n, attempt, text, tuple(prepared.table.columns),

@@ -4,11 +4,13 @@ For chunk n of backfill b (attempt a):
 
 1. emit the low watermark: a transactional logical message (prefix
    `walstream:backfill`) committed on its own;
-2. `COPY (SELECT ... WHERE pk in range) TO STDOUT` — a snapshot taken after the
-   low watermark committed — and turn each row into the canonical `record` and
-   `pk` with the decoder's own codecs, so a read row is what the stream would
-   send for the same values; the rows go to a Parquet file in the staging
-   directory (written under a temporary name, then renamed);
+2. `SELECT ... WHERE pk in range` — a snapshot taken after the low watermark
+   committed — read as Arrow through ADBC's binary COPY, each column as its Postgres
+   text (`arrow_json.select_texts`), and turned into the canonical `record` and `pk`
+   column by column (`arrow_json.records`: the decoder's codecs as Arrow kernels), so a
+   read row is what the stream would send for the same values; the rows go to a
+   Parquet file in the staging directory (written under a temporary name, then
+   renamed);
 3. emit the high watermark, once the file is complete.
 
 The stream's pipeline sees both watermarks at their place in the WAL. When it
@@ -19,37 +21,15 @@ two are dropped there (DBLog). Memory is one Arrow batch of rows at a time.
 from __future__ import annotations
 
 import json
-import re
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import sql
-
-from walstream.postgres.chunks import read_only
+from walstream.backfill.arrow_json import records
 from walstream.postgres.decoder import WATERMARK_PREFIX
-from walstream.postgres.fastpath import compile_fields_encoder
 from walstream.postgres.table_shape import TableShape
 from walstream.postgres.types import PgType, TypeRegistry
-
-ROWS_PER_BATCH = 8192
-
-_ESCAPES = {b"\\": b"\\", b"n": b"\n", b"r": b"\r", b"t": b"\t", b"b": b"\b", b"f": b"\f",
-            b"v": b"\v"}  # fmt: skip
-_ESCAPE = re.compile(rb"\\(.)", re.S)
-
-
-def _unescape(value: bytes) -> bytes:
-    """COPY text format: `\\n`, `\\t`, `\\\\` ... back to their bytes (COPY TO emits no
-    octal or hex escapes)."""
-    return _ESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(1)), value)
-
-
-def copy_fields(line: bytes) -> list[bytes | None]:
-    """One line of COPY text output as its values (None for NULL)."""
-    if b"\\" not in line:
-        return line.split(b"\t")  # type: ignore[return-value]
-    return [None if f == b"\\N" else (_unescape(f) if b"\\" in f else f) for f in line.split(b"\t")]
 
 
 @dataclass(frozen=True)
@@ -103,61 +83,35 @@ def read_chunk(task: ChunkTask) -> ChunkResult:
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
+    from walstream.postgres.adbc import connect as arrow_connect
+    from walstream.postgres.adbc import fetch_batches
     from walstream.postgres.replication import connect
 
     t0 = time.monotonic()
     registry = TypeRegistry(task.types)
-    encode = compile_fields_encoder(
-        task.columns, [registry.codec(o) for o in task.type_oids], task.key_idx
-    )
+    codecs = [registry.codec(o) for o in task.type_oids]
     schema = staged_schema()
     filesystem, path = pafs.FileSystem.from_uri(task.path)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
     tmp = path + ".tmp"
     rows = 0
-    with connect(task.dsn, autocommit=True) as conn:
-        watermark(conn, task, "low")
+    with connect(task.dsn, autocommit=True) as marks, closing(arrow_connect(task.dsn)) as conn:
+        watermark(marks, task, "low")
         with (
-            read_only(conn),  # the query holds the operator's predicate: it must not write
             filesystem.open_output_stream(tmp) as out,
             pq.ParquetWriter(out, schema) as writer,
-            conn.cursor() as cur,
-            cur.copy(sql.SQL("COPY ({}) TO STDOUT").format(sql.SQL(task.query))) as copy,
         ):
-            keys = len(task.key_idx)
-            pks: list[str | None] = []  # every row's key values, flat: `keys` per row
-            records: list[str] = []
-            rest = b""
-
-            def flush() -> None:
-                nonlocal pks, records
-                if records:
-                    n = len(records)
-                    ords = pa.array(range(rows - n, rows), pa.int32())
-                    offsets = pa.array(range(0, n * keys + 1, keys), pa.int32())
-                    pk = pa.ListArray.from_arrays(offsets, pa.array(pks, pa.string()))
-                    ids = [pa.repeat(pa.scalar(task.backfill, pa.int64()), n),
-                           pa.repeat(pa.scalar(task.n, pa.int32()), n)]  # fmt: skip
-                    writer.write_batch(
-                        pa.RecordBatch.from_arrays(
-                            [pk, pa.array(records), ords, *ids], schema=schema
-                        )
-                    )
-                    pks, records = [], []
-
-            for block in copy:
-                lines = (rest + bytes(block)).split(b"\n")
-                rest = lines.pop()
-                for line in lines:
-                    record, pk = encode(copy_fields(line))
-                    records.append(record)
-                    pks.extend(pk)
-                rows += len(lines)
-                if len(records) >= ROWS_PER_BATCH:
-                    flush()
-            if rest:
-                raise ValueError(f"COPY output ended inside a row: {rest[:80]!r}")
-            flush()
+            # the query selects each column as the text its kernel takes (`select_texts`)
+            for batch in fetch_batches(conn, task.query):
+                n = batch.num_rows
+                record, pk = records(batch.columns, task.columns, codecs, task.key_idx)
+                ids = [pa.repeat(pa.scalar(task.backfill, pa.int64()), n),
+                       pa.repeat(pa.scalar(task.n, pa.int32()), n)]  # fmt: skip
+                ords = pa.array(range(rows, rows + n), pa.int32())
+                writer.write_batch(
+                    pa.RecordBatch.from_arrays([pk, record, ords, *ids], schema=schema)
+                )
+                rows += n
         filesystem.move(tmp, path)
-        watermark(conn, task, "high", rows=rows)
+        watermark(marks, task, "high", rows=rows)
     return ChunkResult(task.backfill, task.n, task.attempt, rows, time.monotonic() - t0)

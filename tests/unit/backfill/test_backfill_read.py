@@ -5,18 +5,9 @@ from __future__ import annotations
 
 import struct
 
-from walstream.backfill.read import copy_fields
 from walstream.postgres import codecs as c
 from walstream.postgres.fastpath import compile_fields_encoder, compile_tuple_encoder
 from walstream.postgres.types import array_codec
-
-
-def test_copy_text_lines_become_their_values():
-    assert copy_fields(b"1\tplain\t") == [b"1", b"plain", b""]
-    assert copy_fields(b"2\t\\N\ta\\tb\\nc\\\\d\\re") == [b"2", None, b"a\tb\nc\\d\re"]
-    assert copy_fields(b"\\N") == [None]
-    assert copy_fields(b"x\\\\N") == [b"x\\N"]  # an escaped backslash before N is text
-    assert copy_fields("é\\b\\f\\v".encode()) == ["é\b\f\v".encode()]
 
 
 def tuple_bytes(values: list[bytes | None]) -> bytes:
