@@ -7,7 +7,8 @@ watermark, the pipeline hands the sink a `TypedReads`: the chunk files and the s
 changes inside each chunk's window. The sink's writer (`spark/tables.py`) drops the
 rows whose key changed there (DBLog: the stream's newer version wins) with an Arrow
 anti-join on the typed key, and writes the rest in the batch's one commit per table.
-No step per row runs in Python, and no row goes through JSON or Spark.
+A row goes through neither JSON nor Spark; only history mode's plan steps through
+rows in Python.
 """
 
 from __future__ import annotations
