@@ -16,17 +16,15 @@ pauses a streaming batch.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import closing
 from typing import Any
 
 from psycopg import sql
 
 from walstream.backfill.arrow_json import output_text
-from walstream.backfill.read import ChunkResult, ChunkTask, watermark
+from walstream.backfill.read import ChunkResult, ChunkTask, stage_chunk
 from walstream.errors import SinkError
-from walstream.postgres.adbc import connect, fetch_batches
+from walstream.postgres.adbc import fetch_batches
 from walstream.postgres.table_shape import TableShape
 
 
@@ -66,30 +64,11 @@ def read_batches(
 def read_typed_chunk(task: ChunkTask) -> ChunkResult:
     """`read.read_chunk` for a lake sink: the chunk's rows between the two watermarks,
     staged as Parquet in the lake types of `task.shape` (row order: the key's)."""
-    import pyarrow.parquet as pq
-    from pyarrow import fs as pafs
-
-    from walstream.postgres.replication import connect as pg_connect
-
-    assert task.shape is not None, "a typed chunk task names its shape"
-    t0 = time.monotonic()
-    schema = task.shape.arrow_schema()
-    filesystem, path = pafs.FileSystem.from_uri(task.path)
-    filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    tmp = path + ".tmp"
-    rows = 0
-    with pg_connect(task.dsn, autocommit=True) as marks, closing(connect(task.dsn)) as conn:
-        watermark(marks, task, "low")
-        with (
-            filesystem.open_output_stream(tmp) as out,
-            pq.ParquetWriter(out, schema, compression="snappy") as writer,
-        ):
-            for batch in read_batches(conn, task.shape, task.query):
-                writer.write_batch(batch)
-                rows += batch.num_rows
-        filesystem.move(tmp, path)
-        watermark(marks, task, "high", rows=rows)
-    return ChunkResult(task.backfill, task.n, task.attempt, rows, time.monotonic() - t0)
+    shape = task.shape
+    assert shape is not None, "a typed chunk task names its shape"
+    return stage_chunk(
+        task, shape.arrow_schema(), lambda conn: read_batches(conn, shape, task.query)
+    )
 
 
 def _cast(batch: Any, schema: Any, shape: TableShape) -> Any:

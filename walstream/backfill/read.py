@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -78,19 +79,19 @@ def watermark(conn: Any, task: ChunkTask, mark: str, **extra: Any) -> None:
     conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, content))
 
 
-def read_chunk(task: ChunkTask) -> ChunkResult:
-    import pyarrow as pa
+def stage_chunk(
+    task: ChunkTask, schema: Any, batches: Callable[[Any], Iterator[Any]]
+) -> ChunkResult:
+    """Between the chunk's two watermarks, the record batches `batches(conn)` reads (`conn`:
+    an ADBC connection) staged as one Parquet file of `schema`: written under a temporary
+    name, then renamed, before the high watermark is emitted."""
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
     from walstream.postgres.adbc import connect as arrow_connect
-    from walstream.postgres.adbc import fetch_batches
     from walstream.postgres.replication import connect
 
     t0 = time.monotonic()
-    registry = TypeRegistry(task.types)
-    codecs = [registry.codec(o) for o in task.type_oids]
-    schema = staged_schema()
     filesystem, path = pafs.FileSystem.from_uri(task.path)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
     tmp = path + ".tmp"
@@ -99,19 +100,36 @@ def read_chunk(task: ChunkTask) -> ChunkResult:
         watermark(marks, task, "low")
         with (
             filesystem.open_output_stream(tmp) as out,
-            pq.ParquetWriter(out, schema) as writer,
+            pq.ParquetWriter(out, schema, compression="snappy") as writer,
         ):
-            # the query selects each column as the text its kernel takes (`select_texts`)
-            for batch in fetch_batches(conn, task.query):
-                n = batch.num_rows
-                record, pk = records(batch.columns, task.columns, codecs, task.key_idx)
-                ids = [pa.repeat(pa.scalar(task.backfill, pa.int64()), n),
-                       pa.repeat(pa.scalar(task.n, pa.int32()), n)]  # fmt: skip
-                ords = pa.array(range(rows, rows + n), pa.int32())
-                writer.write_batch(
-                    pa.RecordBatch.from_arrays([pk, record, ords, *ids], schema=schema)
-                )
-                rows += n
+            for batch in batches(conn):
+                writer.write_batch(batch)
+                rows += batch.num_rows
         filesystem.move(tmp, path)
         watermark(marks, task, "high", rows=rows)
     return ChunkResult(task.backfill, task.n, task.attempt, rows, time.monotonic() - t0)
+
+
+def read_chunk(task: ChunkTask) -> ChunkResult:
+    """The chunk's rows as change rows (`record`, `pk`), staged (`stage_chunk`)."""
+    import pyarrow as pa
+
+    from walstream.postgres.adbc import fetch_batches
+
+    registry = TypeRegistry(task.types)
+    codecs = [registry.codec(o) for o in task.type_oids]
+    schema = staged_schema()
+
+    def staged(conn: Any) -> Iterator[Any]:
+        done = 0
+        # the query selects each column as the text its kernel takes (`select_texts`)
+        for batch in fetch_batches(conn, task.query):
+            n = batch.num_rows
+            record, pk = records(batch.columns, task.columns, codecs, task.key_idx)
+            ids = [pa.repeat(pa.scalar(task.backfill, pa.int64()), n),
+                   pa.repeat(pa.scalar(task.n, pa.int32()), n)]  # fmt: skip
+            ords = pa.array(range(done, done + n), pa.int32())
+            yield pa.RecordBatch.from_arrays([pk, record, ords, *ids], schema=schema)
+            done += n
+
+    return stage_chunk(task, schema, staged)
