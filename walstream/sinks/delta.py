@@ -32,9 +32,11 @@ from walstream.sinks.lake_plan import history_plan, mirror_plan
 from walstream.sinks.lake_tables import (
     LakeTable,
     adoptable,
+    has_any_key,
     key_filter_rows,
     move_staged,
     present_keys,
+    staged_or,
 )
 from walstream.sinks.registry import register
 
@@ -151,18 +153,17 @@ class DeltaSink(TableSink):
         if done is not None and done >= batch.batch_id:
             return Written(lake.path_for_messages(), 0, replayed=True)
         targets = [f"{lake.location.rstrip('/')}/{name}" for _, name in batch.files]
-        metas = [pq.read_metadata(_staged_or(path, target)) for (path, _), target in
-                 zip(batch.files, targets, strict=True)]  # fmt: skip
+        now_at = [staged_or(path, target) for (path, _), target in
+                  zip(batch.files, targets, strict=True)]  # fmt: skip
+        metas = [pq.read_metadata(f) for f in now_at]
         existing = None if table is None else _arrow_schema(table)
         if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
             return None
         key = list(batch.shape.key)
         if table is not None:
-            for (path, _), target in zip(batch.files, targets, strict=True):
-                keys = pq.read_table(_staged_or(path, target), columns=key)
-                ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
-                if present_keys(ranged, keys).num_rows:
-                    return None  # a key the table has: the rows are merged
+            ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
+            if has_any_key(now_at, key, ranged):
+                return None  # a key the table has: the rows are merged
         else:
             table = dl.DeltaTable.create(
                 lake.location, wanted, mode="ignore", storage_options=self.options or None,
@@ -285,14 +286,6 @@ def _arrow_schema(table: Any) -> Any:
     import pyarrow as pa
 
     return pa.schema(table.schema().to_arrow())
-
-
-def _staged_or(staged: str, target: str) -> str:
-    """Where a staged file is now: still staged, or moved by an earlier try."""
-    from pyarrow import fs as pafs
-
-    filesystem, path = pafs.FileSystem.from_uri(staged)
-    return staged if filesystem.get_file_info(path).type == pafs.FileType.File else target
 
 
 def _size(uri: str) -> int:

@@ -31,7 +31,14 @@ from walstream.sinks.lake import (
     Written,
 )
 from walstream.sinks.lake_plan import Key, history_plan, key_of, mirror_plan
-from walstream.sinks.lake_tables import LakeTable, adoptable, move_staged, present_keys
+from walstream.sinks.lake_tables import (
+    LakeTable,
+    adoptable,
+    has_any_key,
+    move_staged,
+    present_keys,
+    staged_or,
+)
 from walstream.sinks.registry import register
 
 #: Snapshots walked back from the current one to find this sink's last batch.
@@ -148,16 +155,18 @@ class IcebergSink(TableSink):
             return Written(lake.path_for_messages(), 0, replayed=True)
         staged = [path for path, _ in batch.files]
         existing = None if table is None else table.schema().as_arrow()
-        metas = [pq.read_metadata(_where(p, table, name)) for p, name in batch.files]
+        # a try that moved them under the table before a crash created the table first
+        now_at = staged if table is None else [
+            staged_or(path, _local(_data_file(table, name))) for path, name in batch.files
+        ]  # fmt: skip
+        metas = [pq.read_metadata(f) for f in now_at]
         if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
             return None
         key = list(batch.shape.key)
         if table is not None:
-            for path, name in batch.files:
-                keys = pq.read_table(_where(path, table, name), columns=key)
-                ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
-                if present_keys(ranged, keys).num_rows:
-                    return None  # a key the table has: the rows are merged
+            ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
+            if has_any_key(now_at, key, ranged):
+                return None  # a key the table has: the rows are merged
         else:
             table = self._create(batch.shape, wanted)
         targets = [_data_file(table, name) for _, name in batch.files]
@@ -309,16 +318,6 @@ def _data_file(table: Any, name: str) -> str:
 def _local(uri: str) -> str:
     """A URI as pyarrow opens it (a plain path for `file://`)."""
     return uri.removeprefix("file://")
-
-
-def _where(staged: str, table: Any | None, name: str) -> str:
-    """Where a staged file is now: still staged, or moved under the table by an earlier try."""
-    from pyarrow import fs as pafs
-
-    filesystem, path = pafs.FileSystem.from_uri(staged)
-    if table is None or filesystem.get_file_info(path).type == pafs.FileType.File:
-        return staged
-    return _local(_data_file(table, name))
 
 
 def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:

@@ -207,6 +207,25 @@ def adoptable(files: Any, wanted: Any, existing: Any | None) -> bool:
     return set(have) == set(names) and all(_same(have[f.name], f.type) for f in wanted)
 
 
+def staged_or(staged: str, moved: str) -> str:
+    """Where a staged file is now: still staged, or at `moved`, where an earlier try of
+    the batch moved it before it could commit."""
+    from pyarrow import fs as pafs
+
+    filesystem, path = pafs.FileSystem.from_uri(staged)
+    return staged if filesystem.get_file_info(path).type == pafs.FileType.File else moved
+
+
+def has_any_key(
+    files: list[str], key: list[str], read_range: Callable[[str, Any, Any], Any]
+) -> bool:
+    """Whether a table (read through `read_range`, see `present_keys`) has any key of these
+    staged files."""
+    import pyarrow.parquet as pq
+
+    return any(present_keys(read_range, pq.read_table(f, columns=key)).num_rows for f in files)
+
+
 def move_staged(staged: str, target: str) -> None:
     """Move a staged file to where a table keeps its data files (any two filesystems). A
     try that moved it before a crash left it there: that is fine; neither is not."""
