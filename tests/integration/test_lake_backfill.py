@@ -6,16 +6,28 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.integration.test_backfill import churn, config, request, run_until_done
 from tests.lake import delta_rows, iceberg_rows, normalised, source_rows
 from walstream.backfill.store import BackfillStore
+from walstream.config import Plan
 from walstream.runtime import Runtime
 from walstream.testing import wait_until
 
 pytestmark = [pytest.mark.spark]
+
+
+def mirrors(db: Any, tmp_path: Path, pub: str, slot: str) -> Plan:
+    """A config of two mirror sinks: `delta` under tmp_path/d, `iceberg` under tmp_path/w."""
+    return config(db, tmp_path, pub, slot, [
+        {"name": "delta", "source": "app",
+         "destination": {"type": "delta", "path": str(tmp_path / "d" / "{table}")}},
+        {"name": "iceberg", "source": "app",
+         "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "w")}}},
+    ])  # fmt: skip
 
 
 def test_backfill_fills_lake_mirrors_and_concurrent_writes_win(spark, db, tmp_path):
@@ -24,12 +36,7 @@ def test_backfill_fills_lake_mirrors_and_concurrent_writes_win(spark, db, tmp_pa
     db.execute(f"INSERT INTO hot SELECT g, 0, 'start' FROM generate_series(1, {keys}) g")
     pub = db.create_publication("hot")
     slot = db.create_slot()
-    cfg = config(db, tmp_path, pub, slot, [
-        {"name": "delta", "source": "app",
-         "destination": {"type": "delta", "path": str(tmp_path / "d" / "{table}")}},
-        {"name": "iceberg", "source": "app",
-         "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "w")}}},
-    ])  # fmt: skip
+    cfg = mirrors(db, tmp_path, pub, slot)
     runtime = Runtime(cfg, spark=spark).start()
     store = BackfillStore(cfg.state_dsn)
     stop = threading.Event()
@@ -70,12 +77,7 @@ def test_a_quiet_tables_chunks_become_data_files_and_a_second_backfill_merges(sp
                "FROM generate_series(1, 3000) g")  # fmt: skip
     pub = db.create_publication("quiet")
     slot = db.create_slot()
-    cfg = config(db, tmp_path, pub, slot, [
-        {"name": "delta", "source": "app",
-         "destination": {"type": "delta", "path": str(tmp_path / "d" / "{table}")}},
-        {"name": "iceberg", "source": "app",
-         "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "w")}}},
-    ])  # fmt: skip
+    cfg = mirrors(db, tmp_path, pub, slot)
     runtime = Runtime(cfg, spark=spark).start()
     store = BackfillStore(cfg.state_dsn)
     want = normalised(source_rows(db.dsn, "quiet"))
