@@ -220,8 +220,8 @@ class BackfillMerge:
             emits.append(_Emit(targets[high.backfill], low, high, us))
         out: dict[str, Any] = {}
         if emits:
-            inside, window, em = self._inside(spark, keys, emits, query_id, batch_id)
-            rows = self._rows(spark, inside, window, em, emits)
+            inside, em = self._inside(spark, keys, emits, query_id, batch_id)
+            rows = self._rows(spark, inside, em, emits)
             for sink in sorted({e.target.sink for e in emits}):
                 if sink in self.typed:
                     out[sink] = TypedReads(tuple(
@@ -267,9 +267,9 @@ class BackfillMerge:
 
     def _inside(
         self, spark: Any, keys: Any, emits: list[_Emit], query_id: str, batch_id: int
-    ) -> tuple[Any, Any, Any]:
+    ) -> tuple[Any, Any]:
         """(each stream change inside an emitted chunk's window, with the chunk's columns:
-        `backfill`, `chunk`, its target and watermarks; the windows' changes; the chunks)"""
+        `backfill`, `chunk`, its target and watermarks; the chunks)"""
         from pyspark.sql import functions as F
 
         em = spark.createDataFrame(
@@ -294,9 +294,9 @@ class BackfillMerge:
             & ((F.col("lsn") < F.col("high_lsn"))
                | ((F.col("lsn") == F.col("high_lsn")) & (F.col("seq") < F.col("high_seq")))),
         )  # fmt: skip
-        return inside, window, em
+        return inside, em
 
-    def _rows(self, spark: Any, inside: Any, window: Any, em: Any, emits: list[_Emit]) -> Any:
+    def _rows(self, spark: Any, inside: Any, em: Any, emits: list[_Emit]) -> Any:
         """The read rows of the (untyped) chunks emitted in this batch, as one DataFrame
         (its plan does not grow with the number of chunks): staged rows, minus those whose
         key changed in their chunk's window, at their high watermark's place."""
@@ -305,30 +305,40 @@ class BackfillMerge:
         emits = [e for e in emits if e.target.sink not in self.typed]
         if not emits:
             return None
-        # What is dropped is the window's keys: usually few next to the chunks' rows. Sent
-        # to every task (a hash lookup per row) instead of shuffling the rows to join them.
-        small = F.broadcast if window.count() <= BROADCAST_ROWS else (lambda d: d)
-        changed = small(inside.where("action <> 'truncate'").selectExpr(
-            "backfill AS _b", "chunk AS _c", "to_json(pk) AS _k"
-        ).distinct())  # fmt: skip
-        truncated = small(inside.where("action = 'truncate'").selectExpr(
-            "backfill AS _b", "chunk AS _c"
-        ).distinct())  # fmt: skip
+        # What the windows hold for these chunks, counted in one small job: a join that
+        # can drop nothing (a quiet table's windows are empty) is left out, and with it
+        # its per-row work (the key as JSON, a JSON path per key column).
+        found = inside.selectExpr(
+            "count_if(action <> 'truncate') AS changed", "count_if(action = 'truncate') AS cut",
+            "count_if(old IS NOT NULL) AS moved",
+        ).first()  # fmt: skip
+        # The window's keys are usually few next to the chunks' rows. Sent to every task
+        # (a hash lookup per row) instead of shuffling the rows to join them.
+        small = F.broadcast if found.changed + found.cut <= BROADCAST_ROWS else (lambda d: d)
         staged = spark.read.schema(_STAGED_DDL).parquet(
             *(self.staging.chunk(e.high.backfill, e.high.chunk, e.high.attempt) for e in emits)
         )
-        rows = staged.join(em, ["backfill", "chunk"]).selectExpr("*", "to_json(pk) AS _s")
-        rows = rows.join(
-            changed,
-            (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c"))
-            & (F.col("_s") == F.col("_k")),
-            "left_anti",
-        ).join(
-            truncated, (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c")),
-            "left_anti",
-        )  # fmt: skip
+        rows = staged.join(em, ["backfill", "chunk"])
+        if found.changed:
+            changed = small(inside.where("action <> 'truncate'").selectExpr(
+                "backfill AS _b", "chunk AS _c", "to_json(pk) AS _k"
+            ).distinct())  # fmt: skip
+            rows = rows.selectExpr("*", "to_json(pk) AS _s").join(
+                changed,
+                (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c"))
+                & (F.col("_s") == F.col("_k")),
+                "left_anti",
+            )  # fmt: skip
+        if found.cut:
+            truncated = small(inside.where("action = 'truncate'").selectExpr(
+                "backfill AS _b", "chunk AS _c"
+            ).distinct())  # fmt: skip
+            rows = rows.join(
+                truncated, (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c")),
+                "left_anti",
+            )  # fmt: skip
         keyed = {e.target.table_id: e.target for e in emits if e.target.key_columns}
-        if keyed:
+        if keyed and found.moved:
             # An update that changed the key: the row under the old key is gone.
             def project(col: str) -> str:
                 cases = " ".join(

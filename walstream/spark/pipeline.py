@@ -163,6 +163,10 @@ class Pipeline:
                 self.metrics.batch(
                     self.source.name, started, time.monotonic() - t0, self._newest_us
                 )
+            log.debug(
+                "batch %d of source %s: %.3fs%s", batch_id, self.source.name,
+                time.monotonic() - t0, f" ({len(running)} backfill(s) running)" if running else "",
+            )  # fmt: skip
         finally:
             self.idle.set()
 

@@ -1,0 +1,98 @@
+"""The DBLog merge of a message sink's chunks, in Spark: a staged chunk's rows join the
+batch at their high watermark's place, minus each row whose key the stream changed
+inside the chunk's window (an update, a delete, an update that moved the key away),
+and minus the whole chunk when the table was truncated there. Changes outside the
+window drop nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from walstream.backfill.merge import BackfillMerge, Staging, _Emit, _Target
+from walstream.backfill.records import Mark
+
+pytestmark = pytest.mark.spark
+
+QUERY = "q"
+BATCH = 5
+WINDOW = "`schema` STRING, `table` STRING, pk ARRAY<STRING>, lsn BIGINT, seq INT, " \
+    "action STRING, record STRING, old STRING"  # fmt: skip
+
+
+def stage(merge: BackfillMerge, chunk: int, ids: range) -> None:
+    path = Path(merge.staging.chunk(7, chunk, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({
+        "pk": pa.array([[str(i)] for i in ids], pa.list_(pa.string())),
+        "record": [json.dumps({"id": i, "v": i * 10}) for i in ids],
+        "ord": pa.array(range(len(ids)), pa.int32()),
+        "backfill": pa.array([7] * len(ids), pa.int64()),
+        "chunk": pa.array([chunk] * len(ids), pa.int32()),
+    }), path)  # fmt: skip
+
+
+def emit(chunk: int, low: int, high: int) -> _Emit:
+    """Chunk `chunk` of backfill 7, its window (low, high) in LSNs, both marks in BATCH."""
+    return _Emit(
+        _Target("files", "public", "t", ("id",)),
+        Mark(7, chunk, 1, "low", low, 0, BATCH), Mark(7, chunk, 1, "high", high, 0, BATCH),
+        committed_us=1_700_000_000_000_000,
+    )  # fmt: skip
+
+
+def change(lsn: int, action: str, key: int | None, old: int | None = None) -> tuple[Any, ...]:
+    record = None if key is None else json.dumps({"id": key, "v": -1})
+    return ("public", "t", None if key is None else [str(key)], lsn, 0, action, record,
+            None if old is None else json.dumps({"id": old}))  # fmt: skip
+
+
+def placed(spark: Any, tmp_path: Path, emits: list[_Emit], changes: list[tuple[Any, ...]],
+           chunks: dict[int, range]) -> list[tuple[int, int, int, str]]:  # fmt: skip
+    """(lsn, seq, id, action) of the read rows the batch delivers, in (lsn, seq) order."""
+    merge = BackfillMerge(None, "app", Staging(str(tmp_path), "app"))  # type: ignore[arg-type]
+    for n, ids in chunks.items():
+        stage(merge, n, ids)
+    keys = spark.createDataFrame(changes, WINDOW)
+    inside, em = merge._inside(spark, keys, emits, QUERY, BATCH)
+    rows = merge._rows(spark, inside, em, emits)
+    got = rows.selectExpr("lsn", "seq", "record", "action", "_sink").collect()
+    assert {r._sink for r in got} <= {"files"}
+    return sorted((r.lsn, r.seq, json.loads(r.record)["id"], r.action) for r in got)
+
+
+def test_a_quiet_window_places_every_row_after_its_high_watermark(spark, tmp_path):
+    got = placed(spark, tmp_path, [emit(0, 100, 200)], [], {0: range(1, 4)})
+    assert got == [(200, 1, 1, "read"), (200, 2, 2, "read"), (200, 3, 3, "read")]
+
+
+def test_keys_changed_inside_the_window_are_dropped_and_changes_outside_drop_nothing(
+    spark, tmp_path
+):
+    changes = [
+        change(150, "update", 2),  # inside: 2 is dropped
+        change(160, "delete", 4),  # inside: 4 is dropped
+        change(170, "update", 30, old=3),  # inside, the key moved from 3: 3 is dropped
+        change(90, "update", 1),  # before the low watermark: 1 stays
+        change(250, "delete", 5),  # after the high watermark: 5 stays
+    ]
+    got = placed(spark, tmp_path, [emit(0, 100, 200)], changes, {0: range(1, 7)})
+    assert [(i, seq) for _, seq, i, _ in got] == [(1, 1), (5, 5), (6, 6)]
+
+
+def test_a_truncate_inside_one_window_drops_that_chunk_only(spark, tmp_path):
+    emits = [emit(0, 100, 200), emit(1, 300, 400)]
+    changes = [change(350, "truncate", None), change(150, "update", 2)]
+    got = placed(spark, tmp_path, emits, changes, {0: range(1, 4), 1: range(4, 7)})
+    assert got == [(200, 1, 1, "read"), (200, 3, 3, "read")]
+
+
+def test_a_truncate_outside_the_window_drops_nothing(spark, tmp_path):
+    changes = [change(50, "truncate", None), change(450, "truncate", None)]
+    got = placed(spark, tmp_path, [emit(0, 100, 200)], changes, {0: range(1, 3)})
+    assert got == [(200, 1, 1, "read"), (200, 2, 2, "read")]
