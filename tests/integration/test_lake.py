@@ -139,6 +139,13 @@ def test_history_and_changelog_keep_every_version(spark, db, tmp_path):
         assert [(r["_lsn"], r["_seq"], r["_op"]) for r in got] == [
             (c.lsn, c.seq, c.action) for c in changes
         ], name
+    # the changelog's data files are those the executors wrote, committed as they were;
+    # nothing is left where they were staged
+    for name, root in (("delta", tmp_path / "delta-changelog"),
+                       ("iceberg", tmp_path / "warehouse" / "changelog")):  # fmt: skip
+        written = [p.name for p in root.rglob("*.parquet")]
+        assert written and all(n.startswith("walstream-") for n in written), (name, written)
+    assert not list((tmp_path / "ckpt" / "_lake").rglob("*.parquet"))
 
     current = normalised(source_rows(db.dsn, "items"), JSON_COLUMNS)
     meta = ("_op", "_lsn", "_seq", "valid_from", "valid_to", "is_current")

@@ -26,7 +26,15 @@ def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
          "destination": {"type": "delta", "path": str(tmp_path / "delta" / "{table}")}},
         {"name": "iceberg", "source": "app",
          "destination": {"type": "iceberg", "catalog": {"warehouse": str(tmp_path / "wh")}}},
+        # changelog tables: their files are written on the executors
+        {"name": "delta-log", "source": "app",
+         "destination": {"type": "delta", "mode": "changelog",
+                         "path": str(tmp_path / "delta-log" / "{table}")}},
+        {"name": "iceberg-log", "source": "app",
+         "destination": {"type": "iceberg", "mode": "changelog", "table": "log.{table}",
+                         "catalog": {"warehouse": str(tmp_path / "wh")}}},
     ]))  # fmt: skip
+    sinks = ("delta", "iceberg", "delta-log", "iceberg-log")
     runtime = Runtime(cfg, spark=spark).start()
     total = 0
 
@@ -40,7 +48,7 @@ def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
         def done() -> bool:
             runtime.poll()
             p = runtime.progress()
-            return all(p.get(n) and p[n].delivered >= total for n in ("delta", "iceberg"))
+            return all(p.get(n) and p[n].delivered >= total for n in sinks)
 
         wait_until(done, 120, interval=0.2, message=lambda: f"{sql}: {runtime.progress()}")
 
@@ -70,6 +78,20 @@ def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
     ):
         got = sorted((r["id"], r["a"], r["b"], r["c"], r["d"], r["e"]) for r in rows)
         assert got == want, name
+    # every change a row, the added column from its first change on, `a` widened to bigint
+    want_log = [
+        ("insert", 1, 1, "one", None), ("insert", 2, 2, "two", None),
+        ("insert", 3, 3, "three", "e3"), ("update", 1, 1, "one", "e1"),
+        ("insert", 4, 4, None, "e4"), ("update", 2, 22, None, None),
+        ("update", 3, 5_000_000_000, None, "e3"),
+    ]  # fmt: skip
+    for name, rows in (
+        ("delta-log", delta_rows(tmp_path / "delta-log" / "s")),
+        ("iceberg-log", iceberg_rows(db.dsn, "log.s")),
+    ):
+        got_log = [(r["_op"], r["id"], r["a"], r["d"], r["e"])
+                   for r in sorted(rows, key=lambda r: (r["_lsn"], r["_seq"]))]  # fmt: skip
+        assert got_log == want_log, name
 
 
 def test_a_type_change_that_does_not_widen_pauses_the_sink_with_the_fix(spark, db, tmp_path):

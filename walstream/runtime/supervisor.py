@@ -113,6 +113,7 @@ class Runtime:
                     typed={s.name for s in cfg.sinks_of(source.name) if reads_typed(s)},
                 ),
                 metrics=self.metrics,
+                lake_stage=f"{cfg.spark.checkpoint_dir.rstrip('/')}/_lake/{source.name}",
             )  # fmt: skip
             self.queries.append(sq)
             sq.lock = Leadership(cfg.state_dsn, cfg.state.schema_, source.name)

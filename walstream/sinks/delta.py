@@ -139,15 +139,15 @@ class DeltaSink(TableSink):
         return Written(lake.path_for_messages(), n)
 
     def adopt_files(self, batch: FilesBatch) -> Written | None:
-        """A mirror's new keys as the staged files themselves: each moved into the table's
-        directory and added in one commit (with the batch's application transaction)."""
+        """A mirror's new keys, or a changelog's rows, as the staged files themselves: each
+        moved into the table's directory and added in one commit (with the batch's
+        application transaction)."""
         import pyarrow.parquet as pq
 
-        if self.config.mode != "mirror" or self.config.partition_by:
+        if self.config.mode == "history" or self.config.partition_by:
             return None
         dl = _deltalake()
         lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
-        wanted = batch.shape.arrow_schema()
         table = self._open(lake.location)
         done = None if table is None else table.transaction_version(self._app_id(batch))
         if done is not None and done >= batch.batch_id:
@@ -156,11 +156,12 @@ class DeltaSink(TableSink):
         now_at = [staged_or(path, target) for (path, _), target in
                   zip(batch.files, targets, strict=True)]  # fmt: skip
         metas = [pq.read_metadata(f) for f in now_at]
+        wanted = lake.files_schema(batch, metas)
         existing = None if table is None else _arrow_schema(table)
         if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
             return None
         key = list(batch.shape.key)
-        if table is not None:
+        if table is not None and self.config.mode == "mirror":
             ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
             if has_any_key(now_at, key, ranged):
                 return None  # a key the table has: the rows are merged

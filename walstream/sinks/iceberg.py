@@ -142,14 +142,14 @@ class IcebergSink(TableSink):
         return Written(lake.path_for_messages(), n)
 
     def adopt_files(self, batch: FilesBatch) -> Written | None:
-        """A mirror's new keys as the staged files themselves: each moved under the table's
-        `data/` and added in one snapshot (pyiceberg reads their footers for statistics)."""
+        """A mirror's new keys, or a changelog's rows, as the staged files themselves: each
+        moved under the table's `data/` and added in one snapshot (pyiceberg reads their
+        footers for statistics)."""
         import pyarrow.parquet as pq
 
-        if self.config.mode != "mirror" or self.config.partition_by:
+        if self.config.mode == "history" or self.config.partition_by:
             return None
         lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
-        wanted = batch.shape.arrow_schema()
         table = self._open(batch.shape.schema, batch.shape.table)
         if table is not None and self._replayed(table, batch):
             return Written(lake.path_for_messages(), 0, replayed=True)
@@ -160,10 +160,11 @@ class IcebergSink(TableSink):
             staged_or(path, _local(_data_file(table, name))) for path, name in batch.files
         ]  # fmt: skip
         metas = [pq.read_metadata(f) for f in now_at]
+        wanted = lake.files_schema(batch, metas)
         if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
             return None
         key = list(batch.shape.key)
-        if table is not None:
+        if table is not None and self.config.mode == "mirror":
             ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
             if has_any_key(now_at, key, ranged):
                 return None  # a key the table has: the rows are merged

@@ -146,8 +146,9 @@ class TableBatch:
 
 @dataclass(frozen=True)
 class FilesBatch:
-    """One table's new rows in a micro-batch as staged Parquet files in its lake columns
-    (backfill chunks from which nothing was dropped): a sink may commit them as they are."""
+    """One table's new rows in a micro-batch as staged Parquet files in its lake columns: a
+    mirror's backfill chunks from which nothing was dropped, or a changelog's rows the
+    executors wrote. A sink may commit them as they are."""
 
     sink: str
     query_id: str

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from walstream.errors import SinkError
-from walstream.sinks.lake import LakeDestination, TableBatch
+from walstream.sinks.lake import FilesBatch, LakeDestination, TableBatch
 from walstream.sinks.lake_plan import (
     CurrentRows,
     HistoryPlan,
@@ -69,15 +69,18 @@ class LakeTable:
 
     def check_schema(self, existing: Any, wanted: Any) -> dict[str, Any]:
         """The columns whose type widened at the source ({name: new Arrow type}); a type
-        change that does not widen stops the sink. New columns are added by the write."""
+        change that does not widen stops the sink. New columns, and new fields of
+        `_before`, are added by the write."""
         have = {f.name: f.type for f in existing}
         widened = {}
         for f in wanted:
             old = have.get(f.name)
             if old is None or _same(old, f.type):
                 continue
-            if widens(old, f.type):
-                widened[f.name] = f.type
+            merged = _merged(old, f.type)
+            if merged is not None:
+                if _rewritten(old, merged):
+                    widened[f.name] = merged
                 continue
             raise SinkError(
                 f"lake table {self.path_for_messages()}: column {f.name} is {old} there but "
@@ -88,6 +91,14 @@ class LakeTable:
                 retryable=False,
             )
         return widened
+
+    def files_schema(self, batch: FilesBatch, metas: Sequence[Any]) -> Any:
+        """The columns staged files must have to be a table's data files as they are: a
+        mirror's are the shape's; a changelog's are as the executors wrote them (the first
+        file's, which `adoptable` holds the others and the table to)."""
+        if self.config.mode == "changelog" and metas:
+            return metas[0].schema.to_arrow_schema()
+        return batch.shape.arrow_schema()
 
     # -- rows -----------------------------------------------------------------------------------
     def changelog(self, batch: TableBatch) -> Any:
@@ -139,6 +150,38 @@ def widens(old: Any, new: Any) -> bool:
         pa.types.is_decimal(old) and pa.types.is_decimal(new)
         and new.scale == old.scale and new.precision >= old.precision
     )  # fmt: skip
+
+
+def _merged(old: Any, new: Any) -> Any | None:
+    """The type a table column of type `old` takes for values of type `new`: `new` where it
+    widens `old`; for a struct (`_before`), the union of both fields, each field merged
+    (a field added at the source is added, a dropped one stays). None: it cannot."""
+    pa = _pa()
+    if _same(old, new):
+        return old
+    if pa.types.is_struct(old) and pa.types.is_struct(new):
+        news = {f.name: f for f in new}
+        fields = []
+        for f in old:
+            if f.name in news:
+                m = _merged(f.type, news[f.name].type)
+                if m is None:
+                    return None
+                f = f.with_type(m)
+            fields.append(f)
+        have = {f.name for f in old}
+        return pa.struct(fields + [f for f in new if f.name not in have])
+    return new if widens(old, new) else None
+
+
+def _rewritten(old: Any, merged: Any) -> bool:
+    """Whether a column's values must be rewritten to become `merged`: a type widened, in
+    it or in one of its fields (fields added to a struct are not: the write adds them)."""
+    pa = _pa()
+    if pa.types.is_struct(old) and pa.types.is_struct(merged):
+        by_name = {f.name: f.type for f in merged}
+        return any(_rewritten(f.type, by_name[f.name]) for f in old)
+    return not _same(old, merged)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -237,9 +280,10 @@ def move_staged(staged: str, target: str) -> None:
         if dst_fs.get_file_info(dst).type == pafs.FileType.File:
             return
         raise SinkError(
-            f"lake: the staged backfill file {staged} is gone (and not at {target})",
-            "files under the checkpoint directory must stay while walstream runs: restore it, "
-            "or cancel the backfill (`walstream backfill cancel`) and request it again",
+            f"lake: the staged file {staged} is gone (and not at {target})",
+            "files under the checkpoint directory must stay while walstream runs: restore it; "
+            "for a backfill's chunk, cancel the backfill (`walstream backfill cancel`) and "
+            "request it again",
             retryable=False,
         )
     if type(src_fs) is type(dst_fs) and src_fs.equals(dst_fs):

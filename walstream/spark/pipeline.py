@@ -122,6 +122,9 @@ class Pipeline:
     metrics: Any = None
     #: Lake sinks' `optimize.every`, between batches.
     upkeep: Upkeep = field(default_factory=Upkeep)
+    #: Where executors write lake data files before the driver commits them (shared storage:
+    #: under the checkpoint directory); None: lake rows are written from the driver.
+    lake_stage: str | None = None
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -307,7 +310,7 @@ class Pipeline:
         out = write_or_pause(
             lambda: write_tables(
                 df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads,
-                self.source.publication_name, empty,
+                self.source.publication_name, empty, self.lake_stage,
             ),
             sink.name, self.parking, lambda: self._hold(batch_id),
         )  # fmt: skip

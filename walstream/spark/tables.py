@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from walstream.backfill.typed import TypedReads
@@ -25,6 +25,7 @@ from walstream.postgres.table_shape import load_shape, publication_tables
 from walstream.sinks.clients import Clients
 from walstream.sinks.lake import FilesBatch, TableBatch, TableSink, Written
 from walstream.spark.expressions import selection_expr
+from walstream.spark.lake_files import StagedFiles, discard, stage_changelog
 from walstream.spark.typed import place, to_batch, typed_rows
 from walstream.state.db import once_more
 
@@ -81,13 +82,15 @@ def on_source(dsn: str, fn: Callable[[Any], T]) -> T:
 def write_tables(
     df: Any, sink: SinkConfig, table_sink: TableSink, query_id: str, batch_id: int,
     skip_before: int | None = None, reads: Any = None, publication: str | None = None,
-    empty: bool = False,
+    empty: bool = False, stage: str | None = None,
 ) -> TablesWritten:  # fmt: skip
     """Write the batch's changes (and backfill rows placed in it) to one lake sink.
 
     When the sink can take one table only (of `publication`), its rows are typed in one
     job; otherwise a first job finds the tables the batch has, then one job each.
     `empty`: the batch is known to hold no changes (only backfill rows, if any): no job.
+    `stage`: a directory for files the executors write (a changelog table's, see
+    `lake_files.py`); without it every table's rows come to the driver.
     """
     import pyarrow as pa
 
@@ -138,13 +141,29 @@ def write_tables(
     try:
         for shape in shapes:
             t1 = time.monotonic()
+            placed = None if typed_reads is None else place(typed_reads, shape, skip_before)
+            if stage is not None and not no_rows and placed is None and _on_executors(dest):
+                done = _changelog_files(
+                    rows, shape, table_sink, TableBatch(sink.name, query_id, batch_id, shape,
+                                                        None, complete),
+                    f"{stage}/{batch_id}/{shape.schema}.{shape.table}",
+                )  # fmt: skip
+                if done is not None:
+                    staged, wrote = done
+                    out.count(staged.rows, wrote, (shape.schema, shape.table), staged.newest_us)
+                    log.debug(
+                        "batch %d: sink %s committed %d file(s) the executors wrote, %d rows of "
+                        "%s.%s, to %s%s", batch_id, sink.name, len(staged.files), staged.rows,
+                        shape.schema, shape.table, wrote.target,
+                        " (replayed: written before)" if wrote.replayed else "",
+                    )  # fmt: skip
+                continue
             arrow = (
                 None if no_rows
                 else typed_rows(rows, shape, before=dest.mode == "changelog").toArrow()
             )  # fmt: skip
             if arrow is not None and arrow.num_rows == 0:
                 arrow = None
-            placed = None if typed_reads is None else place(typed_reads, shape, skip_before)
             if placed is not None and arrow is None and placed.whole:
                 # only backfill rows, none dropped: the staged files may do as they are
                 files = FilesBatch(sink.name, query_id, batch_id, shape, placed.files())
@@ -183,6 +202,31 @@ def write_tables(
         if several:
             rows.unpersist()
     return out
+
+
+def _on_executors(dest: Any) -> bool:
+    """Whether a table's files are written by the executors: a changelog table's (no
+    partitions: each task writes one file)."""
+    return bool(dest.mode == "changelog" and not dest.partition_by)
+
+
+def _changelog_files(
+    rows: Any, shape: Any, table_sink: TableSink, batch: TableBatch, stage: str
+) -> tuple[StagedFiles, Written] | None:
+    """One changelog table's rows of the batch, written by the executors under `stage` and
+    committed as they are; None when the batch has none. When the table's columns are not
+    the files' (changed at the source), the rows are written by the driver instead."""
+    staged = stage_changelog(rows, shape, stage, f"walstream-{batch.query_id}-{batch.batch_id}")
+    try:
+        if not staged.rows:
+            return None
+        files = FilesBatch(batch.sink, batch.query_id, batch.batch_id, shape, staged.files)
+        written = table_sink.adopt_files(files)
+        if written is None:
+            written = table_sink.write_batch(replace(batch, rows=staged.as_batch_rows(shape)))
+        return staged, written
+    finally:
+        discard(stage)
 
 
 def write_or_pause(
