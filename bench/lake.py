@@ -31,6 +31,7 @@ from typing import Any
 
 from bench.backfill import copy_rate, fill
 from bench.backlog import write_backlog
+from bench.cpu import cpu_by_group, print_breakdown
 from bench.results import figure
 from bench.stream import TABLE, recvlogical
 from walstream.backfill.requests import request
@@ -88,6 +89,7 @@ def backfills(pg: EmbeddedPostgres, work: Path, rows: int) -> None:
         (warm,) = request(cfg, store, "bf-warm", where="id <= 1000")
         wait(runtime, lambda: getattr(store.get(warm.id), "status", None) == DONE, "warm-up")
         for sink in ("bf-delta", "bf-iceberg"):
+            cpu = cpu_by_group(pg.data)
             t0 = time.perf_counter()
             (b,) = request(cfg, store, sink)
 
@@ -106,6 +108,7 @@ def backfills(pg: EmbeddedPostgres, work: Path, rows: int) -> None:
                   flush=True)  # fmt: skip
             figure("lake", f"backfill into {kind} (rows/s)", rate, "/s",
                    reference="COPY TO STDOUT", reference_value=copy, target=">= 0.5x")  # fmt: skip
+            print_breakdown(f"lake {kind} backfill", cpu_by_group(pg.data), cpu, rows, copy * 0.5)
     finally:
         runtime.stop()
 

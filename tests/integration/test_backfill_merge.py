@@ -60,7 +60,9 @@ def placed(spark: Any, tmp_path: Path, emits: list[_Emit], changes: list[tuple[A
         stage(merge, n, ids)
     keys = spark.createDataFrame(changes, WINDOW)
     inside, em = merge._inside(spark, keys, emits, QUERY, BATCH)
-    rows = merge._rows(spark, inside, em, emits)
+    placed = merge._rows(spark, inside, em, emits)
+    assert placed is not None
+    rows, _ = placed
     got = rows.selectExpr("lsn", "seq", "record", "action", "_sink").collect()
     assert {r._sink for r in got} <= {"files"}
     return sorted((r.lsn, r.seq, json.loads(r.record)["id"], r.action) for r in got)

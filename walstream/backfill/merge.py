@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from walstream.backfill.store import BackfillStore, Mark
-from walstream.backfill.typed import TypedChunk, TypedReads
+from walstream.backfill.typed import ReadRows, TypedChunk, TypedReads
 from walstream.postgres.decoder import WATERMARK
 
 log = logging.getLogger(__name__)
@@ -221,19 +221,22 @@ class BackfillMerge:
         out: dict[str, Any] = {}
         if emits:
             inside, em = self._inside(spark, keys, emits, query_id, batch_id)
-            rows = self._rows(spark, inside, em, emits)
+            placed = self._rows(spark, inside, em, emits)
             for sink in sorted({e.target.sink for e in emits}):
+                chunks = tuple(
+                    TypedChunk(e.high.backfill, e.high.chunk, e.high.attempt, e.target.schema,
+                               e.target.table,
+                               self.staging.chunk(e.high.backfill, e.high.chunk, e.high.attempt),
+                               e.high.lsn, e.high.seq, e.committed_us)
+                    for e in emits if e.target.sink == sink
+                )  # fmt: skip
                 if sink in self.typed:
-                    out[sink] = TypedReads(tuple(
-                        TypedChunk(e.high.backfill, e.high.chunk, e.high.attempt, e.target.schema,
-                                   e.target.table,
-                                   self.staging.chunk(e.high.backfill, e.high.chunk,
-                                                      e.high.attempt),
-                                   e.high.lsn, e.high.seq, e.committed_us)
-                        for e in emits if e.target.sink == sink
-                    ), inside)  # fmt: skip
+                    out[sink] = TypedReads(chunks, inside)
                 else:
-                    out[sink] = rows.where(f"_sink = {_q(sink)}").drop("_sink")
+                    assert placed is not None
+                    rows, found = placed
+                    out[sink] = ReadRows(rows.where(f"_sink = {_q(sink)}").drop("_sink"), chunks,
+                                         inside, found.changed, found.cut, found.moved)  # fmt: skip
 
         open_lows = self.store.open_lows(list(running))
         if open_lows:
@@ -296,10 +299,11 @@ class BackfillMerge:
         )  # fmt: skip
         return inside, em
 
-    def _rows(self, spark: Any, inside: Any, em: Any, emits: list[_Emit]) -> Any:
+    def _rows(self, spark: Any, inside: Any, em: Any, emits: list[_Emit]) -> tuple[Any, Any] | None:
         """The read rows of the (untyped) chunks emitted in this batch, as one DataFrame
         (its plan does not grow with the number of chunks): staged rows, minus those whose
-        key changed in their chunk's window, at their high watermark's place."""
+        key changed in their chunk's window, at their high watermark's place; and the
+        counts of the windows' changes (`changed`, `cut`, `moved`)."""
         from pyspark.sql import functions as F
 
         emits = [e for e in emits if e.target.sink not in self.typed]
@@ -378,7 +382,7 @@ class BackfillMerge:
             "CAST(NULL AS ARRAY<STRING>) AS unchanged_toast",
             "backfill",
             "_sink",
-        )
+        ), found
 
 
 def _path(column: str) -> str:

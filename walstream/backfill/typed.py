@@ -69,3 +69,22 @@ class TypedReads:
     #: The stream's changes inside the chunks' windows (a Spark DataFrame, one row per
     #: change and chunk: `backfill`, `chunk`, `schema`, `table`, `action`, `record`, `old`).
     inside: Any
+
+
+@dataclass(frozen=True)
+class ReadRows:
+    """A message sink's read rows in one batch.
+
+    `rows`: a Spark DataFrame of change rows (action `read`, the DBLog filter applied).
+    `chunks` and `inside` are what they came from: the staged chunks (whose rows hold
+    `pk`, `record`, `ord`) and the stream's changes inside their windows, for a sink
+    that delivers them straight from the files (`spark/reads.py`). `changed`, `cut`
+    and `moved` count those changes: key changes, truncates, updates that moved a key.
+    """
+
+    rows: Any
+    chunks: tuple[TypedChunk, ...]
+    inside: Any
+    changed: int
+    cut: int
+    moved: int

@@ -32,6 +32,7 @@ from walstream.errors import ConfigError
 from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
+from walstream.spark.reads import Direct, deliver_direct, eligible, plan_direct, tied_rows
 from walstream.spark.tables import Upkeep, write_or_pause, write_tables
 from walstream.spark.tasks import STATS_DDL, deliver_arrow
 
@@ -257,11 +258,20 @@ class Pipeline:
         if driver_sink.columnar and not plan.tombstones and plan.transform_function is None:
             plan = replace(plan, columnar="_message" in prepared.columns)
         spread = sink.partitions or self.default_partitions
+        direct: Direct | None = None
         if reads is not None:
-            read_rows = prepare(reads, sink, skip_before=skip, backfill=True, db=self.db)
-            placed = self._with_reads(prepared, read_rows, sink, spread)
-            plan = replace(plan, partitions=planned_partitions(placed))
-            job = placed.mapInArrow(deliver_arrow(plan), STATS_DDL)
+            read_rows = prepare(reads.rows, sink, skip_before=skip, backfill=True, db=self.db)
+            if skip is None and eligible(sink, driver_sink, plan.tombstones):
+                direct = plan_direct(reads, sink, plan, self.source.name, prepared)
+            if direct is None:
+                placed = self._with_reads(prepared, read_rows, sink, spread)
+            elif direct.tied:  # free read rows go straight from their files; tied ones with
+                placed = _grouped(prepared.unionByName(tied_rows(read_rows, prepared)), spread)
+            else:  # the batch has no changes for this sink: no Spark job
+                placed = None
+            first = 0 if placed is None else planned_partitions(placed)
+            plan = replace(plan, partitions=first + (len(direct.chunks) if direct else 0))
+            job = None if placed is None else placed.mapInArrow(deliver_arrow(plan), STATS_DDL)
         else:
             # A batch in one source partition holds its changes in WAL order already: one
             # task delivers them without a shuffle (the latency path). That job's plan says
@@ -280,8 +290,11 @@ class Pipeline:
             self.ledger.start_batch(sink.name, query_id, batch_id)
         driver_sink.prepare_batch(sink.name, batch_id, plan.partitions)
         t_plan = time.monotonic() - t0
-        out = job.collect()
-        stats = [Stats(**r.asDict()) for r in out]
+        stats = [] if job is None else [Stats(**r.asDict()) for r in job.collect()]
+        if direct is not None:
+            stats += deliver_direct(df.sparkSession, direct, plan, first)
+            log.debug("batch %d: sink %s: %d backfill chunk(s) delivered from their staged "
+                      "files", batch_id, sink.name, len(direct.chunks))  # fmt: skip
         last = max(((s.last_lsn, s.last_seq) for s in stats if s.last_lsn >= 0), default=None)
         driver_sink.batch_delivered(sink.name, batch_id, last)
         newest = max((s.max_committed_us for s in stats if s.delivered), default=0)

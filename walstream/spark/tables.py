@@ -105,8 +105,8 @@ def write_tables(
         and set(sink.actions) >= {"insert", "update", "delete", "truncate"}
     )  # fmt: skip
     typed_reads = reads if isinstance(reads, TypedReads) else None
-    if reads is not None and typed_reads is None:
-        rows = rows.unionByName(reads.where(where).drop("backfill"))
+    if reads is not None and typed_reads is None:  # ReadRows: a sink with a filter
+        rows = rows.unionByName(reads.rows.where(where).drop("backfill"))
     assert dest.source_dsn is not None, "the plan fills in source_dsn"
     out = TablesWritten()
     t0 = time.monotonic()

@@ -1,0 +1,172 @@
+"""Backfill rows delivered straight from their staged chunks: one task per chunk, no Spark SQL.
+
+In a batch that places backfill chunks, a read row whose key has no change in the
+batch is ordered with nothing: it can be delivered where it was staged. For a
+columnar sink (files, pull streams) with the default key and grouping, no filter or
+transform, and a format `ReadTemplate` can cut, each such chunk is one task that reads
+its staged file with pyarrow, drops the rows DBLog drops (keys changed in the chunk's
+window, all rows after a truncate there), leaves out the rows whose key the batch
+changes (those go through Spark with the batch's changes, in order), builds the
+messages in Arrow (`backfill/arrow_messages.py`) and hands them to the sink.
+
+The windows' changed keys and the batch's groups travel to the tasks as sets: they
+are bounded (`LIMIT`), and past that, or when an update in a window moved a key,
+every read row goes through Spark as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from walstream.backfill.arrow_messages import ReadTemplate, group_text, read_batch
+from walstream.backfill.typed import ReadRows, TypedChunk
+from walstream.config import SinkConfig
+from walstream.delivery.deliver import DeliveryPlan, Stats, deliver_columns
+from walstream.sinks.base import DestinationSettings, Sink
+
+#: Up to this many window changes and batch groups are sent to the tasks as sets.
+LIMIT = 250_000
+#: Rows per Arrow batch a task reads and delivers (one row group of the file sink).
+BATCH_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class Direct:
+    """What the chunk tasks need besides the plan."""
+
+    chunks: tuple[tuple[TypedChunk, ReadTemplate], ...]
+    changed: dict[tuple[int, int], frozenset[str]]  # chunk -> its window's changed keys
+    truncated: frozenset[tuple[int, int]]
+    tied: frozenset[str]  # groups the batch's changes have: their read rows go with them
+
+
+def eligible(sink: SinkConfig, driver_sink: Sink, tombstones: bool) -> bool:
+    """Whether a sink's read rows may skip Spark: a columnar sink, default key and group,
+    no route, filter, event types or transform."""
+    dest = sink.destination
+    return (
+        driver_sink.columnar and driver_sink.replaces_batches and not tombstones
+        and sink.transform is None and sink.filter is None and not sink.event_types
+        and not sink.group_by and dest.group_by() is None and dest.route_expression() is None
+        and dest.key_expression() == DestinationSettings.key_expression(dest)
+        and "read" in sink.actions
+    )  # fmt: skip
+
+
+def plan_direct(
+    reads: ReadRows, sink: SinkConfig, plan: DeliveryPlan, source: str, groups: Any
+) -> Direct | None:
+    """The direct delivery of `reads`, or None when Spark must place them (a key moved in
+    a window, too many changes to send as sets, a format with no template). `groups`:
+    the batch's changes as the sink's prepared rows (`_group`)."""
+    if reads.moved or reads.changed + reads.cut > LIMIT:
+        return None
+    chunks = []
+    for c in reads.chunks:
+        if not sink.wants_table(c.schema, c.table):
+            continue
+        template = ReadTemplate.of(
+            plan.format, sink=plan.sink, db=plan.db, source=source, schema=c.schema,
+            table=c.table, backfill=c.backfill, lsn=c.lsn, committed_us=c.committed_us,
+        )  # fmt: skip
+        if template is None:
+            return None
+        chunks.append((c, template))
+    tied: frozenset[str] = frozenset()
+    found = groups.select("_group").distinct().limit(LIMIT + 1).collect()
+    if len(found) > LIMIT:
+        return None
+    tied = frozenset(r[0] for r in found)
+    changed: dict[tuple[int, int], set[str]] = {}
+    truncated = set()
+    if reads.changed or reads.cut:
+        for r in reads.inside.selectExpr("backfill", "chunk", "action", "pk").collect():
+            if r.action == "truncate":
+                truncated.add((r.backfill, r.chunk))
+            elif r.pk is not None:
+                changed.setdefault((r.backfill, r.chunk), set()).add(_joined(r.pk))
+    return Direct(
+        tuple(chunks), {k: frozenset(v) for k, v in changed.items()}, frozenset(truncated), tied
+    )
+
+
+def tied_rows(reads: Any, groups: Any) -> Any:
+    """The read rows (a prepared DataFrame) whose group the batch's changes have."""
+    from pyspark.sql import functions as F
+
+    keys = F.broadcast(groups.selectExpr("_group AS _tied").distinct())
+    return reads.join(keys, F.col("_group") == F.col("_tied"), "left_semi")
+
+
+def deliver_direct(spark: Any, direct: Direct, plan: DeliveryPlan, first: int) -> list[Stats]:
+    """Deliver each chunk's free rows in its own task, as partition `first + i`."""
+    if not direct.chunks:
+        return []
+    jobs = list(enumerate(direct.chunks))
+    rdd = spark.sparkContext.parallelize(jobs, len(jobs))
+    ship = replace(direct, chunks=())  # each task gets its own chunk with the job's row
+
+    def run(part: Iterator[tuple[int, tuple[TypedChunk, ReadTemplate]]]) -> Iterator[Stats]:
+        for i, (chunk, template) in part:
+            yield deliver_chunk(ship, chunk, template, plan, first + i)
+
+    return list(rdd.mapPartitions(run).collect())
+
+
+def deliver_chunk(
+    direct: Direct, chunk: TypedChunk, template: ReadTemplate, plan: DeliveryPlan, partition: int
+) -> Stats:
+    """One chunk's rows that are neither dropped nor tied, to the sink, as one partition."""
+    return deliver_columns(plan, partition, _batches(direct, chunk, template), _no_rows, None)
+
+
+def _batches(direct: Direct, chunk: TypedChunk, template: ReadTemplate) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    at = (chunk.backfill, chunk.chunk)
+    if at in direct.truncated:
+        return
+    changed = pa.array(sorted(direct.changed.get(at, ())), pa.string())
+    tied = pa.array(sorted(direct.tied), pa.string())
+    filesystem, path = pafs.FileSystem.from_uri(chunk.path)
+    with filesystem.open_input_file(path) as f:
+        staged = pq.ParquetFile(f)
+        for batch in staged.iter_batches(BATCH_ROWS, columns=["pk", "record", "ord"]):
+            rows = pa.Table.from_batches([batch])
+            drop = None
+            if len(changed):
+                drop = pc.is_in(_joined_keys(rows["pk"]), value_set=changed)
+            if len(tied):
+                with_batch = pc.is_in(group_text(chunk.schema, chunk.table, rows["pk"]),
+                                      value_set=tied)  # fmt: skip
+                drop = with_batch if drop is None else pc.or_(drop, with_batch)
+            if drop is not None:
+                rows = rows.filter(pc.invert(drop))
+            if rows.num_rows:
+                yield read_batch(
+                    template, rows, schema=chunk.schema, table=chunk.table, lsn=chunk.lsn,
+                    high_seq=chunk.seq, committed_us=chunk.committed_us,
+                )  # fmt: skip
+
+
+def _joined(pk: list[str | None]) -> str:
+    """A key as one string, the way `_joined_keys` makes it in Arrow."""
+    return "\x1f".join("" if v is None else v for v in pk)
+
+
+def _joined_keys(pk: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pk = pk.combine_chunks() if isinstance(pk, pa.ChunkedArray) else pk
+    filled = pa.ListArray.from_arrays(pk.offsets, pc.fill_null(pk.values, ""))
+    return pc.binary_join(filled, "\x1f")
+
+
+def _no_rows(batches: Any) -> Any:
+    raise AssertionError("read rows built in Arrow have every message and key")
