@@ -26,7 +26,7 @@ from walstream.testing import wait_until
 
 pytestmark = pytest.mark.spark
 
-ROWS = 30_000
+ROWS = 20_000
 
 
 def write_extra(dsn: str, stop: threading.Event, seed: int) -> None:
