@@ -22,7 +22,9 @@ class Collected:
 
 
 class StreamRun:
-    def __init__(self, spark: Any, checkpoint: Path, **options: str) -> None:
+    def __init__(
+        self, spark: Any, checkpoint: Path, trigger: dict[str, Any] | None = None, **options: str
+    ) -> None:
         self.collected = Collected()
         reader = spark.readStream.format("walstream")
         for k, v in options.items():
@@ -37,7 +39,7 @@ class StreamRun:
         self.query = (
             df.writeStream.foreachBatch(sink)
             .option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime="0 seconds")
+            .trigger(**(trigger or {"processingTime": "0 seconds"}))
             .start()
         )
 

@@ -163,7 +163,7 @@ def test_kill_9_at_random_points_loses_and_duplicates_nothing(db, tmp_path):
     slot = unique("slot")
     db.slots.append(slot)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    runs, total = 8, 14_000
+    runs, total = 6, 12_000
     workload = Workload(db.dsn, total)
     rng = random.Random(11)
     checks: list[tuple[int, set]] = []

@@ -24,7 +24,7 @@ from walstream.testing import supervised, wait_until
 
 pytestmark = [pytest.mark.spark]
 
-PRODUCERS, PER_PRODUCER, KEYS_PER_PRODUCER = 4, 250, 5
+PRODUCERS, PER_PRODUCER, KEYS_PER_PRODUCER = 4, 150, 5
 EVENTS = PRODUCERS * PER_PRODUCER
 TYPES = ["order.created", "order.paid", "user.signup"]
 TOKEN = "producer-token-42"

@@ -32,6 +32,15 @@ def run(
             "server.port (0: any free port)."
         ),
     ] = None,
+    until_caught_up: Annotated[
+        bool,
+        typer.Option(
+            "--until-caught-up",
+            help="Deliver what each slot holds when the run starts (every change committed "
+            "before it), then stop: for a scheduled job. Changes committed later wait for "
+            "the next run; a backfill in progress goes on in the next run too.",
+        ),
+    ] = False,
 ) -> None:
     """Stream every change of the configured sources to their sinks until stopped.
 
@@ -73,7 +82,7 @@ def run(
             err_console.print(f"  [yellow]fix:[/] {escape(problem.fix)}")
         err_console.print("nothing was started: fix the sink, then run again")
         raise typer.Exit(2)
-    runtime = Runtime(cfg)
+    runtime = Runtime(cfg, until_caught_up=until_caught_up)
 
     def on_signal(*_: object) -> None:  # first: finish the batch in flight; second: abandon it
         (runtime.abandon if runtime.stopping.is_set() else runtime.stopping).set()
@@ -81,6 +90,8 @@ def run(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     console.print(f"[dim]•[/] starting Spark ({cfg.spark.master}) and {len(cfg.sources)} source(s)")
+    if until_caught_up:
+        console.print("[dim]•[/] delivering what the slots hold now, then stopping")
     runtime.start()
     if runtime.server is not None:
         console.print(f"[dim]•[/] health, metrics, API and console at {runtime.server.url}")
@@ -94,7 +105,7 @@ def run(
     totals = {k: v.delivered for k, v in progress.items()}
     skipped = {k: v.skipped for k, v in progress.items() if v.skipped}
     console.print(
-        escape(f"stopped; delivered this run: {totals}")
+        escape(f"{'caught up' if runtime.caught_up else 'stopped'}; delivered this run: {totals}")
         + (escape(f"; skipped as delivered before a restart: {skipped}") if skipped else "")
     )
 

@@ -41,10 +41,14 @@ class SourceQuery:
     last_batch_at: float = 0.0
     seen_batch: int = -1
     lock: Leadership | None = None
+    caught_up: bool = False  # `--until-caught-up`: its query read the slot and ended
 
 
-def start_query(spark: Any, config: Plan, sq: SourceQuery, checkpoint: str) -> None:
-    """Start the source's streaming query (its pipeline as foreachBatch, from its checkpoint)."""
+def start_query(
+    spark: Any, config: Plan, sq: SourceQuery, checkpoint: str, available_now: bool = False
+) -> None:
+    """Start the source's streaming query (its pipeline as foreachBatch, from its checkpoint).
+    `available_now`: Trigger.AvailableNow, the query reads what the slot has, then ends."""
     s = sq.source
     sq.started.clear()
     remove_partial_writes(checkpoint)  # no query of ours uses it now
@@ -63,14 +67,17 @@ def start_query(spark: Any, config: Plan, sq: SourceQuery, checkpoint: str) -> N
     if config.state_dsn == s.dsn.get_secret_value():  # walstream's state is here
         reader = reader.option("internalSchema", config.state.schema_)
     interval = config.spark.trigger_interval
-    sq.query = (
+    writer = (
         reader.load()
         .writeStream.queryName(f"walstream_{s.name.replace('-', '_')}")
         .foreachBatch(sq.pipeline)
         .option("checkpointLocation", checkpoint)
-        .trigger(processingTime=f"{interval:g} seconds")
-        .start()
     )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{interval:g} seconds")
+    sq.query = writer.start()
     sq.query_id = str(sq.query.id)
     sq.started.set()
     log.info("source %s: streaming (slot %s, query %s)", s.name, s.slot_name, sq.query_id)

@@ -49,9 +49,14 @@ log = logging.getLogger("walstream.runtime")  # the name operators know
 class Runtime:
     """Runs the pipelines of a config until `stop()`; see the module docstring."""
 
-    def __init__(self, config: Plan, spark: Any | None = None) -> None:
+    def __init__(
+        self, config: Plan, spark: Any | None = None, until_caught_up: bool = False
+    ) -> None:
         self.config = config
         self.spark = spark
+        #: Each query reads what its slot has when it starts (Trigger.AvailableNow), then
+        #: ends; `run` returns once every source is caught up.
+        self.until_caught_up = until_caught_up
         self.owns_spark = spark is None
         self.stopping = threading.Event()
         self.abandon = threading.Event()  # stop now, even with a batch in flight
@@ -118,7 +123,9 @@ class Runtime:
             self.queries.append(sq)
             sq.lock = Leadership(cfg.state_dsn, cfg.state.schema_, source.name)
             if sq.lock.try_acquire():
-                start_query(self.spark, self.config, sq, self.checkpoint(sq.source))
+                start_query(
+                    self.spark, self.config, sq, self.checkpoint(sq.source), self.until_caught_up
+                )
             else:
                 sq.leader = False
                 log.warning(
@@ -219,6 +226,10 @@ class Runtime:
                 sq.query = None
                 if exc is None and self.stopping.is_set():
                     continue
+                if exc is None and self.until_caught_up:
+                    sq.caught_up = True
+                    log.info("source %s: caught up; its query ended", sq.source.name)
+                    continue
                 summary = (
                     error_summary(exc)
                     if exc is not None
@@ -240,9 +251,15 @@ class Runtime:
                     sq.source.name, sq.last_error, delay, sq.failures,
                 )  # fmt: skip
                 log.debug("source %s: the full failure:\n%s", sq.source.name, exc)
-            elif now >= sq.restart_at and not self.stopping.is_set():
+            elif now >= sq.restart_at and not self.stopping.is_set() and not sq.caught_up:
                 try:
-                    start_query(self.spark, self.config, sq, self.checkpoint(sq.source))
+                    start_query(
+                        self.spark,
+                        self.config,
+                        sq,
+                        self.checkpoint(sq.source),
+                        self.until_caught_up,
+                    )
                 except Exception as exc:  # the source fails at start: try again later
                     sq.failures += 1
                     sq.restart_at = now + QUERY_RESTART.delay(sq.failures)
@@ -300,6 +317,8 @@ class Runtime:
             self.poll()
             if self.fatal is not None:
                 return
+            if self.caught_up:
+                break
             for sq in self.queries:
                 self.healthy_since_restart(sq)
                 collect_progress(sq)
@@ -307,6 +326,12 @@ class Runtime:
             if on_tick is not None:
                 on_tick(self)
             (stop or self.stopping).wait(tick)
+
+    @property
+    def caught_up(self) -> bool:
+        """`until_caught_up`: every source this walstream leads read its slot to the end."""
+        leading = [sq for sq in self.queries if sq.leader]
+        return self.until_caught_up and bool(leading) and all(sq.caught_up for sq in leading)
 
     def run(self, until: float | None = None, on_tick: Any = None, tick: float = 1.0) -> None:
         """Supervise until stopped (or `until`, a monotonic deadline); raise a fatal error."""

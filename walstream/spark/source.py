@@ -16,11 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
-from walstream.change import CHANGE_SCHEMA_DDL
+from walstream.change import CHANGE_SCHEMA_DDL, parse_lsn
 from walstream.errors import SetupError
-from walstream.postgres.capture import Capture, Cursor
+from walstream.postgres.capture import HEARTBEAT_PREFIX, Capture, Cursor
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.heartbeat import Heartbeat
 from walstream.postgres.prepare import prepare_capture
@@ -83,15 +88,57 @@ def _as_offset(cursor: Cursor) -> dict[str, int]:
     return {"lsn": cursor[0], "seq": cursor[1]}
 
 
-class WalstreamStreamReader(DataSourceStreamReader):
+class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._driver: _Driver | None = None
         self._confirmed: int | None = None
+        #: Trigger.AvailableNow: the LSN of the mark written when the query started, and
+        #: the offset every change committed before it ends at (once received).
+        self._mark: int | None = None
+        self._until: Cursor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only: connections and threads stay on the driver.
-        return {"options": self.options, "_driver": None, "_confirmed": None}
+        return {"options": self.options, "_driver": None, "_confirmed": None, "_mark": None,
+                "_until": None}  # fmt: skip
+
+    # -- Trigger.AvailableNow ------------------------------------------------------------
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Write a mark into the WAL (a logical message, as heartbeats are): the query
+        reads every change committed before it, then ends."""
+        with connect(self.options.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT pg_logical_emit_message(true, %s, 'available-now')::text",
+                (HEARTBEAT_PREFIX,),
+            ).fetchone()
+        assert row is not None
+        self._mark = parse_lsn(row[0])
+        self._until = None
+        log.info("source %s: reading what was committed before %s, then stopping",
+                 self.options.name, row[0])  # fmt: skip
+
+    def _available_now(self, driver: _Driver, start: Cursor) -> Cursor:
+        """The offset the changes committed before the mark end at: waits until the
+        capture received the mark (every earlier commit is then in its buffer)."""
+        if self._until is None and self._setup() >= (self._mark or 0):
+            self._until = start  # the slot begins after the mark (it is new): nothing before
+        if self._until is None:
+            assert self._mark is not None
+            cap = driver.capture
+            deadline = time.monotonic() + self.options.replay_timeout
+            while cap.received_until < self._mark:
+                driver.capture.raise_if_failed()
+                if time.monotonic() > deadline:
+                    raise SetupError(
+                        f"slot {self.options.slot} did not send WAL up to {self._mark:X} within "
+                        f"{self.options.replay_timeout:g}s (replayTimeout)",
+                        "check the server (pg_stat_replication) and that nothing holds the "
+                        "slot; run again",
+                    )
+                time.sleep(0.05)
+            self._until = cap.latest(start, None)
+        return self._until
 
     # -- setup ---------------------------------------------------------------------------
     def _setup(self) -> int:
@@ -155,7 +202,13 @@ class WalstreamStreamReader(DataSourceStreamReader):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if isinstance(limit, ReadAllAvailable):
             max_rows = None
-        return _as_offset(driver.capture.latest(cursor, max_rows))
+        if self._mark is None:
+            return _as_offset(driver.capture.latest(cursor, max_rows))
+        # Trigger.AvailableNow: once the mark is received, up to it and no further
+        until = self._available_now(driver, cursor)
+        if cursor >= until:
+            return _as_offset(cursor)  # no new data: Spark ends the query
+        return _as_offset(min(driver.capture.latest(cursor, max_rows), until))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         s, e = _as_cursor(start), _as_cursor(end)
