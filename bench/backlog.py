@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,19 +84,22 @@ def rss_by_group() -> dict[str, float]:
     return {g: mb for g, (mb, _) in rss_and_count().items()}
 
 
-def rss_and_count() -> dict[str, tuple[float, int]]:
-    """(resident MB, processes) per group."""
+def grouped_processes() -> Iterator[tuple[int, str]]:
+    """(pid, group) of this process and each process below it that is in a group."""
     me = os.getpid()
-    out = dict.fromkeys(GROUPS, (0.0, 0))
     for pid, cmd in _descendants(me).items():
         if pid == me:
-            group = "walstream driver (Python)"
+            yield pid, "walstream driver (Python)"
         elif "java" in cmd.split(" ", 1)[0]:
-            group = "driver JVM"
+            yield pid, "driver JVM"
         elif "python" in cmd:
-            group = "Spark Python processes"
-        else:
-            continue
+            yield pid, "Spark Python processes"
+
+
+def rss_and_count() -> dict[str, tuple[float, int]]:
+    """(resident MB, processes) per group."""
+    out = dict.fromkeys(GROUPS, (0.0, 0))
+    for pid, group in grouped_processes():
         mb, n = out[group]
         out[group] = (mb + _rss_mb(pid), n + 1)
     return out

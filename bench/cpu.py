@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench.backlog import _descendants
+from bench.backlog import _descendants, grouped_processes
 from bench.results import figure
 
 POSTGRES = "Postgres (postmaster + backends)"
@@ -37,17 +37,8 @@ def _cpu_seconds(pid: int) -> float:
 def cpu_by_group(pg_data: Path | None = None) -> dict[str, float]:
     """CPU seconds used so far by each group (see the module doc); `pg_data`: the
     embedded Postgres's data directory (its postmaster.pid names the postmaster)."""
-    me = os.getpid()
     out = dict.fromkeys(GROUPS, 0.0)
-    for pid, cmd in _descendants(me).items():
-        if pid == me:
-            group = "walstream driver (Python)"
-        elif "java" in cmd.split(" ", 1)[0]:
-            group = "driver JVM"
-        elif "python" in cmd:
-            group = "Spark Python processes"
-        else:
-            continue
+    for pid, group in grouped_processes():
         out[group] += _cpu_seconds(pid)
     if pg_data is not None and (pg_data / "postmaster.pid").exists():
         postmaster = int((pg_data / "postmaster.pid").read_text().split()[0])
