@@ -61,6 +61,8 @@ class DeliveryPlan:
     on_full: str = "pause"  # "discard": past max_parked, what would be parked is dropped
     sink_config: dict[str, Any] | None = None  # snapshot for dead letters, secrets removed
     columnar: bool = False  # deliver Arrow batches of SQL-formatted messages (deliver_columns)
+    fresh: bool = False  # the ledger holds nothing of this batch: no need to ask it
+    unblocked: bool = False  # the sink has nothing parked: no group is blocked
 
 
 @dataclass
@@ -231,11 +233,13 @@ def deliver_partition(
         plan.ledger.delivered_through(
             plan.sink, plan.query_id, plan.batch_id, partition, plan.partitions
         )
-        if use_ledger
+        if use_ledger and not plan.fresh
         else None
     )
     parking = plan.parking if use_ledger else None
-    blocked, parked_before = parking.blocked(plan.sink) if parking else (set(), 0)
+    blocked, parked_before = (
+        parking.blocked(plan.sink) if parking and not plan.unblocked else (set(), 0)
+    )
     sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
     try:
         chunk: list[Message] = []

@@ -76,11 +76,15 @@ class Ledger(Store):
             (sink, batch_id, partition, partitions, query_id, cursor[0], cursor[1], delivered),
         )
 
-    def start_batch(self, sink: str, query_id: str, batch_id: int) -> None:
-        """Batch `batch_id` is starting: earlier batches (and other queries) are never replayed."""
-        self._exec(
-            sql.SQL("DELETE FROM {} WHERE sink = %s AND (batch_id < %s OR query_id <> %s)").format(
-                self.table
-            ),
-            (sink, batch_id, query_id),
+    def start_batch(self, sink: str, query_id: str, batch_id: int) -> bool:
+        """Batch `batch_id` is starting: earlier batches (and other queries) are never replayed.
+        True when the ledger holds nothing of this batch yet (it is not a replay)."""
+        rows = self._exec(
+            sql.SQL(
+                "WITH gone AS (DELETE FROM {} WHERE sink = %s AND (batch_id < %s OR query_id <> %s)) "
+                "SELECT NOT EXISTS (SELECT 1 FROM {} WHERE sink = %s AND batch_id = %s "
+                "AND query_id = %s)"
+            ).format(self.table, self.table),
+            (sink, batch_id, query_id, sink, batch_id, query_id),
         )
+        return bool(rows[0][0])

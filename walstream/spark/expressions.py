@@ -73,6 +73,11 @@ class Projection:
     columns: list[str]  # _group, _key, and _route, _message, _ikey when the sink has them
     sql_message: bool  # SQL makes the message (its format), not Python
 
+    @property
+    def names(self) -> list[str]:
+        """The output column names, in order."""
+        return [k.strip("`") for k in self.keep] + [c.rsplit(" AS ", 1)[1] for c in self.columns]
+
 
 def projection(
     sink: SinkConfig, skip_before: int | None = None, backfill: bool = False, db: str = ""

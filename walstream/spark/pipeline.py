@@ -1,11 +1,13 @@
 """The foreachBatch of a source's query: for each sink select, filter, transform, route, deliver.
 
-Per sink: tables/actions selection and the SQL filter, then the columns delivery
-needs — `_group` (the group key), `_key` and `_route` (Kafka key and topic when
-they are expressions), `_message` (a SQL transform) — then `repartition` by group
-key and `sortWithinPartitions(lsn, seq)`, and `mapInArrow` delivers each
-partition on an executor in that order and returns its counts. The batch is done
-when every sink's job finished; only then does Spark write its commit log.
+Per sink (`SinkSteps`, built once): tables/actions selection and the SQL filter,
+then the columns delivery needs — `_group` (the group key), `_key` and `_route`
+(Kafka key and topic when they are expressions), `_message` (a SQL transform or
+format) — and `mapInArrow` delivers each partition on an executor in WAL order and
+returns its counts. A batch in one partition is one stage with one task; a larger
+one is first spread by group key (`repartition`, `sortWithinPartitions(lsn, seq)`).
+The batch is done when every sink's job finished; only then does Spark write its
+commit log.
 """
 
 from __future__ import annotations
@@ -33,38 +35,10 @@ from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
 from walstream.spark.reads import Direct, deliver_direct, eligible, plan_direct, tied_rows
+from walstream.spark.steps import BatchPart, SinkSteps
 from walstream.spark.tables import Upkeep, write_or_pause, write_tables
-from walstream.spark.tasks import STATS_DDL, deliver_arrow
 
 log = logging.getLogger(__name__)
-
-
-def prepare(
-    df: Any,
-    sink: SinkConfig,
-    skip_before: int | None = None,
-    backfill: bool = False,
-    db: str = "",
-) -> Any:
-    """The sink's DataFrame: selected rows plus _group, _key, _route, _message, _ikey columns.
-
-    `skip_before`: changes committed before this LSN are left out (`walstream reset`).
-    `backfill`: `df` has the `backfill` column (a batch with backfill rows); keep it.
-    `db`: the source's database name (Debezium's `source.db`).
-    """
-    p = projection(sink, skip_before, backfill, db)
-    # This runs every batch: SQL text in two calls (each one analysis, few py4j round
-    # trips) costs a third less than Column objects. Only the columns delivery reads
-    # travel on (through the shuffle, into Python).
-    out = df.where(p.where).selectExpr(*p.keep, *p.columns)
-    if p.sql_message:
-        # Where SQL made the message, the row's JSON columns need not travel on.
-        out = out.selectExpr(*(
-            f"CASE WHEN _message IS NULL THEN `{c}` END AS `{c}`"
-            if c in ("record", "old", "annotations") else f"`{c}`"
-            for c in out.columns
-        ))  # fmt: skip
-    return out
 
 
 def validate(spark: Any, sink: SinkConfig) -> None:
@@ -75,7 +49,7 @@ def validate(spark: Any, sink: SinkConfig) -> None:
 
     empty = spark.createDataFrame([], spark_schema())
     try:
-        prepare(empty, sink).schema  # noqa: B018 - analysis happens here
+        SinkSteps(spark, sink).prepare(empty).schema  # noqa: B018 - analysis happens here
     except (AnalysisException, ParseException) as exc:
         reason = str(exc).strip().splitlines()[0]
         raise ConfigError(
@@ -132,6 +106,8 @@ class Pipeline:
         self._newest_us = 0  # the newest commit (µs) the current batch delivered
         # Stored with each dead letter; the config does not change while running.
         self.snapshots = {s.name: sink_snapshot(s) for s in self.sinks}
+        self._built: dict[tuple[str, int | None, bool], SinkSteps] = {}
+        self.parked: dict[str, int] = {}  # per sink, as the current batch started
 
     def __call__(self, df: Any, batch_id: int) -> None:
         if self.draining.is_set():
@@ -201,8 +177,8 @@ class Pipeline:
     def hold_reasons(self) -> dict[str, str]:
         paused, skips = self.parking.states()
         self.skips = skips
-        bounded = [s.name for s in self.sinks if s.on_full == "pause"]
-        counts = self.parking.parked_counts(bounded) if bounded else {}
+        counts = self.parking.parked_counts([s.name for s in self.sinks])
+        self.parked = counts
         out = {}
         for sink in self.sinks:
             parked = counts.get(sink.name, 0)
@@ -231,36 +207,17 @@ class Pipeline:
             with self.lock:
                 self.progress.setdefault(sink.name, SinkProgress()).batches += 1
             return
-        plan = DeliveryPlan(
-            sink=sink.name,
-            destination=sink.destination,
-            format=sink.destination.message_format() or sink.format,
-            db=self.db,
-            batch_size=sink.batch_size,
-            retry_timeout=getattr(sink.destination, "retry_timeout", 60.0),
-            ledger=self.ledger,
-            query_id=query_id,
-            batch_id=batch_id,
-            partitions=1,
-            transform_function=sink.transform if isinstance(sink.transform, str) else None,
-            tombstones=sink.tombstones,
-            parking=None if driver_sink.replaces_batches else self.parking,
-            max_attempts=sink.max_attempts,
-            backoff=Backoff(sink.backoff.initial, sink.backoff.max),
-            max_parked=sink.max_parked,
-            on_full=sink.on_full,
-            sink_config=self.snapshots[sink.name],
-        )
         skip = self.skips.get(sink.name)
+        steps = self._steps(df.sparkSession, sink, driver_sink, skip, reads is not None)
+        assert steps.plan is not None
+        plan = replace(steps.plan, query_id=query_id, batch_id=batch_id)
         if reads is not None:
             df = df.selectExpr("*", "CAST(NULL AS BIGINT) AS backfill")
-        prepared = prepare(df, sink, skip_before=skip, backfill=reads is not None, db=self.db)
-        if driver_sink.columnar and not plan.tombstones and plan.transform_function is None:
-            plan = replace(plan, columnar="_message" in prepared.columns)
+        prepared = steps.prepare(df)
         spread = sink.partitions or self.default_partitions
         direct: Direct | None = None
         if reads is not None:
-            read_rows = prepare(reads.rows, sink, skip_before=skip, backfill=True, db=self.db)
+            read_rows = steps.prepare(reads.rows)
             if skip is None and eligible(sink, driver_sink, plan.tombstones):
                 direct = plan_direct(reads, sink, plan, self.source.name, prepared)
             if direct is None:
@@ -271,13 +228,13 @@ class Pipeline:
                 placed = None
             first = 0 if placed is None else planned_partitions(placed)
             plan = replace(plan, partitions=first + (len(direct.chunks) if direct else 0))
-            job = None if placed is None else placed.mapInArrow(deliver_arrow(plan), STATS_DDL)
+            job = None if placed is None else steps.deliver(placed)
         else:
             # A batch in one source partition holds its changes in WAL order already: one
             # task delivers them without a shuffle (the latency path). That job's plan says
             # how many partitions the batch has; planning it pickles the batch's raw WAL, so
             # when it is one, that plan is the one that runs.
-            job = prepared.mapInArrow(deliver_arrow(plan), STATS_DDL)
+            job = steps.deliver(prepared)
             inputs = planned_partitions(job)
             if inputs == 0:  # no changes (a heartbeat-only batch): no job to run
                 with self.lock:
@@ -285,10 +242,13 @@ class Pipeline:
                 return
             if inputs > 1:  # spread by group key, each partition in WAL order
                 plan = replace(plan, partitions=spread)
-                job = _grouped(prepared, spread).mapInArrow(deliver_arrow(plan), STATS_DDL)
+                job = steps.deliver(_grouped(prepared, spread))
+        fresh = True
         if not driver_sink.replaces_batches:
-            self.ledger.start_batch(sink.name, query_id, batch_id)
+            fresh = self.ledger.start_batch(sink.name, query_id, batch_id)
         driver_sink.prepare_batch(sink.name, batch_id, plan.partitions)
+        unblocked = self.parked.get(sink.name, 0) == 0
+        steps.start(BatchPart(query_id, batch_id, plan.partitions, fresh, unblocked))
         t_plan = time.monotonic() - t0
         stats = [] if job is None else [Stats(**r.asDict()) for r in job.collect()]
         if direct is not None:
@@ -313,6 +273,43 @@ class Pipeline:
             batch_id, sink.name, sum(s.delivered for s in stats),
             sum(s.skipped for s in stats), time.monotonic() - t0, t_plan, len(stats),
         )  # fmt: skip
+
+    def _steps(
+        self, spark: Any, sink: SinkConfig, driver_sink: Any, skip: int | None, backfill: bool
+    ) -> SinkSteps:
+        """The sink's steps (built at its first batch, again after `walstream reset`)."""
+        key = (sink.name, skip, backfill)
+        steps = self._built.get(key)
+        if steps is None:
+            plan = DeliveryPlan(
+                sink=sink.name,
+                destination=sink.destination,
+                format=sink.destination.message_format() or sink.format,
+                db=self.db,
+                batch_size=sink.batch_size,
+                retry_timeout=getattr(sink.destination, "retry_timeout", 60.0),
+                ledger=self.ledger,
+                query_id="",  # per batch: BatchPart
+                batch_id=-1,
+                partitions=1,
+                transform_function=sink.transform if isinstance(sink.transform, str) else None,
+                tombstones=sink.tombstones,
+                parking=None if driver_sink.replaces_batches else self.parking,
+                max_attempts=sink.max_attempts,
+                backoff=Backoff(sink.backoff.initial, sink.backoff.max),
+                max_parked=sink.max_parked,
+                on_full=sink.on_full,
+                sink_config=self.snapshots[sink.name],
+            )
+            names = projection(sink, skip, backfill, self.db).names
+            if driver_sink.columnar and not plan.tombstones and plan.transform_function is None:
+                plan = replace(plan, columnar="_message" in names)
+            steps = SinkSteps(spark, sink, skip, backfill, self.db, plan)
+            self._built = {
+                k: v for k, v in self._built.items() if k[0] != sink.name or k[1] == skip
+            }
+            self._built[key] = steps
+        return steps
 
     def _write_tables(
         self, df: Any, sink: SinkConfig, table_sink: TableSink, batch_id: int, query_id: str,
