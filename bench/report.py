@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,24 @@ def run(name: str, args: list[str], results: Path) -> tuple[float, float, str | 
     return time.monotonic() - t0, peak, error
 
 
+def met(f: dict[str, Any]) -> bool | None:
+    """Whether a figure meets its target: `>= 2x` / `<= 1.5x` compare the ratio to the
+    reference, `<= 500 ms` the value in its unit; None when there is nothing to compare."""
+    m = re.fullmatch(r"(>=|<=)\s*([0-9.]+)\s*(\S*)", (f.get("target") or "").strip())
+    if m is None or f.get("value") is None:
+        return None
+    op, bound, unit = m.group(1), float(m.group(2)), m.group(3)
+    if unit == "x":
+        if not f.get("reference_value"):
+            return None
+        value = f["value"] / f["reference_value"]
+    elif unit == f["unit"]:
+        value = f["value"]
+    else:
+        return None
+    return value >= bound if op == ">=" else value <= bound
+
+
 def table(figures: list[dict[str, Any]], runs: dict[str, tuple[float, float, str | None]]) -> str:
     def num(v: float | None, unit: str) -> str:
         if v is None:
@@ -91,7 +110,7 @@ def table(figures: list[dict[str, Any]], runs: dict[str, tuple[float, float, str
             return f"{v:,.0f}/s"
         return f"{v:,.1f} {unit}" if v < 100 else f"{v:,.0f} {unit}"
 
-    rows = [("benchmark", "figure", "value", "reference (same run)", "ratio", "target")]
+    rows = [("benchmark", "figure", "value", "reference (same run)", "ratio", "target", "met")]
     for f in figures:
         ref = (
             f"{f['reference']}: {num(f['reference_value'], f['unit'])}"
@@ -103,15 +122,18 @@ def table(figures: list[dict[str, Any]], runs: dict[str, tuple[float, float, str
             if f["reference_value"] and f["value"] is not None
             else ""
         )
+        ok = met(f)
+        verdict = "" if ok is None else "yes" if ok else "NO"
         rows.append(
-            (f["bench"], f["name"], num(f["value"], f["unit"]), ref, ratio, f["target"] or "")
-        )
+            (f["bench"], f["name"], num(f["value"], f["unit"]), ref, ratio, f["target"] or "",
+             verdict)
+        )  # fmt: skip
     for name, (secs, peak, error) in runs.items():
-        rows.append((name, "peak RSS of the process tree", f"{peak:,.0f} MB", "", "", ""))
-        rows.append((name, "run time", f"{secs:,.0f} s", "", "", ""))
+        rows.append((name, "peak RSS of the process tree", f"{peak:,.0f} MB", "", "", "", ""))
+        rows.append((name, "run time", f"{secs:,.0f} s", "", "", "", ""))
         if error:
-            rows.append((name, "FAILED", error[:120], "", "", ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+            rows.append((name, "FAILED", error[:120], "", "", "", ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -150,6 +172,9 @@ def main() -> None:
           f"{total / 60:.1f} min")  # fmt: skip
     print()
     print(table(figures, runs))
+    verdicts = [v for v in (met(f) for f in figures) if v is not None]
+    print()
+    print(f"targets met: {sum(verdicts)} of {len(verdicts)}")
     if any(err for _, _, err in runs.values()):
         sys.exit(1)
 

@@ -79,6 +79,12 @@ def test_walstream_run_until_caught_up_delivers_the_slot_and_exits(db, tmp_path)
     second = run_until_caught_up(config)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "delivering what the slots hold now, then stopping" in second.stdout
+    # What it does and waits for while it starts, in that order.
+    said = [f"source app: checking its slot {slot} and publication {pub}",
+            "starting Spark (local[2]): its JVM and Python workers", "Spark is up (",
+            f"source app: streaming from slot {slot}; the first batch waits"]  # fmt: skip
+    at = [second.stdout.find(s) for s in said]
+    assert -1 not in at and at == sorted(at), second.stdout
     assert "caught up; delivered this run: {'files': 1510}" in second.stdout
     got = sorted((json.loads(m) for m in read_messages(out)),
                  key=lambda m: (m["metadata"]["commit_lsn"], m["metadata"]["commit_idx"]))  # fmt: skip

@@ -82,25 +82,45 @@ def run(
             err_console.print(f"  [yellow]fix:[/] {escape(problem.fix)}")
         err_console.print("nothing was started: fix the sink, then run again")
         raise typer.Exit(2)
-    runtime = Runtime(cfg, until_caught_up=until_caught_up)
+    started = time.monotonic()
+    runtime = Runtime(
+        cfg, until_caught_up=until_caught_up,
+        say=lambda text: console.print(f"[dim]•[/] {escape(text)}"),
+    )  # fmt: skip
 
     def on_signal(*_: object) -> None:  # first: finish the batch in flight; second: abandon it
         (runtime.abandon if runtime.stopping.is_set() else runtime.stopping).set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    console.print(f"[dim]•[/] starting Spark ({cfg.spark.master}) and {len(cfg.sources)} source(s)")
     if until_caught_up:
         console.print("[dim]•[/] delivering what the slots hold now, then stopping")
     runtime.start()
     if runtime.server is not None:
         console.print(f"[dim]•[/] health, metrics, API and console at {runtime.server.url}")
     until = time.monotonic() + seconds if seconds is not None else None
+    first: list[float] = []
+
+    def first_delivery(rt: Runtime) -> None:
+        if not first and any(p.delivered for p in rt.progress().values()):
+            first.append(time.monotonic() - started)
+            console.print(f"[dim]•[/] first changes delivered {first[0]:.1f}s after start")
+
     if console.is_interactive:
         with Live(progress_table(runtime), console=console, refresh_per_second=2) as live:
-            runtime.run(until, on_tick=lambda rt: live.update(progress_table(rt)))
+
+            def tick(rt: Runtime) -> None:
+                first_delivery(rt)
+                live.update(progress_table(rt))
+
+            runtime.run(until, on_tick=tick)
     else:
-        runtime.run(until, on_tick=log_progress)
+
+        def log_tick(rt: Runtime) -> None:
+            first_delivery(rt)
+            log_progress(rt)
+
+        runtime.run(until, on_tick=log_tick)
     progress = runtime.progress()
     totals = {k: v.delivered for k, v in progress.items()}
     skipped = {k: v.skipped for k, v in progress.items() if v.skipped}

