@@ -49,6 +49,31 @@ def test_available_now_reads_what_was_committed_before_it_started_then_ends(spar
     assert drained(spark, ckpt, **opts) == [[4000]]
 
 
+def test_trigger_once_reads_what_was_committed_before_it_started_in_one_batch(spark, db, tmp_path):
+    db.execute("CREATE TABLE onc (id int PRIMARY KEY)")
+    pub = db.create_publication("onc")
+    slot = unique("slot")
+    db.slots.append(slot)
+    opts = {"dsn": db.dsn, "slot": slot, "publication": pub, "maxChangesPerBatch": "1000"}
+    ckpt = tmp_path / "ckpt"
+
+    def once() -> list[list[int]]:
+        with StreamRun(spark, ckpt, trigger={"once": True}, **opts) as run:
+            assert run.query.awaitTermination(180), "the query did not end"
+            assert run.query.exception() is None
+            return [[int(r.pk[0]) for r in rows] for _, rows in run.collected.batches if rows]
+
+    assert once() == []  # creates the slot; nothing before it
+    db.execute("INSERT INTO onc SELECT g FROM generate_series(1, 2500) g")
+    db.execute("INSERT INTO onc SELECT g FROM generate_series(2501, 3000) g")
+    # One batch with everything committed before the query started (Trigger.Once reads
+    # all that is available, past maxChangesPerBatch); nothing of it again afterwards.
+    assert once() == [list(range(1, 3001))]
+    assert once() == []
+    db.execute("INSERT INTO onc VALUES (4000)")
+    assert once() == [[4000]]
+
+
 def run_until_caught_up(config: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "walstream.cli", "run", "-c", str(config), "--until-caught-up"],

@@ -106,7 +106,8 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     # -- Trigger.AvailableNow ------------------------------------------------------------
     def prepareForTriggerAvailableNow(self) -> None:
         """Write a mark into the WAL (a logical message, as heartbeats are): the query
-        reads every change committed before it, then ends."""
+        reads every change committed before it, then ends. Trigger.Once (which asks
+        for all available) marks the same way at its one batch."""
         with connect(self.options.dsn, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT pg_logical_emit_message(true, %s, 'available-now')::text",
@@ -202,6 +203,8 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if isinstance(limit, ReadAllAvailable):
             max_rows = None
+            if self._mark is None:  # Trigger.Once: all that was committed before it started
+                self.prepareForTriggerAvailableNow()
         if self._mark is None:
             return _as_offset(driver.capture.latest(cursor, max_rows))
         # Trigger.AvailableNow: once the mark is received, up to it and no further
