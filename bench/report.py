@@ -1,4 +1,4 @@
-"""Every benchmark in bench/, at sizes that finish in about 15 minutes on 2 cores, in one table.
+"""Every benchmark in bench/, at sizes that finish in about 25 minutes on 2 cores, in one table.
 
     .venv/bin/python -m bench.report [--only decode,kafka] [--scale 1.0]
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.backlog import _descendants, _rss_mb
 
-#: (benchmark, arguments at scale 1): 1-3 minutes each here, about 11 minutes in all.
+#: (benchmark, arguments at scale 1): 1-5 minutes each here, about 25 minutes in all.
 PLAN: list[tuple[str, list[str]]] = [
     ("decode", ["--rows", "1000000", "--repeat", "2"]),
     ("stream", ["--changes", "1000000", "--latency-seconds", "15"]),
@@ -38,6 +38,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("backfill", ["--rows", "2000000"]),
     ("events", ["--requests", "2000", "--threads", "8"]),
     ("shards", ["--changes", "500000"]),
+    ("debezium", ["--changes", "500000", "--rates", "2000,5000", "--latency-seconds", "15"]),
     ("lake", ["--rows", "5000000", "--changes", "500000", "--latency-seconds", "30",
               "--files-minutes", "3"]),
 ]  # fmt: skip

@@ -65,7 +65,7 @@ class SinkSteps:
     ) -> None:  # fmt: skip
         from pyspark.sql import functions as F
 
-        self.spark = spark
+        self.context = spark.sparkContext
         self.sink = sink.name
         p = projection(sink, skip_before, backfill, db)
         self._where = F.expr(p.where)._jc
@@ -98,7 +98,7 @@ class SinkSteps:
         jdf = df._jdf.filter(self._where).select(self._select)
         if self._trim is not None:
             jdf = jdf.select(self._trim)
-        return DataFrame(jdf, self.spark)
+        return DataFrame(jdf, df.sparkSession)  # each query runs in its own session
 
     def deliver(self, prepared: Any) -> Any:
         """`prepared` (or it regrouped) mapped through the delivery function: one row of
@@ -106,11 +106,13 @@ class SinkSteps:
         from pyspark.sql import DataFrame
 
         assert self._deliver is not None, "SinkSteps made without a DeliveryPlan"
-        return DataFrame(prepared._jdf.mapInArrow(self._deliver, False, None), self.spark)
+        return DataFrame(
+            prepared._jdf.mapInArrow(self._deliver, False, None), prepared.sparkSession
+        )
 
     def start(self, part: BatchPart) -> None:
         """The jobs this thread runs next deliver batch `part` (a Spark local property)."""
-        self.spark.sparkContext.setLocalProperty(BATCH_PROPERTY.format(sink=self.sink), part.text())
+        self.context.setLocalProperty(BATCH_PROPERTY.format(sink=self.sink), part.text())
 
 
 def batch_deliverer(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
