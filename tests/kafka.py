@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tests.conftest import unique
 from walstream.testing import wait_until
 
 
-def _reader(bootstrap: str, topic: str, offset: int | None = None) -> Any:
+def _reader(bootstrap: str, topic: str) -> Any:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -22,97 +21,61 @@ def _reader(bootstrap: str, topic: str, offset: int | None = None) -> Any:
             "auto.offset.reset": "earliest",
         }
     )
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING if offset is None else offset)])
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     return consumer
 
 
-#: A consumer that receives nothing for this long while messages are still expected is
-#: replaced by a new one at the next offset: tansu (the test broker) sometimes leaves a
-#: consumer's fetch session stalled with no error while the topic holds more messages.
-STALL_SECONDS = 10.0
+def _read(consumer: Any, topic: str, n: int, timeout: float) -> list[Any]:
+    got: list[Any] = []
+    errors: list[str] = []
 
-
-class Reader:
-    """A topic's messages from its start, in order, resuming on a fresh consumer after a
-    stall (see STALL_SECONDS)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
-        self.consumer = _reader(bootstrap, topic)
-        self.got: list[Any] = []
-        self.errors: list[str] = []
-        self.resumed = 0
-        self._skip = 0
-        self._last = time.monotonic()
-
-    def poll(self, timeout: float) -> Any:
-        """The next message (or None after `timeout`); errors are noted, not returned."""
-        m = self.consumer.poll(timeout)
-        if m is not None and m.error():
-            self.errors[-1:] = [str(m.error())]
-            m = None
-        if m is not None and self._skip:  # read again after a resume
-            self._skip -= 1
-            return self.poll(timeout)
+    def enough() -> bool:
+        m = consumer.poll(0.5)
         if m is not None:
-            self._last = time.monotonic()
-            self.got.append(m)
-        return m
+            if m.error():
+                errors[-1:] = [str(m.error())]
+            else:
+                got.append(m)
+        return len(got) >= n
 
-    def read(self, n: int, timeout: float) -> list[Any]:
-        def enough() -> bool:
-            self.poll(0.5)
-            if len(self.got) < n and time.monotonic() - self._last > STALL_SECONDS:
-                self._resume()
-            return len(self.got) >= n
+    wait_until(
+        enough, timeout, interval=0,
+        message=lambda: f"{topic}: {len(got)}/{n} (last consumer error: {errors or 'none'}; "
+        f"{_partitions(consumer, topic)})",
+    )  # fmt: skip
+    return got
 
-        wait_until(
-            enough, timeout, interval=0,
-            message=lambda: f"{self.topic}: {len(self.got)}/{n} (last consumer error: "
-            f"{self.errors or 'none'}; resumed {self.resumed} time(s); {self._partitions()})",
-        )  # fmt: skip
-        return self.got
 
-    def _partitions(self) -> str:
-        """How many partitions the topic has (the reader reads partition 0 only)."""
-        try:
-            meta = self.consumer.list_topics(self.topic, timeout=5).topics[self.topic]
-            return f"{len(meta.partitions)} partition(s)"
-        except Exception as exc:  # a diagnostic only
-            return f"partitions unknown: {exc}"
-
-    def _resume(self) -> None:
-        # From the start again, skipping what was read: tansu's offsets do not always
-        # count records (a fetch at the next record's offset can find nothing).
-        self.consumer.close()
-        self.consumer = _reader(self.bootstrap, self.topic)
-        self._skip = len(self.got)
-        self.resumed += 1
-        self._last = time.monotonic()
-
-    def close(self) -> None:
-        self.consumer.close()
+def _partitions(consumer: Any, topic: str) -> str:
+    """How many partitions the topic has (a diagnostic: the reader reads partition 0)."""
+    try:
+        return (
+            f"{len(consumer.list_topics(topic, timeout=5).topics[topic].partitions)} partition(s)"
+        )
+    except Exception as exc:  # only for the message of a failed wait
+        return f"partitions unknown: {exc}"
 
 
 def consume(bootstrap: str, topic: str, n: int, timeout: float = 60) -> list[Any]:
     """Exactly `n` messages of the topic: fails if fewer arrive, or one more follows."""
-    reader = Reader(bootstrap, topic)
+    consumer = _reader(bootstrap, topic)
     try:
-        got = list(reader.read(n, timeout))
-        extra = reader.poll(2.0)  # nothing beyond the expected messages
-        assert extra is None, f"unexpected extra message {extra.value()!r}"
+        got = _read(consumer, topic, n, timeout)
+        extra = consumer.poll(2.0)  # nothing beyond the expected messages
+        assert extra is None or extra.error(), f"unexpected extra message {extra.value()!r}"
     finally:
-        reader.close()
+        consumer.close()
     return got
 
 
 def consume_all(bootstrap: str, topic: str, at_least: int, timeout: float = 90) -> list[Any]:
     """Every message of the topic: at least `at_least`, then until 3 s pass without one."""
-    reader = Reader(bootstrap, topic)
+    consumer = _reader(bootstrap, topic)
     try:
-        reader.read(at_least, timeout)
-        while reader.poll(3.0) is not None:
-            pass
+        got = _read(consumer, topic, at_least, timeout)
+        while (m := consumer.poll(3.0)) is not None:
+            if not m.error():
+                got.append(m)
     finally:
-        reader.close()
-    return list(reader.got)
+        consumer.close()
+    return got
