@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.backlog import _descendants, _rss_mb
+from bench.kafka import percentiles, steady
 from bench.results import figure
 from bench.stream import TABLE, write
 from walstream.postgres.embedded import EmbeddedPostgres
@@ -300,9 +300,9 @@ def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, s
             conn.execute("INSERT INTO probe VALUES (%s, now(), 'ready')", (first_id,))
         tally.wait(proc, 1, 300, log)
         # Both systems warm up at the rate first (JIT, caches); that part is not measured.
-        warm = steady(pg.dsn(), rate, WARM_SECONDS, first_id + 1)
+        warm = steady(pg.dsn(), "probe", rate, WARM_SECONDS, first_id + 1)
         tally.wait(proc, 1 + warm, 120, log)
-        written = steady(pg.dsn(), rate, seconds, first_id + 1 + warm)
+        written = steady(pg.dsn(), "probe", rate, seconds, first_id + 1 + warm)
         tally.wait(proc, 1 + warm + written, 120, log)
     finally:
         mb = peak.stop()
@@ -311,24 +311,6 @@ def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, s
         with connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     return Run(written + warm, peak_mb=mb, latencies=[t - c for t, c in tally.pairs[1 + warm :]])
-
-
-def steady(dsn: str, rate: int, seconds: float, first: int) -> int:
-    """`rate` rows/s into probe (ids from `first`) in 50-row transactions; rows written."""
-    written = 0
-    with connect(dsn, autocommit=True) as conn:
-        conn.execute("SET synchronous_commit = on")
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            conn.execute(
-                "INSERT INTO probe SELECT g, now(), 'x' FROM generate_series(%s::bigint, %s::bigint) g",
-                (first + written, first + written + 49),
-            )
-            written += 50
-            ahead = written / rate - (time.perf_counter() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
-    return written
 
 
 def mixed(conn: Any, start: int, n: int) -> None:
@@ -426,13 +408,6 @@ def main() -> None:
                         f"  latency at {rate:,}/s, {system}: p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"
                     )
     report(results)
-
-
-def percentiles(seconds: list[float]) -> tuple[float, float]:
-    lat = sorted(seconds)
-    if not lat:
-        return float("nan"), float("nan")
-    return statistics.median(lat) * 1000, lat[max(0, int(len(lat) * 0.99) - 1)] * 1000
 
 
 def report(results: dict[str, dict[str, Run]]) -> None:

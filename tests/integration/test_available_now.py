@@ -21,9 +21,9 @@ pytestmark = pytest.mark.spark
 NOW = {"availableNow": True}
 
 
-def drained(spark, ckpt: Path, **opts: str) -> list[list[int]]:
-    """One AvailableNow run to its end: the ids of each non-empty batch."""
-    with StreamRun(spark, ckpt, trigger=NOW, **opts) as run:
+def drained(spark, ckpt: Path, trigger: dict[str, bool] = NOW, **opts: str) -> list[list[int]]:
+    """One AvailableNow (or `trigger`) run to its end: the ids of each non-empty batch."""
+    with StreamRun(spark, ckpt, trigger=trigger, **opts) as run:
         assert run.query.awaitTermination(180), "the query did not end"
         assert run.query.exception() is None
         return [[int(r.pk[0]) for r in rows] for _, rows in run.collected.batches if rows]
@@ -58,10 +58,7 @@ def test_trigger_once_reads_what_was_committed_before_it_started_in_one_batch(sp
     ckpt = tmp_path / "ckpt"
 
     def once() -> list[list[int]]:
-        with StreamRun(spark, ckpt, trigger={"once": True}, **opts) as run:
-            assert run.query.awaitTermination(180), "the query did not end"
-            assert run.query.exception() is None
-            return [[int(r.pk[0]) for r in rows] for _, rows in run.collected.batches if rows]
+        return drained(spark, ckpt, trigger={"once": True}, **opts)
 
     assert once() == []  # creates the slot; nothing before it
     db.execute("INSERT INTO onc SELECT g FROM generate_series(1, 2500) g")
