@@ -51,7 +51,7 @@ from bench.results import figure
 from bench.stream import TABLE, write
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
-from walstream.testing import TansuBroker
+from walstream.testing import TansuBroker, TopicReader
 
 PROBE = "CREATE TABLE probe (id bigint PRIMARY KEY, at timestamptz, note text)"
 SYSTEMS = ("walstream", "debezium")
@@ -229,24 +229,17 @@ class Tally:
         self._thread.start()
 
     def _run(self) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "bench-tally",
-                      "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                      "topic.metadata.refresh.interval.ms": 1000})  # fmt: skip
-        c.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+        reader = TopicReader(self.bootstrap, self.topic)
         try:
             while not self._done.is_set():
-                for m in c.consume(10_000, 0.2):
-                    if m.error():
-                        continue
+                for m in reader.consume(10_000, 0.2):
                     ts = m.timestamp()[1] / 1000
                     self.first, self.last = min(self.first, ts), max(self.last, ts)
                     if self.values:
                         self.pairs.append((ts, json.loads(m.value())["source"]["ts_ms"] / 1000))
                     self.n += 1
         finally:
-            c.close()
+            reader.close()
 
     def wait(self, proc: subprocess.Popen[bytes], n: int, timeout: float, log: Path) -> None:
         deadline = time.monotonic() + timeout

@@ -43,7 +43,7 @@ from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
 from walstream.runtime import Runtime
 from walstream.spark.session import build_spark
-from walstream.testing import TansuBroker
+from walstream.testing import TansuBroker, TopicReader
 
 PROBE = "CREATE TABLE {} (id bigint PRIMARY KEY, at timestamptz, note text);"
 
@@ -164,24 +164,17 @@ def wait_for(runtime: Runtime, n: int, timeout: float) -> None:
 
 def kafka_latencies(bootstrap: str, topic: str, n: int, timeout: float = 60) -> list[float]:
     """Seconds from commit to Kafka timestamp for the first n messages of `topic`."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False}
-    )
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    reader = TopicReader(bootstrap, topic)
     out: list[float] = []
     deadline = time.monotonic() + timeout
     try:
         while len(out) < n and time.monotonic() < deadline:
-            for m in consumer.consume(1000, 0.5):
-                if m.error():
-                    continue
+            for m in reader.consume(1000, 0.5):
                 committed = json.loads(m.value())["metadata"]["commit_timestamp"]
                 commit_s = datetime.fromisoformat(committed.replace("Z", "+00:00")).timestamp()
                 out.append(m.timestamp()[1] / 1000 - commit_s)
     finally:
-        consumer.close()
+        reader.close()
     return out
 
 

@@ -144,6 +144,75 @@ class TansuBroker:
         self.stop()
 
 
+class TopicReader:
+    """Reads partition 0 of a Kafka topic from its start, one message at a time.
+
+    tansu now and then stops answering a long-lived consumer's fetches (the broker has
+    the messages: a new consumer reads them). So when `stall` seconds pass without a
+    message, the reader closes its consumer and opens a new one at the next offset;
+    `reopened` counts how often. Nothing is skipped or read twice: offsets are tracked.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, stall: float = 10.0) -> None:
+        self.bootstrap, self.topic, self.stall = bootstrap, topic, stall
+        self.next_offset: int | None = None  # None: from the start
+        self.reopened = 0
+        self.last_error: str | None = None
+        self._consumer = self._open()
+        self._quiet_since = time.monotonic()
+
+    def _open(self) -> Any:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer({
+            "bootstrap.servers": self.bootstrap,
+            "group.id": f"walstream-reader-{os.getpid()}-{id(self)}",
+            "enable.auto.commit": False,
+            # A fetch refused as out of range (tansu, for a topic just created) resets to
+            # the start, not the end: the default ("latest") would skip what was written.
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+        })  # fmt: skip
+        start = OFFSET_BEGINNING if self.next_offset is None else self.next_offset
+        consumer.assign([TopicPartition(self.topic, 0, start)])
+        return consumer
+
+    def poll(self, timeout: float) -> Any | None:
+        """The next message, or None when none came within `timeout` seconds."""
+        got = self.consume(1, timeout)
+        return got[0] if got else None
+
+    def consume(self, most: int, timeout: float) -> list[Any]:
+        """Up to `most` next messages, waiting at most `timeout` seconds for the first."""
+        got = []
+        for m in self._consumer.consume(most, timeout):
+            if m.error():
+                self.last_error = str(m.error())
+            else:
+                got.append(m)
+        now = time.monotonic()
+        if got:
+            self.next_offset = got[-1].offset() + 1
+            self._quiet_since = now
+        elif now - self._quiet_since > self.stall:
+            self._consumer.close()
+            self._consumer = self._open()
+            self.reopened += 1
+            self._quiet_since = now
+        return got
+
+    def partitions(self) -> str:
+        """How many partitions the topic has (for messages: this reads partition 0)."""
+        try:
+            meta = self._consumer.list_topics(self.topic, timeout=5)
+            return f"{len(meta.topics[self.topic].partitions)} partition(s)"
+        except Exception as exc:  # only for the message of a failed wait
+            return f"partitions unknown: {exc}"
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 def spark_home() -> Path:
     """PySpark's own Spark distribution (bin/spark-class, jars/)."""
     import pyspark

@@ -10,7 +10,7 @@ import pytest
 from walstream.change import CHANGE_COLUMNS, spark_schema
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder
-from walstream.testing import wait_until
+from walstream.testing import TopicReader, wait_until
 
 
 @pytest.mark.kafka
@@ -53,6 +53,35 @@ def test_tansu_broker_round_trips_keys_and_headers(kafka):
     finally:
         consumer.close()
     assert sorted(got, key=lambda g: g[1]) == [(f"k{i % 2}", i, f"id{i}") for i in range(5)]
+
+
+@pytest.mark.kafka
+def test_topic_reader_reopens_a_quiet_consumer_at_the_next_offset(kafka):
+    from confluent_kafka import Producer
+
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+
+    def send(first: int, n: int) -> None:
+        for i in range(first, first + n):
+            producer.produce(topic, value=str(i), partition=0)
+        assert producer.flush(15) == 0
+
+    send(0, 5)
+    reader = TopicReader(kafka.bootstrap_servers, topic, stall=0.5)
+    got: list[int] = []
+    try:
+        wait_until(lambda: got.extend(int(m.value()) for m in reader.consume(100, 0.2)) or
+                   len(got) >= 5, 60, interval=0, message=lambda: f"read {got}")  # fmt: skip
+        wait_until(lambda: reader.poll(0.2) is None and reader.reopened >= 1, 30, interval=0)
+        send(5, 5)  # read by the new consumer, from where the first one stopped
+        wait_until(lambda: got.extend(int(m.value()) for m in reader.consume(100, 0.2)) or
+                   len(got) >= 10, 60, interval=0, message=lambda: f"read {got}")  # fmt: skip
+        assert reader.poll(1.0) is None
+    finally:
+        reader.close()
+    assert got == list(range(10))
+    assert reader.next_offset == 10
 
 
 @pytest.mark.spark
