@@ -101,6 +101,8 @@ class SourceConfig(Model):
     heartbeat_interval: Duration = 5.0
     max_changes_per_batch: int = Field(50_000, ge=1)
     partition_bytes: int = Field(4 << 20, ge=64 << 10)  # raw WAL bytes per Spark task
+    #: Raw WAL read ahead of Spark, at most (reading pauses when full; the WAL waits in Postgres).
+    max_buffer_bytes: int = Field(32 << 20, ge=1 << 20)
     #: Split the source into slot/publication pairs by table, each its own query: the
     #: source runs as `<name>-1` ... `<name>-N` (see plan.py).
     shards: list[Annotated[list[str], Field(min_length=1)]] | None = Field(None, min_length=2)

@@ -52,7 +52,7 @@ class Capture:
         floor: Cursor,
         *,
         primary_keys: Mapping[tuple[str, str], Sequence[str]] | None = None,
-        max_buffer_bytes: int = 128 << 20,
+        max_buffer_bytes: int = 32 << 20,
         status_interval: float = 5.0,
         connect_retries: int = 20,
         internal_schema: str | None = None,

@@ -60,6 +60,7 @@ def start_query(
         .option("name", s.name)
         .option("maxChangesPerBatch", str(s.max_changes_per_batch))
         .option("partitionBytes", str(s.partition_bytes))
+        .option("maxBufferBytes", str(s.max_buffer_bytes))
         .option("heartbeatInterval", str(s.heartbeat_interval))
     )
     if s.tables:

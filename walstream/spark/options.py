@@ -52,7 +52,7 @@ class SourceOptions:
             heartbeat_timeout=_number(
                 opts, "heartbeattimeout", max(60.0, 6 * heartbeat), minimum=1.0
             ),
-            max_buffer_bytes=int(_number(opts, "maxbufferbytes", 128 << 20, minimum=1 << 20)),
+            max_buffer_bytes=int(_number(opts, "maxbufferbytes", 32 << 20, minimum=1 << 20)),
             partition_bytes=int(_number(opts, "partitionbytes", 4 << 20, minimum=64 << 10)),
             replay_timeout=_number(opts, "replaytimeout", 300.0, minimum=1.0),
             internal_schema=opts.get("internalschema", "").strip() or None,

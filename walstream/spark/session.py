@@ -35,6 +35,14 @@ LOG_PROFILE = Path(__file__).with_name("log4j2.properties")
 JAVA_FLOOR = 17
 _VERSION = re.compile(r'version "(?:1\.)?(\d+)')
 _LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+#: A local master's defaults, sized for a small machine (docs/performance.md, "Memory"):
+#: Spark's own 1 GB heap, G1's bookkeeping and an initial heap of 1/64 of RAM made its JVM
+#: 0.8-1 GB resident.
+LOCAL_CONF = {"spark.driver.memory": "512m"}  # Spark refuses less than 450 MB
+#: ...and its JVM's: the serial collector (no G1 remembered sets; one or two cores), a heap
+#: that starts small and grows only as far as it is used, a young generation of at most 64 MB.
+LOCAL_JAVA_OPTIONS = "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m"
+_GC_CHOICE = re.compile(r"-XX:\+Use\w+GC\b")
 
 
 def java_version(java: str) -> int | None:
@@ -100,15 +108,9 @@ def _resolvable(name: str) -> bool:
         return False
 
 
-def build_spark(config: Any, quiet: bool = True) -> Any:
-    """A SparkSession for walstream: the config's master and conf over walstream's defaults.
-
-    `quiet` uses walstream's log profile (spark/log4j2.properties): failures are
-    reported once by the runtime instead of as stack traces from every layer.
-    """
-    from pyspark.sql import SparkSession
-
-    spark_environment(config.spark.master)
+def spark_conf(config: Any, quiet: bool = True) -> dict[str, str]:
+    """The Spark settings `build_spark` starts with: walstream's defaults (a local master's
+    sized for a small machine, see LOCAL_CONF), then the config's `spark.conf` over them."""
     conf = {
         "spark.python.worker.reuse": "true",
         "spark.ui.enabled": "false",
@@ -121,13 +123,33 @@ def build_spark(config: Any, quiet: bool = True) -> Any:
         # first instead of waiting behind a queue of chunk reads (FIFO would starve it).
         "spark.scheduler.mode": "FAIR",
     }
+    java: list[str] = []
     if quiet:
-        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()}"
+        java.append(f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()}")
+    if config.spark.master.startswith("local"):
+        conf.update(LOCAL_CONF)
+        if not _GC_CHOICE.search(config.spark.conf.get("spark.driver.extraJavaOptions", "")):
+            java.append(LOCAL_JAVA_OPTIONS)  # the user's options follow: theirs win
+    if java:
+        conf["spark.driver.extraJavaOptions"] = " ".join(java)
     if urlparse(str(config.spark.checkpoint_dir)).scheme in ("", "file"):
         # Local disk: rename is atomic, so skip Hadoop's .crc side files (~40 ms per batch).
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FS_CHECKPOINTS
     for k, v in config.spark.conf.items():
         conf[k] = f"{conf[k]} {v}" if k == "spark.driver.extraJavaOptions" and k in conf else v
+    return conf
+
+
+def build_spark(config: Any, quiet: bool = True) -> Any:
+    """A SparkSession for walstream on the config's master, with `spark_conf`.
+
+    `quiet` uses walstream's log profile (spark/log4j2.properties): failures are
+    reported once by the runtime instead of as stack traces from every layer.
+    """
+    from pyspark.sql import SparkSession
+
+    spark_environment(config.spark.master)
+    conf = spark_conf(config, quiet)
     builder = SparkSession.builder.master(config.spark.master).appName("walstream")
     for k, v in conf.items():
         builder = builder.config(k, v)

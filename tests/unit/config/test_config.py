@@ -57,6 +57,7 @@ def test_defaults() -> None:
     src = cfg.sources[0]
     assert (src.slot_name, src.publication_name) == ("walstream_app", "walstream_app")
     assert src.heartbeat_interval == 5.0
+    assert src.max_buffer_bytes == 32 << 20
     sink = cfg.sinks[0]
     assert sink.format == "sequin"
     assert sink.actions == ["insert", "update", "delete", "truncate", "read"]
@@ -73,6 +74,11 @@ def test_durations_and_globs() -> None:
     cfg = parse_config(with_change("sinks.0.tables", ["public.*"]))
     assert cfg.sinks[0].wants_table("public", "items")
     assert not cfg.sinks[0].wants_table("audit", "items")
+
+
+def test_a_read_ahead_buffer_below_1_mib_is_refused() -> None:
+    msg = error_of(with_change("sources.0.max_buffer_bytes", 1000))
+    assert "sources[0].max_buffer_bytes" in msg and "1048576" in msg
 
 
 def test_unknown_key_names_its_path() -> None:

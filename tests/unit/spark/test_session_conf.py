@@ -1,0 +1,54 @@
+"""The Spark settings walstream starts with: a local master sized for a small machine,
+a cluster left to Spark, the user's settings over walstream's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from walstream.config import parse_config
+from walstream.spark.session import LOG_PROFILE, spark_conf
+
+SOURCES = [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:5432/app"}]
+SINKS = [{"name": "out", "source": "app", "destination": {"type": "file", "path": "/tmp/x"}}]
+
+
+def conf_of(spark: dict[str, Any], quiet: bool = True) -> dict[str, str]:
+    return spark_conf(parse_config({"spark": spark, "sources": SOURCES, "sinks": SINKS}), quiet)
+
+
+def test_a_local_master_gets_a_small_heap_and_the_serial_collector():
+    conf = conf_of({"master": "local[*]"})
+    assert conf["spark.driver.memory"] == "512m"
+    assert conf["spark.driver.extraJavaOptions"] == (
+        f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()} -XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m"
+    )
+    assert conf_of({"master": "local[2]"}, quiet=False)["spark.driver.extraJavaOptions"] == (
+        "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m"
+    )
+
+
+def test_a_cluster_master_keeps_sparks_memory_defaults():
+    conf = conf_of({"master": "spark://10.0.0.1:7077"}, quiet=False)
+    assert "spark.driver.memory" not in conf
+    assert "spark.driver.extraJavaOptions" not in conf
+
+
+def test_the_users_settings_win():
+    conf = conf_of({
+        "master": "local[2]",
+        "conf": {"spark.driver.memory": "2g", "spark.driver.extraJavaOptions": "-Xms256m"},
+    }, quiet=False)  # fmt: skip
+    assert conf["spark.driver.memory"] == "2g"
+    # theirs come last: the JVM takes the last -Xms
+    assert (
+        conf["spark.driver.extraJavaOptions"]
+        == "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -Xms256m"
+    )
+
+
+def test_a_users_collector_replaces_walstreams_jvm_options():
+    conf = conf_of(
+        {"master": "local[2]", "conf": {"spark.driver.extraJavaOptions": "-XX:+UseG1GC"}},
+        quiet=False,
+    )
+    assert conf["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC"
