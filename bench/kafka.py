@@ -142,6 +142,12 @@ def floor_latencies(
     finally:
         q.stop()
     with connect(dsn, autocommit=True) as conn:
+        # the source's replication connection closes a moment after the query stops
+        deadline = time.monotonic() + 30
+        while conn.execute(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = 'floor'"
+        ).fetchone()[0] and time.monotonic() < deadline:  # fmt: skip
+            time.sleep(0.1)
         conn.execute("SELECT pg_drop_replication_slot('floor')")
     return out, spent
 

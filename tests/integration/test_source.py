@@ -289,6 +289,38 @@ def test_full_buffer_pauses_reading_but_keeps_the_connection(spark, db, tmp_path
     )
 
 
+def test_a_batch_as_big_as_the_buffer_does_not_stop_the_stream(spark, db, tmp_path):
+    """maxChangesPerBatch lets one batch take the whole 1 MiB buffer: Spark commits it only
+    when it plans the next batch, which needs changes the full buffer had no room for.
+    Capture reads on past its bound instead of waiting for a commit that cannot come."""
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    db.execute("ALTER TABLE t ALTER COLUMN pad SET STORAGE PLAIN")
+    pub = db.create_publication("t")
+    slot = db.create_slot()
+    for first in range(1, 5001, 100):  # ~5 MB in 50 transactions
+        db.execute(
+            "INSERT INTO t SELECT g, repeat('p', 1000) FROM generate_series(%s::int, %s::int) g",
+            (first, first + 99),
+        )
+    got: list[int] = []
+    query = (
+        spark.readStream.format("walstream").option("dsn", db.dsn).option("slot", slot)
+        .option("publication", pub).option("maxBufferBytes", str(1 << 20))
+        .option("maxChangesPerBatch", "100000").load()
+        .writeStream.foreachBatch(lambda b, _: got.extend(int(r.pk[0]) for r in b.collect()))
+        .option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    )  # fmt: skip
+    try:
+        wait_until(lambda: len(got) >= 5000 or query.exception() is not None, 120,
+                   message=lambda: f"{len(got)} of 5000 rows")  # fmt: skip
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert got == list(range(1, 5001))
+
+
 def test_stale_replication_connection_fails_loudly(spark, db, tmp_path):
     import os
     import signal

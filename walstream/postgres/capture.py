@@ -77,6 +77,9 @@ class Capture:
         self.last_heartbeat_at = time.monotonic()
         self.received_until = 0  # highest WAL position seen (for lag reporting)
         self._stop = threading.Event()
+        #: Read past `max_buffer_bytes` (see `latest`); guarded by `cond`.
+        self._overdraw = False
+        self._overdrawn_once = False
         self._current: Txn | None = None
         self._skipping = False
         self._streaming = False
@@ -175,7 +178,7 @@ class Capture:
                 cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=True)
                 self._sent_lsn = lsn
                 last_status = now
-            if self.buffered_bytes >= self.max_buffer_bytes:
+            if self.buffered_bytes >= self.max_buffer_bytes and not self._overdraw:
                 with self.cond:  # full: wait for Spark to commit, keep the connection alive
                     self.cond.wait(0.2)
                 continue
@@ -252,7 +255,22 @@ class Capture:
         Never blocks."""
         self.raise_if_failed()
         with self.cond:
-            return self.buffer.latest(start, max_rows)
+            end = self.buffer.latest(start, max_rows)
+            if end == start and self.buffered_bytes >= self.max_buffer_bytes:
+                # Full of changes at or before `start` only: Spark commits them once it
+                # plans the next batch, which needs a change after `start`. Read on past
+                # the bound until that commit (waiting would stop the stream for good).
+                self._overdraw = True
+                self.cond.notify_all()
+                if not self._overdrawn_once:
+                    self._overdrawn_once = True
+                    log.warning(
+                        "slot %s: one batch's changes fill the read-ahead buffer (%d MiB), so "
+                        "reading goes on past it until Spark commits that batch; give "
+                        "max_buffer_bytes room for two batches, or lower max_changes_per_batch",
+                        self.slot, self.max_buffer_bytes >> 20,
+                    )  # fmt: skip
+            return end
 
     def covers(self, end: Cursor) -> bool:
         """Whether everything up to `end` has been received."""
@@ -277,4 +295,5 @@ class Capture:
         """Spark committed everything <= end: trim the buffer, confirm whole transactions."""
         with self.cond:
             self.buffer.commit(end)
+            self._overdraw = False
             self.cond.notify_all()

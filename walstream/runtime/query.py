@@ -84,6 +84,19 @@ def start_query(
     log.info("source %s: streaming (slot %s, query %s)", s.name, s.slot_name, sq.query_id)
 
 
+def stop_query(source: str, query: Any) -> None:
+    """Stop a streaming query; a failure is logged in one line (stopping goes on)."""
+    try:
+        query.stop()
+    except Exception as exc:
+        lines = [line.strip(": ") for line in str(exc).splitlines() if line.strip()][:2]
+        if "stopped SparkContext" in str(exc):  # a signal to the process group reached it first
+            log.info("source %s: its query had stopped with Spark", source)
+        else:
+            log.warning("source %s: stopping its query: %s", source, " ".join(lines)[:300])
+        log.debug("source %s: the full failure:\n%s", source, exc)
+
+
 def collect_progress(sq: SourceQuery) -> None:
     """Count the changes of batches the query reported since the last look (it keeps
     the last 100 reports, far more than a tick sees)."""

@@ -29,7 +29,13 @@ from walstream.delivery.retrier import Retrier
 from walstream.errors import ConfigError, ErrorSummary, Kind, SetupError, error_summary
 from walstream.periodic import Periodic
 from walstream.postgres.prepare import prepare_capture
-from walstream.runtime.query import SourceQuery, collect_progress, database_name, start_query
+from walstream.runtime.query import (
+    SourceQuery,
+    collect_progress,
+    database_name,
+    start_query,
+    stop_query,
+)
 from walstream.runtime.retention import retention_tasks
 from walstream.secrets import scrub, secret_values
 from walstream.server import Server
@@ -178,10 +184,7 @@ class Runtime:
             )  # fmt: skip
             q, sq.query = sq.query, None
             if q is not None:
-                try:
-                    q.stop()
-                except Exception as exc:
-                    log.warning("source %s: stop: %s", sq.source.name, exc)
+                stop_query(sq.source.name, q)
         elif sq.lock.try_acquire():
             sq.leader = True
             sq.failures = 0
@@ -377,10 +380,7 @@ class Runtime:
                     break
         for sq in self.queries:
             if sq.query is not None:
-                try:
-                    sq.query.stop()
-                except Exception as exc:  # stopping must go on for the other queries
-                    log.warning("source %s: stop: %s", sq.source.name, exc)
+                stop_query(sq.source.name, sq.query)
                 sq.query = None
         if self.owns_spark and self.spark is not None:
             self.spark.stop()
