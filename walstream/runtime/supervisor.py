@@ -45,6 +45,7 @@ from walstream.server.status import SourceStatus
 from walstream.spark.pipeline import Pipeline, validate
 from walstream.spark.session import build_spark
 from walstream.spark.source import register as register_source
+from walstream.spark.warm import warm_workers
 from walstream.state.leadership import Leadership
 from walstream.state.outbox import Outbox, ensure_outbox
 from walstream.streams.store import StreamStore
@@ -117,6 +118,7 @@ class Runtime:
             self.say(f"starting Spark ({cfg.spark.master}): its JVM and Python workers")
             self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
             self.say(f"Spark is up ({time.monotonic() - t0:.1f}s)")
+            warm_workers(self.spark)  # beside the steps below, not in the first batch
         register_source(self.spark)
         for sink in cfg.sinks:
             validate(self.spark, sink)

@@ -1,0 +1,29 @@
+"""The warm-up job `walstream run` starts beside its start-up steps runs and succeeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from walstream.spark.warm import JOB_GROUP, warm_workers
+
+
+@pytest.mark.spark
+def test_the_warm_up_job_imports_the_task_modules_in_every_core(spark):
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(JOB_GROUP))
+    warm_workers(spark).join(120)
+    jobs = [tracker.getJobInfo(j) for j in set(tracker.getJobIdsForGroup(JOB_GROUP)) - before]
+    assert [j.status for j in jobs] == ["SUCCEEDED"]
+    stage = tracker.getStageInfo(jobs[0].stageIds[0])
+    assert stage.numCompletedTasks == spark.sparkContext.defaultParallelism
+    assert stage.numFailedTasks == 0
+
+
+@pytest.mark.spark
+def test_a_module_that_does_not_import_fails_the_warm_up_quietly(spark, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="walstream.spark.warm")
+    warm_workers(spark, ["walstream.no_such_module"]).join(120)
+    assert "warming the Python workers failed" in caplog.text
+    assert "no_such_module" in caplog.text
