@@ -67,7 +67,8 @@ class Run:
     first_to_last: float = 0.0  # seconds between its first and last message's timestamps
     start_to_last: float = 0.0  # seconds from starting the process to the last message
     first_after: float = 0.0  # seconds from starting the process to the first message
-    peak_mb: float = 0.0
+    peak_mb: float = 0.0  # resident set of the process tree (RSS summed)
+    peak_pss_mb: float = 0.0  # the same, pages shared between processes counted once
     latencies: list[float] | None = None  # seconds, commit → Kafka
 
 
@@ -198,22 +199,35 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 class Peak:
-    """Samples the resident memory of a process tree every 0.5 s."""
+    """Samples the memory of a process tree every 0.5 s: RSS summed over its processes,
+    and PSS (forked Python workers share pages with their daemon; PSS counts them once)."""
 
     def __init__(self, pid: int) -> None:
-        self.pid, self.mb = pid, 0.0
+        self.pid, self.mb, self.pss_mb = pid, 0.0, 0.0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._done.wait(0.5):
-            self.mb = max(self.mb, sum(_rss_mb(p) for p in _descendants(self.pid)))
+            pids = _descendants(self.pid)
+            self.mb = max(self.mb, sum(_rss_mb(p) for p in pids))
+            self.pss_mb = max(self.pss_mb, sum(_pss_mb(p) for p in pids))
 
-    def stop(self) -> float:
+    def stop(self) -> tuple[float, float]:
         self._done.set()
         self._thread.join()
-        return self.mb
+        return self.mb, self.pss_mb
+
+
+def _pss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 class Tally:
@@ -270,10 +284,10 @@ def drain(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, n: 
     try:
         tally.wait(proc, n, 3600, log)
     finally:
-        mb = peak.stop()
+        mb, pss = peak.stop()
         stop(proc)
         tally.stop()
-    return Run(n, tally.last - tally.first, tally.last - t0, tally.first - t0, mb)
+    return Run(n, tally.last - tally.first, tally.last - t0, tally.first - t0, mb, pss)
 
 
 def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, seconds: float,
@@ -298,12 +312,17 @@ def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, s
         written = steady(pg.dsn(), "probe", rate, seconds, first_id + 1 + warm)
         tally.wait(proc, 1 + warm + written, 120, log)
     finally:
-        mb = peak.stop()
+        mb, pss = peak.stop()
         stop(proc)
         tally.stop()
         with connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    return Run(written + warm, peak_mb=mb, latencies=[t - c for t, c in tally.pairs[1 + warm :]])
+    return Run(
+        written + warm,
+        peak_mb=mb,
+        peak_pss_mb=pss,
+        latencies=[t - c for t, c in tally.pairs[1 + warm :]],
+    )
 
 
 def mixed(conn: Any, start: int, n: int) -> None:
@@ -386,7 +405,8 @@ def main() -> None:
                 results.setdefault(scenario, {})[system] = run
                 print(f"  {system}: {run.messages / run.first_to_last:,.0f}/s first→last, "
                       f"{run.messages / run.start_to_last:,.0f}/s including start "
-                      f"(first message after {run.first_after:.1f}s), peak {run.peak_mb:,.0f} MB")  # fmt: skip
+                      f"(first message after {run.first_after:.1f}s), peak {run.peak_mb:,.0f} MB RSS, "
+                      f"{run.peak_pss_mb:,.0f} MB PSS")  # fmt: skip
                 with connect(pg.dsn(), autocommit=True) as conn:
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (slots[system],))
         if "latency" in only:
@@ -407,6 +427,7 @@ def report(results: dict[str, dict[str, Run]]) -> None:
     print()
     print(f"{'figure (same run)':<52}{'walstream':>14}{'Debezium':>14}{'ratio':>9}")
     mem: dict[str, float] = {}
+    pss: dict[str, float] = {}
 
     def row(name: str, ws: float, dbz: float, unit: str, target: str | None, higher: bool) -> None:
         ratio = ws / dbz if dbz else float("nan")
@@ -421,6 +442,7 @@ def report(results: dict[str, dict[str, Run]]) -> None:
             continue
         for system, run in runs.items():
             mem[system] = max(mem.get(system, 0.0), run.peak_mb)
+            pss[system] = max(pss.get(system, 0.0), run.peak_pss_mb)
         if run.latencies is None:
             row(f"{scenario} → Kafka, first→last message", ws.messages / ws.first_to_last,
                 dbz.messages / dbz.first_to_last, "/s", ">= 2x", True)  # fmt: skip
@@ -438,6 +460,8 @@ def report(results: dict[str, dict[str, Run]]) -> None:
     if mem:
         row("peak RSS of the process tree", mem["walstream"], mem["debezium"], "MB", "<= 1.5x",
             False)  # fmt: skip
+        row("peak PSS of the process tree (shared pages once)", pss["walstream"],
+            pss["debezium"], "MB", None, False)  # fmt: skip
 
 
 if __name__ == "__main__":

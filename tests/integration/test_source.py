@@ -321,6 +321,43 @@ def test_a_batch_as_big_as_the_buffer_does_not_stop_the_stream(spark, db, tmp_pa
     assert got == list(range(1, 5001))
 
 
+def test_the_first_batch_with_changes_is_small_and_the_next_ones_are_not(spark, db, tmp_path):
+    """A query's first changes go out in a batch of at most FIRST_BATCH_ROWS (a cold batch
+    of 50,000 delays the first message by seconds); the batches after it take the limit."""
+    from walstream.spark.source import FIRST_BATCH_ROWS
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pub = db.create_publication("t")
+    slot = db.create_slot()
+    n = 3 * FIRST_BATCH_ROWS
+    db.execute("INSERT INTO t SELECT generate_series(1, %s)", (n,))
+    sizes: list[int] = []
+    got: list[int] = []
+
+    def collect(batch, _):
+        rows = [int(r.pk[0]) for r in batch.collect()]
+        if rows:
+            sizes.append(len(rows))
+        got.extend(rows)
+
+    query = (
+        spark.readStream.format("walstream").option("dsn", db.dsn).option("slot", slot)
+        .option("publication", pub).option("maxChangesPerBatch", "100000").load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    )  # fmt: skip
+    try:
+        wait_until(lambda: len(got) >= n or query.exception() is not None, 120,
+                   message=lambda: f"{len(got)} of {n} rows in batches of {sizes}")  # fmt: skip
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert got == list(range(1, n + 1))
+    assert sizes[0] <= FIRST_BATCH_ROWS
+    assert max(sizes[1:]) > FIRST_BATCH_ROWS, sizes  # one transaction: the rest in one batch
+
+
 def test_stale_replication_connection_fails_loudly(spark, db, tmp_path):
     import os
     import signal

@@ -41,6 +41,8 @@ from walstream.spark.partition import (
 )
 
 log = logging.getLogger(__name__)
+#: At most this many changes in the first batch with changes of a query (see latestOffset).
+FIRST_BATCH_ROWS = 1000
 
 # One capture per (dsn, slot) in this process: a new query on the same slot replaces the old
 # one (Spark never calls stop() on a finished query's reader).
@@ -97,11 +99,13 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         #: the offset every change committed before it ends at (once received).
         self._mark: int | None = None
         self._until: Cursor | None = None
+        #: Whether this query planned a batch with changes yet (the first one is small).
+        self._planned_rows = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only: connections and threads stay on the driver.
         return {"options": self.options, "_driver": None, "_confirmed": None, "_mark": None,
-                "_until": None}  # fmt: skip
+                "_until": None, "_planned_rows": False}  # fmt: skip
 
     # -- Trigger.AvailableNow ------------------------------------------------------------
     def prepareForTriggerAvailableNow(self) -> None:
@@ -201,6 +205,10 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         driver = self._running(cursor)
         self._check_alive(driver)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if max_rows is not None and not self._planned_rows:
+            # The query's first changes go out in a small batch: a cold batch of 50,000
+            # takes seconds longer on a small machine before its first message is sent.
+            max_rows = min(max_rows, FIRST_BATCH_ROWS)
         if isinstance(limit, ReadAllAvailable):
             max_rows = None
             if self._mark is None:  # Trigger.Once: all that was committed before it started
@@ -219,6 +227,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return []
         driver = self._running(s)
         pieces = driver.capture.slice(s, e, timeout=self.options.replay_timeout)
+        self._planned_rows = self._planned_rows or bool(pieces)
         groups = group_slices(pieces, self.options.partition_bytes)
         return [
             ChangePartition(
