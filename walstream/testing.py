@@ -145,7 +145,7 @@ class TansuBroker:
 
 
 class TopicReader:
-    """Reads partition 0 of a Kafka topic from its start, one message at a time.
+    """Reads partition 0 of a Kafka topic from its start, in order.
 
     tansu now and then stops answering a long-lived consumer's fetches (the broker has
     the messages: a new consumer reads them). So when `stall` seconds pass without a
