@@ -55,6 +55,8 @@ from walstream.testing import TansuBroker, TopicReader
 
 PROBE = "CREATE TABLE probe (id bigint PRIMARY KEY, at timestamptz, note text)"
 SYSTEMS = ("walstream", "debezium")
+#: walstream's `spark.conf` in this run (--spark-conf); empty: walstream's own defaults.
+SPARK_CONF: dict[str, str] = {}
 #: Seconds each system runs at the latency run's rate before it is measured.
 WARM_SECONDS = 15.0
 
@@ -153,7 +155,7 @@ def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, pre
     else:
         config = work / f"walstream-{slot}.json"  # JSON is YAML
         config.write_text(json.dumps({
-            "spark": {"checkpoint_dir": str(work / f"checkpoints-{slot}")},
+            "spark": {"checkpoint_dir": str(work / f"checkpoints-{slot}"), "conf": SPARK_CONF},
             "sources": [{"name": "bench", "dsn": pg.dsn(), "slot": slot, "publication": "bench"}],
             "sinks": [{
                 "name": "kafka", "source": "bench", "format": "debezium",
@@ -353,6 +355,11 @@ def main() -> None:
     ap.add_argument("--rates", default="2000,5000", help="changes/s of the latency runs")
     ap.add_argument("--latency-seconds", type=float, default=20.0)
     ap.add_argument("--only", default="backlog,mixed,latency")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="which of them to run")
+    ap.add_argument(
+        "--spark-conf", type=json.loads, default={},
+        help='walstream\'s spark.conf, as JSON (e.g. \'{"spark.driver.memory": "2g"}\')',
+    )  # fmt: skip
     # the Debezium engine process
     ap.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)
     for a in ("--port", "--user", "--slot", "--prefix", "--bootstrap", "--work"):
@@ -372,6 +379,8 @@ def main() -> None:
         )
         return
     only = set(args.only.split(","))
+    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    SPARK_CONF.update(args.spark_conf)
     work = Path(tempfile.mkdtemp(prefix="walstream-bench-dbz-"))
     results: dict[str, dict[str, Run]] = {}
     with (
@@ -385,7 +394,7 @@ def main() -> None:
         for scenario in ("backlog", "mixed"):
             if scenario not in only:
                 continue
-            slots = {s: f"{s[:3]}_{scenario}" for s in SYSTEMS}
+            slots = {s: f"{s[:3]}_{scenario}" for s in systems}
             with connect(pg.dsn(), autocommit=True) as conn:
                 for slot in slots.values():
                     conn.execute(
@@ -400,7 +409,7 @@ def main() -> None:
                 print(
                     f"{scenario}: {args.changes:,} changes written, {time.perf_counter() - t0:.1f}s"
                 )
-            for system in SYSTEMS:
+            for system in systems:
                 run = drain(system, pg, broker, slots[system], args.changes, work)
                 results.setdefault(scenario, {})[system] = run
                 print(f"  {system}: {run.messages / run.first_to_last:,.0f}/s first→last, "
@@ -412,7 +421,7 @@ def main() -> None:
         if "latency" in only:
             next_id = 0
             for rate in (int(r) for r in args.rates.split(",")):
-                for system in SYSTEMS:
+                for system in systems:
                     run = latency(system, pg, broker, rate, args.latency_seconds, work, next_id)
                     next_id += run.messages + 1_000
                     results.setdefault(f"latency {rate:,}/s", {})[system] = run
