@@ -73,14 +73,24 @@ def _descendants(root: int) -> dict[int, str]:
     return out
 
 
-def _rss_mb(pid: int) -> float:
+def _proc_mb(pid: int, file: str, key: str) -> float:
+    """A `key:  N kB` line of /proc/<pid>/<file> in MB (0 for a process that is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS"):
+        for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return 0.0
+
+
+def _rss_mb(pid: int) -> float:
+    return _proc_mb(pid, "status", "VmRSS:")
+
+
+def _pss_mb(pid: int) -> float:
+    """Proportional set size: pages shared with other processes count by share."""
+    return _proc_mb(pid, "smaps_rollup", "Pss:")
 
 
 def rss_by_group() -> dict[str, float]:

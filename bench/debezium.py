@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.backlog import _descendants, _rss_mb
+from bench.backlog import _descendants, _pss_mb, _rss_mb
 from bench.kafka import percentiles, steady
 from bench.results import figure
 from bench.stream import TABLE, write
@@ -220,16 +220,6 @@ class Peak:
         self._done.set()
         self._thread.join()
         return self.mb, self.pss_mb
-
-
-def _pss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 class Tally:

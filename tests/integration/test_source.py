@@ -293,8 +293,6 @@ def test_a_batch_as_big_as_the_buffer_does_not_stop_the_stream(spark, db, tmp_pa
     """maxChangesPerBatch lets one batch take the whole 1 MiB buffer: Spark commits it only
     when it plans the next batch, which needs changes the full buffer had no room for.
     Capture reads on past its bound instead of waiting for a commit that cannot come."""
-    from walstream.testing import wait_until
-
     db.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
     db.execute("ALTER TABLE t ALTER COLUMN pad SET STORAGE PLAIN")
     pub = db.create_publication("t")
@@ -304,56 +302,31 @@ def test_a_batch_as_big_as_the_buffer_does_not_stop_the_stream(spark, db, tmp_pa
             "INSERT INTO t SELECT g, repeat('p', 1000) FROM generate_series(%s::int, %s::int) g",
             (first, first + 99),
         )
-    got: list[int] = []
-    query = (
-        spark.readStream.format("walstream").option("dsn", db.dsn).option("slot", slot)
-        .option("publication", pub).option("maxBufferBytes", str(1 << 20))
-        .option("maxChangesPerBatch", "100000").load()
-        .writeStream.foreachBatch(lambda b, _: got.extend(int(r.pk[0]) for r in b.collect()))
-        .option("checkpointLocation", str(tmp_path / "ckpt")).start()
-    )  # fmt: skip
-    try:
-        wait_until(lambda: len(got) >= 5000 or query.exception() is not None, 120,
-                   message=lambda: f"{len(got)} of 5000 rows")  # fmt: skip
-        assert query.exception() is None
-    finally:
-        query.stop()
-    assert got == list(range(1, 5001))
+    with StreamRun(
+        spark, tmp_path / "ckpt", dsn=db.dsn, slot=slot, publication=pub,
+        maxBufferBytes=str(1 << 20), maxChangesPerBatch="100000",
+    ) as run:  # fmt: skip
+        run.wait_for_rows(5000, timeout=120)
+    assert [int(r.pk[0]) for r in run.collected.rows()] == list(range(1, 5001))
 
 
 def test_the_first_batch_with_changes_is_small_and_the_next_ones_are_not(spark, db, tmp_path):
     """A query's first changes go out in a batch of at most FIRST_BATCH_ROWS (a cold batch
     of 50,000 delays the first message by seconds); the batches after it take the limit."""
     from walstream.spark.source import FIRST_BATCH_ROWS
-    from walstream.testing import wait_until
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     pub = db.create_publication("t")
     slot = db.create_slot()
     n = 3 * FIRST_BATCH_ROWS
     db.execute("INSERT INTO t SELECT generate_series(1, %s)", (n,))
-    sizes: list[int] = []
-    got: list[int] = []
-
-    def collect(batch, _):
-        rows = [int(r.pk[0]) for r in batch.collect()]
-        if rows:
-            sizes.append(len(rows))
-        got.extend(rows)
-
-    query = (
-        spark.readStream.format("walstream").option("dsn", db.dsn).option("slot", slot)
-        .option("publication", pub).option("maxChangesPerBatch", "100000").load()
-        .writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(tmp_path / "ckpt")).start()
-    )  # fmt: skip
-    try:
-        wait_until(lambda: len(got) >= n or query.exception() is not None, 120,
-                   message=lambda: f"{len(got)} of {n} rows in batches of {sizes}")  # fmt: skip
-        assert query.exception() is None
-    finally:
-        query.stop()
-    assert got == list(range(1, n + 1))
+    with StreamRun(
+        spark, tmp_path / "ckpt", dsn=db.dsn, slot=slot, publication=pub,
+        maxChangesPerBatch="100000",
+    ) as run:  # fmt: skip
+        run.wait_for_rows(n, timeout=120)
+    assert [int(r.pk[0]) for r in run.collected.rows()] == list(range(1, n + 1))
+    sizes = [len(rows) for _, rows in run.collected.batches if rows]
     assert sizes[0] <= FIRST_BATCH_ROWS
     assert max(sizes[1:]) > FIRST_BATCH_ROWS, sizes  # one transaction: the rest in one batch
 
