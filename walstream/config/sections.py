@@ -100,7 +100,9 @@ class SourceConfig(Model):
     tables: list[str] = Field(default_factory=list)
     heartbeat_interval: Duration = 5.0
     max_changes_per_batch: int = Field(50_000, ge=1)
-    partition_bytes: int = Field(4 << 20, ge=64 << 10)  # raw WAL bytes per Spark task
+    #: Raw WAL bytes per Spark task. None: `task_bytes` picks (one task per batch on a
+    #: local master with at most 2 cores, else 4 MiB).
+    partition_bytes: int | None = Field(None, ge=64 << 10)
     #: Raw WAL read ahead of Spark, at most (reading pauses when full; the WAL waits in Postgres).
     max_buffer_bytes: int = Field(32 << 20, ge=1 << 20)
     #: Split the source into slot/publication pairs by table, each its own query: the

@@ -15,6 +15,28 @@ from walstream.state.leadership import Leadership
 
 log = logging.getLogger("walstream.runtime")  # the name operators know
 
+#: Raw WAL bytes per Spark task where decoding is spread over several tasks.
+SPREAD_TASK_BYTES = 4 << 20
+#: So large that a batch (at most `max_buffer_bytes` of WAL) is one task.
+WHOLE_BATCH_BYTES = 1 << 30
+
+
+def task_bytes(configured: int | None, master: str, cores: int) -> int:
+    """A source's `partition_bytes`: as configured, else one task per batch on a local
+    master with at most 2 cores, else SPREAD_TASK_BYTES.
+
+    With one task, the source's Python worker decodes while the delivery worker sends
+    (Spark streams Arrow between them) and no shuffle is needed; spreading a batch over
+    tasks pays a shuffle by group key and runs decoding and delivery one stage after the
+    other, which only pays off with cores to spare (1M changes into Kafka on 2 cores:
+    45k/s against 39k/s, see docs/performance.md).
+    """
+    if configured is not None:
+        return configured
+    if master.startswith("local") and cores <= 2:
+        return WHOLE_BATCH_BYTES
+    return SPREAD_TASK_BYTES
+
 
 def database_name(dsn: str) -> str:
     from psycopg.conninfo import conninfo_to_dict
@@ -52,6 +74,8 @@ def start_query(
     s = sq.source
     sq.started.clear()
     remove_partial_writes(checkpoint)  # no query of ours uses it now
+    cores = spark.sparkContext.defaultParallelism
+    per_task = task_bytes(s.partition_bytes, config.spark.master, cores)
     reader = (
         spark.readStream.format("walstream")
         .option("dsn", s.dsn.get_secret_value())
@@ -59,7 +83,7 @@ def start_query(
         .option("publication", s.publication_name)
         .option("name", s.name)
         .option("maxChangesPerBatch", str(s.max_changes_per_batch))
-        .option("partitionBytes", str(s.partition_bytes))
+        .option("partitionBytes", str(per_task))
         .option("maxBufferBytes", str(s.max_buffer_bytes))
         .option("heartbeatInterval", str(s.heartbeat_interval))
     )
