@@ -132,52 +132,6 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             )  # fmt: skip
 
 
-def deliver_columns(
-    plan: DeliveryPlan,
-    partition: int,
-    batches: Iterable[Any],
-    rows: Callable[[Iterable[Any]], Iterable[Row]],
-    sink: Sink | None = None,
-) -> Stats:
-    """Deliver a partition to a `columnar` sink as Arrow batches of SQL-formatted messages.
-
-    Only for sinks that replace batches (no ledger, no parking) and plans without a
-    Python transform or tombstones. A batch with a row SQL could not format (its
-    `_message` or `_ikey` is NULL) is formatted in Python (`rows` makes Rows of it)
-    and delivered message by message, in its place.
-    """
-    sink = sink or sink_for(plan.destination)
-    assert sink.columnar and sink.replaces_batches and plan.transform_function is None
-    stats = Stats(partition)
-    sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
-    try:
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            col = dict(zip(batch.schema.names, batch.columns, strict=True))
-            if col["_message"].null_count or col["_ikey"].null_count:
-                send(sink, list(messages(plan, rows([batch]))), plan)
-            else:
-                sink.deliver_columns(batch)
-            stats.delivered += n
-            stats.last_lsn, stats.last_seq = col["lsn"][n - 1].as_py(), col["seq"][n - 1].as_py()
-            us = _max_micros(col["committed_at"])
-            stats.max_committed_us = max(stats.max_committed_us, us)
-        sink.finish()
-    finally:
-        sink.close()
-    return stats
-
-
-def _max_micros(column: Any) -> int:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    value = pc.max(column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())).as_py()
-    return int(value or 0)
-
-
 def send(sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
     """Deliver a chunk, retrying what was not delivered while the error is retryable."""
     _, exc = attempt(sink, chunk, plan)
@@ -240,43 +194,13 @@ def deliver_partition(
     blocked, parked_before = (
         parking.blocked(plan.sink) if parking and not plan.unblocked else (set(), 0)
     )
+    settle = Settle(plan, partition, stats, parking, parked_before, ledger=use_ledger)
     sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
     try:
         chunk: list[Message] = []
 
         def flush() -> None:
-            to_park = _deliver_chunk(sink, chunk, plan, blocked, stats)
-            last = chunk[-1]
-            stats.delivered += len(chunk) - len(to_park)
-            stats.last_lsn, stats.last_seq = last.lsn, last.seq
-            if to_park:
-                assert parking is not None
-                room = plan.max_parked - parked_before - stats.parked
-                to_park, dropped = within_room(to_park, room, plan.on_full)
-                if dropped:
-                    stats.discarded += dropped
-                    log.warning(
-                        "sink %s: %d message(s) discarded: max_parked (%d) reached, on_full: discard",
-                        plan.sink, dropped, plan.max_parked,
-                    )  # fmt: skip
-                stats.parked += sum(1 for e in to_park if e[1] == PARKED)
-                stats.dead += sum(1 for e in to_park if e[1] == DEAD)
-            if use_ledger:
-                handled = stats.delivered + stats.skipped + stats.parked + stats.dead
-                handled += stats.discarded
-                if to_park:  # parked rows are durable before the ledger skips them on replay
-                    assert parking is not None
-                    with parking.transaction():
-                        parking.park(plan.sink, to_park, plan.sink_config)
-                        plan.ledger.record(
-                            plan.sink, plan.query_id, plan.batch_id, partition, plan.partitions,
-                            last.cursor, handled,
-                        )  # fmt: skip
-                else:
-                    plan.ledger.record(
-                        plan.sink, plan.query_id, plan.batch_id, partition, plan.partitions,
-                        last.cursor, handled,
-                    )  # fmt: skip
+            settle(chunk, deliver_chunk(sink, chunk, plan, blocked, stats))
             chunk.clear()
 
         for m in messages(plan, _track(rows, stats)):
@@ -296,7 +220,51 @@ def deliver_partition(
     return stats
 
 
-def _deliver_chunk(
+class Settle:
+    """After a chunk was delivered: count it, park what failed (within `max_parked`) and
+    record the chunk in the ledger — in one transaction when something was parked, so
+    that parked rows are durable before a replay's ledger skips them."""
+
+    def __init__(
+        self, plan: DeliveryPlan, partition: int, stats: Stats,
+        parking: ParkingLot | None, parked_before: int, ledger: bool,
+    ) -> None:  # fmt: skip
+        self.plan, self.partition, self.stats = plan, partition, stats
+        self.parking, self.parked_before, self.ledger = parking, parked_before, ledger
+
+    def __call__(self, chunk: Sequence[Message], to_park: list[ParkEntry]) -> None:
+        plan, stats = self.plan, self.stats
+        stats.delivered += len(chunk) - len(to_park)
+        if to_park:
+            room = plan.max_parked - self.parked_before - stats.parked
+            to_park, dropped = within_room(to_park, room, plan.on_full)
+            if dropped:
+                stats.discarded += dropped
+                log.warning(
+                    "sink %s: %d message(s) discarded: max_parked (%d) reached, on_full: discard",
+                    plan.sink, dropped, plan.max_parked,
+                )  # fmt: skip
+            stats.parked += sum(1 for e in to_park if e[1] == PARKED)
+            stats.dead += sum(1 for e in to_park if e[1] == DEAD)
+        self.record(chunk[-1].cursor, to_park)
+
+    def record(self, last: tuple[int, int], to_park: list[ParkEntry] | None = None) -> None:
+        plan, stats = self.plan, self.stats
+        stats.last_lsn, stats.last_seq = last
+        if not self.ledger:  # a sink that replaces batches keeps none
+            return
+        handled = stats.delivered + stats.skipped + stats.parked + stats.dead + stats.discarded
+        args = (plan.sink, plan.query_id, plan.batch_id, self.partition, plan.partitions)
+        if to_park:
+            assert self.parking is not None
+            with self.parking.transaction():
+                self.parking.park(plan.sink, to_park, plan.sink_config)
+                plan.ledger.record(*args, last, handled)
+        else:
+            plan.ledger.record(*args, last, handled)
+
+
+def deliver_chunk(
     sink: Sink, chunk: list[Message], plan: DeliveryPlan, blocked: set[str], stats: Stats
 ) -> list[ParkEntry]:
     """Deliver what is not blocked; return what to park, in cursor order.

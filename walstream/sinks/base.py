@@ -143,7 +143,7 @@ class Sink(ABC):
     #: True when `finish()` is the durability point and a replayed batch replaces its output.
     replaces_batches: ClassVar[bool] = False
     #: True when the sink takes whole Arrow batches of SQL-formatted messages
-    #: (`deliver_columns`): no Python step per message.
+    #: (`deliver_columns`): no Python step per message but the sink's own send loop.
     columnar: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
@@ -158,8 +158,12 @@ class Sink(ABC):
 
     def deliver_columns(self, batch: Any) -> None:
         """Deliver an Arrow RecordBatch in order: columns `lsn`, `seq`, `schema`, `table`,
-        `action`, `_key`, `_ikey` (idempotency key) and `_message` (the formatted
-        message), none of the last two NULL. Only for `columnar` sinks."""
+        `action`, `_key`, `_route` (when the sink routes), `_ikey` (idempotency key) and
+        `_message` (the formatted message), none of the last two NULL. Only for
+        `columnar` sinks, with the guarantees of `deliver`; a partial failure's
+        `SinkError.delivered` holds the row indices delivered. A sink that keeps the
+        ledger gets at most `batch_size` rows per call (no tombstones: with them, and
+        on a replay, it gets messages)."""
         raise NotImplementedError
 
     def finish(self) -> None:  # noqa: B027 - optional hook

@@ -105,6 +105,7 @@ def _forget(producer: Any) -> None:
 class KafkaSink(Sink):
     settings_model = KafkaDestination
     extra = "kafka"
+    columnar = True
     config: KafkaDestination
 
     def __init__(self, config: KafkaDestination) -> None:
@@ -179,10 +180,57 @@ class KafkaSink(Sink):
     def deliver(self, messages: Sequence[Message]) -> None:
         if not messages:
             return
+        default = self.config.topic
+        ikeys = [m.idempotency_key for m in messages]
+        self._send(
+            [m.route or default for m in messages],
+            [m.value for m in messages],
+            [m.key for m in messages],
+            [_headers(i, m.lsn, m.table) for i, m in zip(ikeys, messages, strict=True)],
+            lambda failed: _failed_indices(
+                [(i, m.value is None) for i, m in zip(ikeys, messages, strict=True)], failed
+            ),
+        )
+
+    def deliver_columns(self, batch: Any) -> None:
+        """An Arrow batch of SQL-formatted messages (see `Sink.deliver_columns`), sent from
+        its columns: the produce call is the only step per message. A SinkError's
+        `delivered` holds row indices of the batch."""
+        import pyarrow.compute as pc
+
+        n = batch.num_rows
+        if n == 0:
+            return
+        col = dict(zip(batch.schema.names, batch.columns, strict=True))
+        default = self.config.topic
+        routes = col["_route"].to_pylist() if "_route" in col else None
+        topics = [r or default for r in routes] if routes else [default] * n
+        ikeys = col["_ikey"].to_pylist()
+        tables = pc.binary_join_element_wise(col["schema"], col["table"], ".").to_pylist()
+        lsns = col["lsn"].to_pylist()
+        self._send(
+            topics,
+            col["_message"].to_pylist(),
+            col["_key"].to_pylist(),
+            list(map(_headers, ikeys, lsns, tables)),
+            lambda failed: _failed_indices([(i, False) for i in ikeys], failed),
+        )
+
+    def _send(
+        self,
+        topics: list[str],
+        values: list[Any],
+        keys: list[Any],
+        headers: list[list[tuple[str, str]]],
+        locate: Any,
+    ) -> None:
+        """Produce every message (parallel lists) and wait for each one's report; raise a
+        SinkError whose `delivered` holds the indices acknowledged when any failed.
+        `locate(failed)` maps failed reports to indices."""
         kafka = _kafka()
         try:
             producer = producer_for(self.settings)
-            self._ensure_topics(producer, {m.route or self.config.topic for m in messages})
+            self._ensure_topics(producer, set(topics))
         except kafka.KafkaException as exc:
             raise self._error(exc.args[0], self.config.topic, frozenset()) from exc
         # One callback for the whole chunk (a closure per message costs more than the
@@ -200,19 +248,12 @@ class KafkaSink(Sink):
 
         errors: dict[int, Any] = {}  # produce() refused these outright
         produce = producer.produce
-        default_topic = self.config.topic
-        for i, m in enumerate(messages):
-            headers = [
-                ("idempotency-key", m.idempotency_key),
-                ("walstream-lsn", _lsn_text(m.lsn)),
-                ("walstream-table", m.table),
-            ]
+        for i, (topic, value, key, header) in enumerate(
+            zip(topics, values, keys, headers, strict=True)
+        ):
             while True:
                 try:
-                    produce(
-                        m.route or default_topic, value=m.value, key=m.key,
-                        headers=headers, on_delivery=report,
-                    )  # fmt: skip
+                    produce(topic, value=value, key=key, headers=header, on_delivery=report)
                     break
                 except BufferError:
                     producer.poll(0.1)  # local queue full: let reports drain
@@ -220,7 +261,7 @@ class KafkaSink(Sink):
                     errors[i] = exc.args[0]
                     break
         # Every produced message gets exactly one report within message.timeout.ms.
-        expected = len(messages) - len(errors)
+        expected = len(topics) - len(errors)
         deadline = time.monotonic() + int(self.settings["message.timeout.ms"]) / 1000 + 30
         while acked + len(failed) < expected:
             producer.flush(1.0)
@@ -233,7 +274,7 @@ class KafkaSink(Sink):
                     retryable=True,
                 )  # nothing known delivered: a retry may resend acknowledged messages
         if failed:
-            errors.update(_failed_indices(messages, failed))
+            errors.update(locate(failed))
         if errors:
             first = min(errors)
             err = errors[first]
@@ -241,8 +282,8 @@ class KafkaSink(Sink):
                 _forget(producer)  # the retry gets a new producer (and producer id)
             with _LOCK:  # a deleted topic is looked up (and created) again on the retry
                 _TOPICS.pop(id(producer), None)
-            delivered = frozenset(range(len(messages))) - errors.keys()
-            raise self._error(err, messages[first].route or self.config.topic, delivered)
+            delivered = frozenset(range(len(topics))) - errors.keys()
+            raise self._error(err, topics[first], delivered)
 
     def test_connection(self) -> None:
         kafka = _kafka()
@@ -278,27 +319,37 @@ def _reset_codes() -> set[int]:
     }  # fmt: skip
 
 
+def _headers(ikey: str, lsn: int, table: str) -> list[tuple[str, str]]:
+    return [
+        ("idempotency-key", ikey),
+        ("walstream-lsn", _lsn_text(lsn)),
+        ("walstream-table", table),
+    ]
+
+
 @functools.lru_cache(maxsize=1024)  # the changes of a transaction share their LSN
 def _lsn_text(lsn: int) -> str:
     return format_lsn(lsn)
 
 
-def _failed_indices(messages: Sequence[Message], failed: list[tuple[Any, Any]]) -> dict[int, Any]:
+def _failed_indices(
+    sent: Sequence[tuple[str, bool]], failed: list[tuple[Any, Any]]
+) -> dict[int, Any]:
     """Indices of the messages whose delivery report carried an error.
 
-    A message is found by its idempotency key and whether it is a tombstone (a
-    delete and its tombstone share the key). A report that cannot be matched
-    (no headers: it should not happen) marks every message of the chunk failed,
-    so a retry resends rather than loses.
+    `sent`: each message's idempotency key and whether it is a tombstone (a delete and
+    its tombstone share the key), in order. A report that cannot be matched (no headers:
+    it should not happen) marks every message of the chunk failed, so a retry resends
+    rather than loses.
     """
     index: dict[tuple[str, bool], list[int]] = {}
-    for i, m in enumerate(messages):
-        index.setdefault((m.idempotency_key, m.value is None), []).append(i)
+    for i, k in enumerate(sent):
+        index.setdefault(k, []).append(i)
     out: dict[int, Any] = {}
     for err, msg in failed:
         ik = next((v for k, v in msg.headers() or () if k == "idempotency-key"), None)
         found = index.get((ik.decode() if ik else "", msg.value() is None))
-        for i in found if found else range(len(messages)):
+        for i in found if found else range(len(sent)):
             out.setdefault(i, err)
     return out
 

@@ -23,7 +23,8 @@ from typing import Any
 from walstream.backfill.arrow_messages import ReadTemplate, group_text, read_batch
 from walstream.backfill.typed import ReadRows, TypedChunk
 from walstream.config import SinkConfig
-from walstream.delivery.deliver import DeliveryPlan, Stats, deliver_columns
+from walstream.delivery.columns import deliver_columns
+from walstream.delivery.deliver import DeliveryPlan, Stats
 from walstream.sinks.base import DestinationSettings, Sink
 
 #: Up to this many window changes and batch groups are sent to the tasks as sets.

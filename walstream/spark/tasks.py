@@ -1,8 +1,10 @@
 """The executor side of delivery: the mapInArrow function that delivers one partition.
 
 Each task reads its partition's Arrow batches (change columns plus the pipeline's
-extras), delivers them in order with `deliver_partition` (or `deliver_columns` for
-columnar sinks), and yields one row of counts (`STATS_DDL`) for the driver.
+extras), delivers them in order, and yields one row of counts (`STATS_DDL`) for the
+driver. Columnar sinks take the Arrow batches themselves: `deliver_columns` for sinks
+that replace batches, `deliver_ledger_columns` for a fresh batch of a sink that keeps
+the ledger (Kafka); everything else goes message by message (`deliver_partition`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from walstream.change import ChangeRow
-from walstream.delivery.deliver import DeliveryPlan, Row, deliver_columns, deliver_partition
+from walstream.delivery.columns import deliver_columns, deliver_ledger_columns
+from walstream.delivery.deliver import DeliveryPlan, Row, deliver_partition
+from walstream.sinks.registry import sink_for
 
 STATS_DDL = (
     "partition INT, delivered BIGINT, skipped BIGINT, last_lsn BIGINT, last_seq INT, "
@@ -28,10 +32,14 @@ def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        if plan.columnar:
-            stats = deliver_columns(plan, partition, batches, lambda b: _rows(b, pa))
+        sink = sink_for(plan.destination)
+        rows = lambda b: _rows(b, pa)  # noqa: E731
+        if plan.columnar and sink.replaces_batches:
+            stats = deliver_columns(plan, partition, batches, rows, sink)
+        elif plan.columnar and plan.fresh and plan.unblocked:
+            stats = deliver_ledger_columns(plan, partition, batches, rows, sink)
         else:
-            stats = deliver_partition(plan, partition, _rows(batches, pa))
+            stats = deliver_partition(plan, partition, _rows(batches, pa), sink)
         yield pa.RecordBatch.from_pylist([vars(stats)], schema=_stats_schema(pa))
 
     return run

@@ -13,7 +13,8 @@ import pytest
 
 from walstream.change import ChangeRow, change_key
 from walstream.config import parse_config
-from walstream.delivery.deliver import DeliveryPlan, deliver_columns, deliver_partition
+from walstream.delivery.columns import deliver_columns
+from walstream.delivery.deliver import DeliveryPlan, deliver_partition
 from walstream.formats import formatter
 from walstream.spark.tasks import _rows
 

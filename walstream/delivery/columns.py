@@ -1,0 +1,142 @@
+"""Deliver a partition from Arrow columns: the paths with no Python step per message.
+
+`deliver_columns` serves sinks that replace batches (files, pull streams): each Arrow
+batch of SQL-formatted messages is written whole. `deliver_ledger_columns` serves a
+sink that keeps the ledger (Kafka) on a fresh batch: chunks of `batch_size` rows go to
+the sink's own send loop, and anything the sink did not take goes on through the
+message path of `deliver.py` (retries, parking, dead letters).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from walstream.delivery.deliver import (
+    DeliveryPlan,
+    Row,
+    Settle,
+    Stats,
+    deliver_chunk,
+    messages,
+    send,
+)
+from walstream.errors import SinkError
+from walstream.secrets import scrubbed, secret_values
+from walstream.sinks.base import BatchInfo, Sink
+from walstream.sinks.registry import sink_for
+
+log = logging.getLogger(__name__)
+
+
+def deliver_columns(
+    plan: DeliveryPlan,
+    partition: int,
+    batches: Iterable[Any],
+    rows: Callable[[Iterable[Any]], Iterable[Row]],
+    sink: Sink | None = None,
+) -> Stats:
+    """Deliver a partition to a `columnar` sink as Arrow batches of SQL-formatted messages.
+
+    Only for sinks that replace batches (no ledger, no parking) and plans without a
+    Python transform or tombstones. A batch with a row SQL could not format (its
+    `_message` or `_ikey` is NULL) is formatted in Python (`rows` makes Rows of it)
+    and delivered message by message, in its place.
+    """
+    sink = sink or sink_for(plan.destination)
+    assert sink.columnar and sink.replaces_batches and plan.transform_function is None
+    stats = Stats(partition)
+    sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
+    try:
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            col = dict(zip(batch.schema.names, batch.columns, strict=True))
+            if col["_message"].null_count or col["_ikey"].null_count:
+                send(sink, list(messages(plan, rows([batch]))), plan)
+            else:
+                sink.deliver_columns(batch)
+            stats.delivered += n
+            stats.last_lsn, stats.last_seq = col["lsn"][n - 1].as_py(), col["seq"][n - 1].as_py()
+            us = _max_micros(col["committed_at"])
+            stats.max_committed_us = max(stats.max_committed_us, us)
+        sink.finish()
+    finally:
+        sink.close()
+    return stats
+
+
+def _max_micros(column: Any) -> int:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value = pc.max(column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())).as_py()
+    return int(value or 0)
+
+
+def deliver_ledger_columns(
+    plan: DeliveryPlan,
+    partition: int,
+    batches: Iterable[Any],
+    rows: Callable[[Iterable[Any]], Iterable[Row]],
+    sink: Sink | None = None,
+) -> Stats:
+    """Deliver a partition to a `columnar` sink that keeps the ledger (Kafka) from Arrow
+    columns: each chunk of `batch_size` SQL-formatted rows goes to `deliver_columns` whole,
+    with no Python step per message but the sink's own send loop.
+
+    Only the common case takes this path: a task's first attempt at a fresh batch (the
+    ledger holds nothing of it) of a sink with nothing parked, no Python transform and no
+    tombstones. What the sink did not take of a chunk goes through the message path —
+    inline retries, parking, dead letters — exactly as `deliver_partition` would send it,
+    and so does everything after a chunk that parked something (its groups are blocked
+    now) and any batch with a row SQL could not format. Each chunk is recorded in the
+    ledger as `deliver_partition` records it.
+    """
+    sink = sink or sink_for(plan.destination)
+    assert sink.columnar and not sink.replaces_batches
+    assert plan.fresh and plan.unblocked and plan.transform_function is None
+    assert not plan.tombstones
+    stats = Stats(partition)
+    settle = Settle(plan, partition, stats, plan.parking, 0, ledger=True)
+    blocked: set[str] = set()
+    sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
+    try:
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            col = dict(zip(batch.schema.names, batch.columns, strict=True))
+            stats.max_committed_us = max(stats.max_committed_us, _max_micros(col["committed_at"]))
+            whole = not (col["_message"].null_count or col["_ikey"].null_count)
+            for start in range(0, n, plan.batch_size):
+                rows_of = batch.slice(start, plan.batch_size)
+                if whole and not blocked:
+                    try:
+                        sink.deliver_columns(rows_of)
+                    except SinkError as raw:
+                        exc = scrubbed(raw, secret_values(plan.destination))
+                        log.warning(
+                            "sink %s: %s; %d of %d message(s) delivered, the rest go through "
+                            "retries", plan.sink, exc.problem, len(exc.delivered), rows_of.num_rows,
+                        )  # fmt: skip
+                        chunk = list(messages(plan, rows([rows_of])))
+                        rest = [m for i, m in enumerate(chunk) if i not in exc.delivered]
+                        settle(chunk, deliver_chunk(sink, rest, plan, blocked, stats))
+                        continue
+                    stats.delivered += rows_of.num_rows
+                    last = rows_of.num_rows - 1
+                    settle.record((_at(rows_of, "lsn", last), _at(rows_of, "seq", last)))
+                    continue
+                chunk = list(messages(plan, rows([rows_of])))
+                settle(chunk, deliver_chunk(sink, chunk, plan, blocked, stats))
+        sink.finish()
+    finally:
+        sink.close()
+    return stats
+
+
+def _at(batch: Any, name: str, i: int) -> Any:
+    return batch.column(batch.schema.get_field_index(name))[i].as_py()
