@@ -135,10 +135,16 @@ def _sql_lit(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+#: What a JSON string escapes (`"`, `\\`, control characters): a name without any is
+#: written between quotes as it is, without serialising JSON per row.
+_ESCAPED = _sql_lit(r'["\\\x00-\x1f]')
+
+
 def _sql_json_str(col: str) -> str:
     """A string column as a JSON string, as `_str` writes it (NULL: left to Python)."""
     return (
-        f"CASE WHEN {col} RLIKE {_CONTROL} THEN NULL "
+        f"CASE WHEN NOT {col} RLIKE {_ESCAPED} THEN concat('\"', {col}, '\"') "
+        f"WHEN {col} RLIKE {_CONTROL} THEN NULL "
         f"ELSE substr(to_json(array({col})), 2, length(to_json(array({col}))) - 2) END"
     )
 

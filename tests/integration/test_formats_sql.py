@@ -50,6 +50,7 @@ ROWS = [
     row("read", '{"k":1}', pk=[CONTROL], backfill=5),
     row("insert", schema=ODD, table="Ταβλε 'q'", source='src "x"'),
     row("insert", schema=CONTROL),
+    row("insert", table="ends in a newline\n", source="back\\slash"),  # escaped, not plain
     row("update", '{"id":1}', None, table=CONTROL, lsn=2**40, seq=2**31 - 1),
     row("insert", committed_at_us=0),
 ]
