@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from walstream.errors import SetupError
+from walstream.spark.classes import archive_options
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,9 @@ def spark_conf(config: Any, quiet: bool = True) -> dict[str, str]:
         conf.update(LOCAL_CONF)
         if not _GC_CHOICE.search(config.spark.conf.get("spark.driver.extraJavaOptions", "")):
             java.append(LOCAL_JAVA_OPTIONS)  # the user's options follow: theirs win
+        archive = archive_options(find_java())  # Spark's classes, when saved (classes.py)
+        if archive is not None:
+            java.append(archive)
     if java:
         conf["spark.driver.extraJavaOptions"] = " ".join(java)
     if urlparse(str(config.spark.checkpoint_dir)).scheme in ("", "file"):

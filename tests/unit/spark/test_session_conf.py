@@ -3,10 +3,20 @@ a cluster left to Spark, the user's settings over walstream's."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from walstream.config import parse_config
 from walstream.spark.session import LOG_PROFILE, spark_conf
+
+
+@pytest.fixture(autouse=True)
+def no_saved_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests see no saved class archive (test_classes.py covers one)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
 
 SOURCES = [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:5432/app"}]
 SINKS = [{"name": "out", "source": "app", "destination": {"type": "file", "path": "/tmp/x"}}]
