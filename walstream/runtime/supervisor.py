@@ -12,6 +12,7 @@ import functools
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from walstream.backfill.coordinator import Coordinator
@@ -119,9 +120,13 @@ class Runtime:
             self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
             self.say(f"Spark is up ({time.monotonic() - t0:.1f}s)")
             warm_workers(self.spark)  # beside the steps below, not in the first batch
-        register_source(self.spark)
-        for sink in cfg.sinks:
-            validate(self.spark, sink)
+        # The sinks' SQL is checked beside registering the source (each mostly waits on the
+        # JVM and on a Python process it starts); an invalid expression still stops the
+        # start before any query runs.
+        with ThreadPoolExecutor(1, thread_name_prefix="walstream-validate") as pool:
+            checked = pool.submit(lambda: [validate(self.spark, sink) for sink in cfg.sinks])
+            register_source(self.spark)
+            checked.result()
         parallelism = self.spark.sparkContext.defaultParallelism
         for source in cfg.sources:
             sq = SourceQuery(source, None)  # type: ignore[arg-type]

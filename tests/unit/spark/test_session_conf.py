@@ -3,19 +3,22 @@ a cluster left to Spark, the user's settings over walstream's."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from walstream.config import parse_config
-from walstream.spark.session import LOG_PROFILE, spark_conf
+from walstream.spark.session import LOG_PROFILE, SMALL_MACHINE_JIT, spark_conf
 
 
 @pytest.fixture(autouse=True)
 def no_saved_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests see no saved class archive (test_classes.py covers one)."""
+    """These tests see no saved class archive (test_classes.py covers one), on a machine
+    with cores to spare unless they say otherwise."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
 
 
 SOURCES = [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:5432/app"}]
@@ -35,6 +38,18 @@ def test_a_local_master_gets_a_small_heap_and_the_serial_collector():
     assert conf_of({"master": "local[2]"}, quiet=False)["spark.driver.extraJavaOptions"] == (
         "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m"
     )
+
+
+def test_two_cores_get_only_the_quick_jit_compiler(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert SMALL_MACHINE_JIT == "-XX:TieredStopAtLevel=1"
+    assert conf_of({"master": "local[*]"}, quiet=False)["spark.driver.extraJavaOptions"] == (
+        "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -XX:TieredStopAtLevel=1"
+    )
+    user = "-XX:TieredStopAtLevel=4"  # the user's comes last and wins
+    conf = conf_of({"master": "local[2]", "conf": {"spark.driver.extraJavaOptions": user}}, False)
+    assert conf["spark.driver.extraJavaOptions"].endswith(f"{SMALL_MACHINE_JIT} {user}")
+    assert "spark.driver.extraJavaOptions" not in conf_of({"master": "spark://h:7077"}, False)
 
 
 def test_a_cluster_master_keeps_sparks_memory_defaults():
