@@ -124,7 +124,7 @@ class Runtime:
         # JVM and on a Python process it starts); an invalid expression still stops the
         # start before any query runs.
         with ThreadPoolExecutor(1, thread_name_prefix="walstream-validate") as pool:
-            checked = pool.submit(lambda: [validate(self.spark, sink) for sink in cfg.sinks])
+            checked = pool.submit(_validate_all, self.spark, cfg.sinks)
             register_source(self.spark)
             checked.result()
         parallelism = self.spark.sparkContext.defaultParallelism
@@ -398,3 +398,8 @@ class Runtime:
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+def _validate_all(spark: Any, sinks: Any) -> None:
+    for sink in sinks:
+        validate(spark, sink)
