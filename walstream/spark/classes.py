@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: The JVM says nothing about the archive (a mismatch only costs the speed-up).
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+#: Archives kept in the cache, newest first (each virtualenv's jars have their own).
+KEEP = 3
 
 
 def cache_dir() -> Path:
@@ -79,7 +81,16 @@ def build_archive(force: bool = False) -> Path | None:
         return None
     partial.replace(path)  # whole, or not there: a JVM never maps a half-written one
     log.info("saved Spark's classes in %s (%.0fs)", path, time.monotonic() - t0)
+    _prune(path.parent)
     return path
+
+
+def _prune(folder: Path) -> None:
+    """Keep the KEEP newest archives (~160 MB each): one per Java and PySpark install."""
+    saved = sorted(folder.glob("spark-*.jsa"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for old in saved[KEEP:]:
+        old.unlink(missing_ok=True)
+        log.info("removed an older archive of Spark's classes: %s", old)
 
 
 def _job(target: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from walstream.config import parse_config
-from walstream.spark.classes import QUIET, archive_options, archive_path
+from walstream.spark.classes import KEEP, QUIET, _prune, archive_options, archive_path
 from walstream.spark.session import find_java, spark_conf
 
 SOURCES = [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:5432/app"}]
@@ -63,3 +63,15 @@ def test_a_jvm_starts_quietly_with_an_archive_it_cannot_use(tmp_path: Path) -> N
     )  # fmt: skip
     assert done.returncode == 0, done.stderr  # it runs without (no -Xshare:on)
     assert "version" in done.stderr
+
+
+def test_only_the_newest_archives_are_kept(tmp_path: Path) -> None:
+    import os
+
+    names = [f"spark-4.3.0-{i:012x}.jsa" for i in range(KEEP + 2)]
+    for age, name in enumerate(names):  # names[0] is the newest
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (1_000_000 - age, 1_000_000 - age))
+    (tmp_path / "other.txt").write_text("not ours")
+    _prune(tmp_path)
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted([*names[:KEEP], "other.txt"])
