@@ -120,13 +120,12 @@ class Runtime:
             self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
             self.say(f"Spark is up ({time.monotonic() - t0:.1f}s)")
             warm_workers(self.spark)  # beside the steps below, not in the first batch
-        # The sinks' SQL is checked beside registering the source (each mostly waits on the
-        # JVM and on a Python process it starts); an invalid expression still stops the
-        # start before any query runs.
+        # The sinks' SQL is checked beside registering the source (both wait on the JVM
+        # and on Python processes); an invalid expression still stops the start here.
         with ThreadPoolExecutor(1, thread_name_prefix="walstream-validate") as pool:
-            checked = pool.submit(_validate_all, self.spark, cfg.sinks)
+            checked = pool.map(functools.partial(validate, self.spark), cfg.sinks)
             register_source(self.spark)
-            checked.result()
+            list(checked)
         parallelism = self.spark.sparkContext.defaultParallelism
         for source in cfg.sources:
             sq = SourceQuery(source, None)  # type: ignore[arg-type]
@@ -398,8 +397,3 @@ class Runtime:
         if self.server is not None:
             self.server.stop()
             self.server = None
-
-
-def _validate_all(spark: Any, sinks: Any) -> None:
-    for sink in sinks:
-        validate(spark, sink)

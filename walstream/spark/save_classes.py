@@ -1,0 +1,105 @@
+"""Save Spark's classes for faster starts (see `classes.py`): `python -m walstream.spark.save_classes`.
+
+`build_archive` runs, in a child process, a small job of the kinds walstream runs (SQL
+message formats, `mapInArrow`, the registered data source) in a JVM that writes the
+class data sharing archive as it exits; the archive is renamed into place whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from walstream.spark.classes import QUIET, archive_path
+from walstream.spark.session import find_java
+
+log = logging.getLogger(__name__)
+
+#: Archives kept in the cache, newest first (each virtualenv's jars have their own).
+KEEP = 3
+
+
+def build_archive(force: bool = False) -> Path | None:
+    """Write the archive (in a child process: its JVM writes it when it exits); its path,
+    or None when it could not be written (the reason is logged)."""
+    path = archive_path(find_java())
+    if path.is_file() and not force:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "walstream.spark.save_classes", "--job", str(partial)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "WALSTREAM_CLASS_ARCHIVE": "off"},  # it writes one, uses none
+    )  # fmt: skip
+    if done.returncode != 0 or not partial.is_file():
+        partial.unlink(missing_ok=True)
+        log.warning(
+            "could not save Spark's classes for faster starts (%s); walstream runs without",
+            (done.stderr.strip().splitlines() or ["no output"])[-1],
+        )
+        return None
+    partial.replace(path)  # whole, or not there: a JVM never maps a half-written one
+    log.info("saved Spark's classes in %s (%.0fs)", path, time.monotonic() - t0)
+    _prune(path.parent)
+    return path
+
+
+def _prune(folder: Path) -> None:
+    """Keep the KEEP newest archives (~160 MB each): one per Java and PySpark install."""
+    saved = sorted(folder.glob("spark-*.jsa"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for old in saved[KEEP:]:
+        old.unlink(missing_ok=True)
+        log.info("removed an older archive of Spark's classes: %s", old)
+
+
+def _job(target: Path) -> None:
+    """The representative job, in a JVM that writes the archive to `target` at exit."""
+    from walstream.config import parse_config
+    from walstream.formats import sql_format, sql_idempotency_key
+    from walstream.spark.session import build_spark
+    from walstream.spark.source import register
+
+    cfg = parse_config({
+        "spark": {"master": "local[1]", "conf": {
+            "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={target} {QUIET}",
+        }},
+        "sources": [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:1/app"}],
+        "sinks": [{"name": "out", "source": "app",
+                   "destination": {"type": "file", "path": "/nonexistent"}}],
+    })  # fmt: skip
+    spark = build_spark(cfg)
+    register(spark)
+    rows = spark.range(0, 1000).selectExpr(
+        "'app' AS source", "id AS lsn", "CAST(id % 7 AS INT) AS seq", "id AS xid",
+        "timestamp_micros(id) AS committed_at", "'insert' AS action", "'public' AS schema",
+        "'t' AS table", "array(CAST(id AS STRING)) AS pk", "to_json(named_struct('id', id)) AS record",
+        "CAST(NULL AS STRING) AS old", "CAST(NULL AS STRING) AS annotations",
+    )  # fmt: skip
+    for name in ("sequin", "debezium"):
+        message = sql_format(name, sink="out", db="app", backfill=False)
+        ikey = sql_idempotency_key(False)
+        out = rows.selectExpr("*", f"{message} AS _message", f"{ikey} AS _ikey").repartition(2)
+
+        def same(batches: object) -> object:
+            yield from batches  # type: ignore[misc]
+
+        out.mapInArrow(same, out.schema).where("lsn % 100 = 0").collect()
+    spark.stop()
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--job"]:
+        _job(Path(sys.argv[2]))
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sys.exit(0 if build_archive(force="--force" in sys.argv) else 1)
+
+
+if __name__ == "__main__":
+    main()
