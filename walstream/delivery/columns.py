@@ -10,7 +10,7 @@ message path of `deliver.py` (retries, parking, dead letters).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from walstream.delivery.deliver import (
@@ -49,23 +49,29 @@ def deliver_columns(
     stats = Stats(partition)
     sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
     try:
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            col = dict(zip(batch.schema.names, batch.columns, strict=True))
-            if col["_message"].null_count or col["_ikey"].null_count:
-                send(sink, list(messages(plan, rows([batch]))), plan)
-            else:
+        for batch, whole in _batches(batches, stats):
+            if whole:
                 sink.deliver_columns(batch)
+            else:
+                send(sink, list(messages(plan, rows([batch]))), plan)
+            n = batch.num_rows
             stats.delivered += n
-            stats.last_lsn, stats.last_seq = col["lsn"][n - 1].as_py(), col["seq"][n - 1].as_py()
-            us = _max_micros(col["committed_at"])
-            stats.max_committed_us = max(stats.max_committed_us, us)
+            stats.last_lsn, stats.last_seq = _at(batch, "lsn", n - 1), _at(batch, "seq", n - 1)
         sink.finish()
     finally:
         sink.close()
     return stats
+
+
+def _batches(batches: Iterable[Any], stats: Stats) -> Iterator[tuple[Any, bool]]:
+    """The non-empty Arrow batches, each with whether SQL formatted every row (no NULL
+    `_message` or `_ikey`); counts their newest commit time into `stats`."""
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        col = dict(zip(batch.schema.names, batch.columns, strict=True))
+        stats.max_committed_us = max(stats.max_committed_us, _max_micros(col["committed_at"]))
+        yield batch, not (col["_message"].null_count or col["_ikey"].null_count)
 
 
 def _max_micros(column: Any) -> int:
@@ -104,14 +110,8 @@ def deliver_ledger_columns(
     blocked: set[str] = set()
     sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
     try:
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            col = dict(zip(batch.schema.names, batch.columns, strict=True))
-            stats.max_committed_us = max(stats.max_committed_us, _max_micros(col["committed_at"]))
-            whole = not (col["_message"].null_count or col["_ikey"].null_count)
-            for start in range(0, n, plan.batch_size):
+        for batch, whole in _batches(batches, stats):
+            for start in range(0, batch.num_rows, plan.batch_size):
                 rows_of = batch.slice(start, plan.batch_size)
                 if whole and not blocked:
                     try:
