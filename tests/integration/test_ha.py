@@ -71,6 +71,10 @@ def test_standby_takes_over_after_kill_9_of_the_leader(db, tmp_path):
         a = url_of(leader)
         wait_until(lambda: (source_health(a) or {}).get("streaming") is True, 180,
                    message=lambda: leader.output()[-3000:])  # fmt: skip
+        # The leader reads the slot: the standby must wait, not fail on a slot in use.
+        wait_until(lambda: db.execute(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == [(True,)],
+            60, message="the leader never read its slot")  # fmt: skip
         standby = Run(config, tmp_path)
         b = url_of(standby)
         wait_until(lambda: (source_health(b) or {}).get("role") == "standby", 120,

@@ -14,16 +14,20 @@ from walstream.postgres.setup import check_database
 log = logging.getLogger(__name__)
 
 
-def prepare_capture(dsn: str, slot: str, publication: str, tables: Sequence[str], name: str) -> int:
+def prepare_capture(
+    dsn: str, slot: str, publication: str, tables: Sequence[str], name: str, standby: bool = False
+) -> int:
     """Fail with every setup error and its fix, or make slot and publication exist.
 
     Returns the slot's confirmed LSN. From the moment this returns, every change
     committed to the published tables is kept by the slot until confirmed.
+    `standby`: another walstream leads this source, so its slot being in use is
+    expected, not an error.
     """
     findings = check_database(dsn, slot, publication, tables)
     errors = [f for f in findings if f.level == "error"]
     busy = [f for f in findings if f.subject == f"slot {slot}" and "in use" in f.message]
-    if busy and not slot_free_soon(dsn, slot):
+    if busy and not standby and not slot_free_soon(dsn, slot):
         errors += busy
     if errors:
         raise SetupError(

@@ -95,13 +95,17 @@ class Runtime:
             source = cfg.source(cfg.events.source)
             ensure_outbox(source.dsn.get_secret_value(), cfg.state.schema_, source.publication_name)
             self.outbox = Outbox(source.dsn.get_secret_value(), cfg.state.schema_)
-        # Slots first: every change committed after start() returns is kept for us.
+        # The leader locks first: a standby finds the slot in use by the leader, and
+        # that is no reason to stop. Then the slots: every change committed after
+        # start() returns is kept for us.
+        locks = {s.name: Leadership(cfg.state_dsn, cfg.state.schema_, s.name) for s in cfg.sources}
+        leading = {name: lock.try_acquire() for name, lock in locks.items()}
         for source in cfg.sources:
             self.say(f"source {source.name}: checking its slot {source.slot_name} and "
                      f"publication {source.publication_name}")  # fmt: skip
             prepare_capture(
                 source.dsn.get_secret_value(), source.slot_name, source.publication_name,
-                source.tables, source.name,
+                source.tables, source.name, standby=not leading[source.name],
             )  # fmt: skip
         check_targets(cfg)  # mirrors: no feedback loop, no two sources in one table
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
@@ -141,8 +145,8 @@ class Runtime:
                 lake_stage=f"{cfg.spark.checkpoint_dir.rstrip('/')}/_lake/{source.name}",
             )  # fmt: skip
             self.queries.append(sq)
-            sq.lock = Leadership(cfg.state_dsn, cfg.state.schema_, source.name)
-            if sq.lock.try_acquire():
+            sq.lock = locks[source.name]
+            if leading[source.name]:
                 start_query(
                     self.spark, self.config, sq, self.checkpoint(sq.source), self.until_caught_up
                 )
@@ -272,13 +276,8 @@ class Runtime:
                 log.debug("source %s: the full failure:\n%s", sq.source.name, exc)
             elif now >= sq.restart_at and not self.stopping.is_set() and not sq.caught_up:
                 try:
-                    start_query(
-                        self.spark,
-                        self.config,
-                        sq,
-                        self.checkpoint(sq.source),
-                        self.until_caught_up,
-                    )
+                    start_query(self.spark, self.config, sq, self.checkpoint(sq.source),
+                                self.until_caught_up)  # fmt: skip
                 except Exception as exc:  # the source fails at start: try again later
                     sq.failures += 1
                     sq.restart_at = now + QUERY_RESTART.delay(sq.failures)
