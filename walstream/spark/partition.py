@@ -19,6 +19,7 @@ from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
 from walstream.postgres.decoder import ChangeDecoder, RelationInfo, TxnContext
 from walstream.postgres.types import PgType, TypeRegistry
 from walstream.postgres.wal_buffer import TxnSlice
+from walstream.spark.nopandas import no_pandas
 
 ARROW_BATCH_ROWS = 8192
 
@@ -164,7 +165,6 @@ def arrow_schema() -> Any:
 
 def _to_batch(rows: list[ChangeRow], schema: Any, pa: Any) -> Any:
     cols = list(zip(*rows, strict=True))[: len(schema)]  # not `backfill`: always None here
-    return pa.RecordBatch.from_arrays(
-        [pa.array(col, type=field.type) for col, field in zip(cols, schema, strict=True)],
-        schema=schema,
-    )
+    with no_pandas():
+        arrays = [pa.array(col, type=field.type) for col, field in zip(cols, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -16,6 +16,7 @@ from walstream.change import ChangeRow
 from walstream.delivery.columns import deliver_columns, deliver_ledger_columns
 from walstream.delivery.deliver import DeliveryPlan, Row, deliver_partition
 from walstream.sinks.registry import sink_for
+from walstream.spark.nopandas import no_pandas
 
 STATS_DDL = (
     "partition INT, delivered BIGINT, skipped BIGINT, last_lsn BIGINT, last_seq INT, "
@@ -40,7 +41,9 @@ def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]
             stats = deliver_ledger_columns(plan, partition, batches, rows, sink)
         else:
             stats = deliver_partition(plan, partition, _rows(batches, pa), sink)
-        yield pa.RecordBatch.from_pylist([vars(stats)], schema=_stats_schema(pa))
+        with no_pandas():
+            counts = pa.RecordBatch.from_pylist([vars(stats)], schema=_stats_schema(pa))
+        yield counts
 
     return run
 
