@@ -21,7 +21,17 @@ FLOORS: list[set[str]] = [
     {"spark", "server", "testing", "client"},
     {"delivery", "backfill", "streams"},
     {"postgres", "sinks", "formats", "config"},
-    {"state", "change", "errors", "fields", "secrets", "version", "backoff", "periodic"},
+    {
+        "state",
+        "change",
+        "errors",
+        "fields",
+        "secrets",
+        "version",
+        "backoff",
+        "periodic",
+        "nopandas",
+    },
 ]
 MAX_LINES = 400
 

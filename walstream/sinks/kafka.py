@@ -21,6 +21,7 @@ from pydantic import Field
 from walstream.change import format_lsn
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration, is_name
+from walstream.nopandas import no_pandas
 from walstream.sinks.base import DestinationSettings, Message, Sink
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
@@ -206,7 +207,8 @@ class KafkaSink(Sink):
         routes = col["_route"].to_pylist() if "_route" in col else None
         topics = [r or default for r in routes] if routes else [default] * n
         ikeys = col["_ikey"].to_pylist()
-        tables = pc.binary_join_element_wise(col["schema"], col["table"], ".").to_pylist()
+        with no_pandas():  # "." is converted from Python (see nopandas.py)
+            tables = pc.binary_join_element_wise(col["schema"], col["table"], ".").to_pylist()
         lsns = col["lsn"].to_pylist()
         self._send(
             topics,

@@ -16,10 +16,10 @@ from typing import Any
 from pyspark.sql.datasource import InputPartition
 
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
+from walstream.nopandas import no_pandas
 from walstream.postgres.decoder import ChangeDecoder, RelationInfo, TxnContext
 from walstream.postgres.types import PgType, TypeRegistry
 from walstream.postgres.wal_buffer import TxnSlice
-from walstream.spark.nopandas import no_pandas
 
 ARROW_BATCH_ROWS = 8192
 

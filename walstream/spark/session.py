@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from walstream.errors import SetupError
+from walstream.nopandas import no_pandas
 from walstream.spark.classes import archive_options
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,8 @@ def build_spark(config: Any, quiet: bool = True) -> Any:
     builder = SparkSession.builder.master(config.spark.master).appName("walstream")
     for k, v in conf.items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    with no_pandas():  # PySpark's py4j converters would load it (see nopandas.py)
+        spark = builder.getOrCreate()
     if not quiet:
         spark.sparkContext.setLogLevel("WARN")
     if not config.spark.master.startswith("local"):

@@ -82,12 +82,13 @@ class SinkSteps:
         self.plan = plan
         self._deliver = None
         if plan is not None:
-            from pyspark.sql.pandas.functions import pandas_udf
+            from pyspark.sql.udf import UserDefinedFunction
             from pyspark.util import PythonEvalType
 
-            udf = pandas_udf(  # type: ignore[call-overload]
+            # What mapInArrow builds, without pandas_udf (which loads pandas on the driver)
+            udf = UserDefinedFunction(
                 batch_deliverer(plan), returnType=STATS_DDL,
-                functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
+                evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
             )  # fmt: skip
             self._deliver = udf(*[F.col(n) for n in names])._jc
 

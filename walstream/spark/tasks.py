@@ -15,8 +15,8 @@ from typing import Any
 from walstream.change import ChangeRow
 from walstream.delivery.columns import deliver_columns, deliver_ledger_columns
 from walstream.delivery.deliver import DeliveryPlan, Row, deliver_partition
+from walstream.nopandas import no_pandas
 from walstream.sinks.registry import sink_for
-from walstream.spark.nopandas import no_pandas
 
 STATS_DDL = (
     "partition INT, delivered BIGINT, skipped BIGINT, last_lsn BIGINT, last_seq INT, "

@@ -48,7 +48,7 @@ def test_arrow_batches_leave_pandas_unloaded_and_importable() -> None:
 def test_no_pandas_does_nothing_once_pandas_is_loaded() -> None:
     script = (
         "import sys, pandas\n"
-        "from walstream.spark.nopandas import no_pandas\n"
+        "from walstream.nopandas import no_pandas\n"
         "with no_pandas():\n"
         "    import pandas.api.types\n"
         "    n = len(sys.meta_path)\n"

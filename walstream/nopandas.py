@@ -1,15 +1,17 @@
-"""Build Arrow arrays from Python objects in a Python worker without loading pandas.
+"""Build Arrow arrays from Python objects without loading pandas.
 
-pyarrow imports pandas the first time `pa.array` converts Python objects (its
-pandas shim checks for Series, and its C++ converter looks up pandas' types), and
-pandas then stays in that process: ~50 MB more in each of Spark's Python workers,
-which walstream never uses. While `no_pandas()` is active an `import pandas` fails
-as if pandas were not installed; pyarrow handles that (it converts plain lists
-either way) and tries again when pandas is asked for by name: a user's transform
-may still `import pandas` and call `to_pandas()` afterwards.
+pyarrow imports pandas the first time it converts Python objects (`pa.array`,
+`pa.scalar`, a compute function given a Python value: its pandas shim checks for
+Series, and its C++ converter looks up pandas' types), and PySpark's driver imports
+it while the SparkContext starts (py4j's converters import `pyspark.testing`). pandas
+then stays in that process: ~45-50 MB in the CLI and in each of Spark's Python
+workers, and walstream never uses it. While `no_pandas()` is active an `import
+pandas` fails as if pandas were not installed; pyarrow and PySpark handle that, and
+pyarrow tries again when pandas is asked for by name: a user's transform may still
+`import pandas` and call `to_pandas()` afterwards.
 
-For the workers' own conversions only (single-threaded): the import system is
-shared by the whole process, so a thread importing pandas at that moment would
+Only around walstream's own steps, never around a user's code: the import system is
+shared by the whole process, so another thread importing pandas at that moment would
 fail too. Once pandas is loaded, this does nothing.
 """
 

@@ -1,0 +1,51 @@
+"""`walstream run`'s own process does not load pandas (~45 MB it never uses): neither
+while Spark starts (PySpark's py4j converters import `pyspark.testing`, which imports
+pandas) nor when a sink's delivery function is built (`pandas_udf` requires pandas)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from walstream.config import parse_config
+    from walstream.delivery.deliver import DeliveryPlan
+    from walstream.delivery.ledger import Ledger
+    from walstream.spark.session import build_spark
+    from walstream.spark.steps import SinkSteps
+
+    cfg = parse_config({
+        "spark": {"master": "local[1]"},
+        "sources": [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:1/app"}],
+        "sinks": [{"name": "k", "source": "app", "destination": {
+            "type": "kafka", "bootstrap_servers": "127.0.0.1:1", "topic": "t"}}],
+    })
+    spark = build_spark(cfg)
+    out = {"after_spark": "pandas" in sys.modules}
+    plan = DeliveryPlan(
+        sink="k", destination=cfg.sinks[0].destination, format="sequin", db="app",
+        batch_size=10, retry_timeout=1.0, ledger=Ledger(cfg.state_dsn, "walstream"),
+        query_id="", batch_id=-1, partitions=1,
+    )
+    steps = SinkSteps(spark, cfg.sinks[0], None, False, "app", plan)
+    out["after_udf"] = "pandas" in sys.modules
+    out["udf"] = steps._deliver is not None
+    spark.stop()
+    import pandas
+    out["importable"] = pandas.__name__ == "pandas"
+    print(json.dumps(out))
+    """
+)
+
+
+def test_the_driver_builds_spark_and_delivery_functions_without_pandas() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {"after_spark": False, "after_udf": False, "udf": True, "importable": True}
