@@ -1,6 +1,7 @@
 """`walstream run`'s own process does not load pandas (~45 MB it never uses): neither
 while Spark starts (PySpark's py4j converters import `pyspark.testing`, which imports
-pandas) nor when a sink's delivery function is built (`pandas_udf` requires pandas)."""
+pandas) nor when a sink's delivery function is built (`pandas_udf` requires pandas), nor
+when the sinks' SQL is checked and the workers started."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ SCRIPT = textwrap.dedent(
     from walstream.delivery.deliver import DeliveryPlan
     from walstream.delivery.ledger import Ledger
     from walstream.spark.session import build_spark
+    from walstream.spark.frames import map_in_arrow
+    from walstream.spark.pipeline import validate
     from walstream.spark.steps import SinkSteps
+    from walstream.spark.warm import warm_workers
+
+    def double(batches):
+        import pyarrow.compute as pc
+        for b in batches:
+            yield b.set_column(0, "id", pc.multiply(b.column(0), 2))
 
     cfg = parse_config({
         "spark": {"master": "local[1]"},
@@ -34,6 +43,11 @@ SCRIPT = textwrap.dedent(
     steps = SinkSteps(spark, cfg.sinks[0], None, False, "app", plan)
     out["after_udf"] = "pandas" in sys.modules
     out["udf"] = steps._deliver is not None
+    validate(spark, cfg.sinks[0])  # the sinks' SQL, analysed over an empty frame
+    warm_workers(spark).join()
+    out["after_checks"] = "pandas" in sys.modules
+    doubled = map_in_arrow(spark.range(0, 4, numPartitions=2), double, "id long")
+    out["mapped"] = sorted(r.id for r in doubled.collect())
     spark.stop()
     import pandas
     out["importable"] = pandas.__name__ == "pandas"
@@ -48,4 +62,7 @@ def test_the_driver_builds_spark_and_delivery_functions_without_pandas() -> None
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out == {"after_spark": False, "after_udf": False, "udf": True, "importable": True}
+    assert out == {
+        "after_spark": False, "after_udf": False, "udf": True, "after_checks": False,
+        "mapped": [0, 2, 4, 6], "importable": True,
+    }  # fmt: skip

@@ -23,6 +23,7 @@ from typing import Any
 from walstream.errors import SinkError
 from walstream.postgres.table_shape import TableShape
 from walstream.sinks.lake_plan import changelog_rows
+from walstream.spark.frames import map_in_arrow
 from walstream.spark.typed import to_batch, typed_rows
 
 _STATS_DDL = "path STRING, rows BIGINT, newest_us BIGINT, problem STRING, fix STRING"
@@ -58,7 +59,7 @@ def stage_changelog(rows: Any, shape: TableShape, stage: str, name: str) -> Stag
     fails the batch here, as on the driver (a SinkError, not retryable)."""
     _empty(stage)
     typed = typed_rows(rows, shape, before=True)
-    out = typed.mapInArrow(_writer(shape, stage), _STATS_DDL).collect()
+    out = map_in_arrow(typed, _writer(shape, stage), _STATS_DDL).collect()
     for r in out:
         if r.problem is not None:
             raise SinkError(r.problem, r.fix, retryable=False)

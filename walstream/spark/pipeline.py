@@ -34,6 +34,7 @@ from walstream.errors import ConfigError
 from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
+from walstream.spark.frames import empty_frame
 from walstream.spark.reads import Direct, deliver_direct, eligible, plan_direct, tied_rows
 from walstream.spark.steps import BatchPart, SinkSteps
 from walstream.spark.tables import Upkeep, write_or_pause, write_tables
@@ -47,7 +48,7 @@ def validate(spark: Any, sink: SinkConfig) -> None:
 
     from walstream.change import spark_schema
 
-    empty = spark.createDataFrame([], spark_schema())
+    empty = empty_frame(spark, spark_schema())
     try:
         SinkSteps(spark, sink).prepare(empty).schema  # noqa: B018 - analysis happens here
     except (AnalysisException, ParseException) as exc:

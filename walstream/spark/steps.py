@@ -20,6 +20,7 @@ from typing import Any
 from walstream.config import SinkConfig
 from walstream.delivery.deliver import DeliveryPlan
 from walstream.spark.expressions import projection
+from walstream.spark.frames import arrow_map_udf
 from walstream.spark.tasks import STATS_DDL, deliver_arrow
 
 #: The local property that carries a batch's part of a sink's DeliveryPlan to its tasks.
@@ -82,14 +83,7 @@ class SinkSteps:
         self.plan = plan
         self._deliver = None
         if plan is not None:
-            from pyspark.sql.udf import UserDefinedFunction
-            from pyspark.util import PythonEvalType
-
-            # What mapInArrow builds, without pandas_udf (which loads pandas on the driver)
-            udf = UserDefinedFunction(
-                batch_deliverer(plan), returnType=STATS_DDL,
-                evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
-            )  # fmt: skip
+            udf = arrow_map_udf(batch_deliverer(plan), STATS_DDL)  # no pandas on the driver
             self._deliver = udf(*[F.col(n) for n in names])._jc
 
     def prepare(self, df: Any) -> Any:

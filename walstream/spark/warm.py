@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from walstream.spark.frames import map_in_arrow
+
 log = logging.getLogger(__name__)
 
 #: Spark's job group of the warm-up job.
@@ -43,9 +45,8 @@ def warm_workers(spark: Any, modules: Sequence[str] = TASK_MODULES) -> threading
         cores = spark.sparkContext.defaultParallelism
         try:
             spark.sparkContext.setJobGroup(JOB_GROUP, "walstream: start the Python workers")
-            spark.range(0, cores, numPartitions=cores).mapInArrow(
-                _importer(tuple(modules)), "id long"
-            ).collect()
+            ids = spark.range(0, cores, numPartitions=cores)
+            map_in_arrow(ids, _importer(tuple(modules)), "id long").collect()
         except Exception as exc:  # only time is lost: the first batch starts them instead
             log.debug("warming the Python workers failed: %s", exc)
 
