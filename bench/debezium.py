@@ -58,6 +58,8 @@ PROBE = "CREATE TABLE probe (id bigint PRIMARY KEY, at timestamptz, note text)"
 SYSTEMS = ("walstream", "debezium")
 #: walstream's `spark.conf` in this run (--spark-conf); empty: walstream's own defaults.
 SPARK_CONF: dict[str, str] = {}
+#: walstream's Kafka sink settings in this run (--batch-size); empty: its defaults.
+SINK: dict[str, int] = {}
 #: Seconds each system runs at the latency run's rate before it is measured.
 WARM_SECONDS = 15.0
 
@@ -159,7 +161,7 @@ def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, pre
             "spark": {"checkpoint_dir": str(work / f"checkpoints-{slot}"), "conf": SPARK_CONF},
             "sources": [{"name": "bench", "dsn": pg.dsn(), "slot": slot, "publication": "bench"}],
             "sinks": [{
-                "name": "kafka", "source": "bench", "format": "debezium",
+                "name": "kafka", "source": "bench", "format": "debezium", **SINK,
                 "destination": {
                     "type": "kafka", "bootstrap_servers": broker.bootstrap_servers,
                     "topic": f"concat('{prefix}.', `schema`, '.', `table`)",
@@ -351,6 +353,7 @@ def main() -> None:
         "--spark-conf", type=json.loads, default={},
         help='walstream\'s spark.conf, as JSON (e.g. \'{"spark.driver.memory": "2g"}\')',
     )  # fmt: skip
+    ap.add_argument("--batch-size", type=int, help="walstream's Kafka sink batch_size")
     # the Debezium engine process
     ap.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)
     for a in ("--port", "--user", "--slot", "--prefix", "--bootstrap", "--work"):
@@ -372,6 +375,8 @@ def main() -> None:
     only = set(args.only.split(","))
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     SPARK_CONF.update(args.spark_conf)
+    if args.batch_size:
+        SINK["batch_size"] = args.batch_size
     work = Path(tempfile.mkdtemp(prefix="walstream-bench-dbz-"))
     results: dict[str, dict[str, Run]] = {}
     floor = None
