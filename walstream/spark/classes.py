@@ -19,6 +19,8 @@ from pathlib import Path
 
 #: The JVM says nothing about the archive (a mismatch only costs the speed-up).
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+#: What the saving job runs (save_classes._job); a new one saves a new archive.
+JOB = 2  # 2: with a streaming query into a foreachBatch
 
 
 def cache_dir() -> Path:
@@ -31,7 +33,7 @@ def archive_path(java_home: Path) -> Path:
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
-    h = hashlib.sha256(str(java_home.resolve()).encode())
+    h = hashlib.sha256(f"{JOB}:{java_home.resolve()}".encode())
     for jar in sorted(jars.glob("*.jar")):
         st = jar.stat()
         h.update(f"{jar.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
