@@ -99,13 +99,14 @@ class Runtime:
         # that is no reason to stop. Then the slots: every change committed after
         # start() returns is kept for us.
         locks = {s.name: Leadership(cfg.state_dsn, cfg.state.schema_, s.name) for s in cfg.sources}
-        leading = {name: lock.try_acquire() for name, lock in locks.items()}
+        for lock in locks.values():
+            lock.try_acquire()
         for source in cfg.sources:
             self.say(f"source {source.name}: checking its slot {source.slot_name} and "
                      f"publication {source.publication_name}")  # fmt: skip
             prepare_capture(
                 source.dsn.get_secret_value(), source.slot_name, source.publication_name,
-                source.tables, source.name, standby=not leading[source.name],
+                source.tables, source.name, standby=not locks[source.name].held,
             )  # fmt: skip
         check_targets(cfg)  # mirrors: no feedback loop, no two sources in one table
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
@@ -146,7 +147,7 @@ class Runtime:
             )  # fmt: skip
             self.queries.append(sq)
             sq.lock = locks[source.name]
-            if leading[source.name]:
+            if sq.lock.held:
                 start_query(
                     self.spark, self.config, sq, self.checkpoint(sq.source), self.until_caught_up
                 )
