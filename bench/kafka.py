@@ -196,6 +196,11 @@ def main() -> None:
         "--partition-bytes", type=int, default=None,
         help="source partition_bytes (default: walstream's); 1000000000 puts a batch in one task",
     )  # fmt: skip
+    ap.add_argument(
+        "--spark-conf", type=json.loads, default={},
+        help='JSON of spark.conf settings over walstream\'s, e.g. \'{"spark.driver.extraJavaOptions": '
+        '"-XX:TieredStopAtLevel=4"}\' (C2 on a 2-core machine)',
+    )  # fmt: skip
     ap.add_argument("-v", "--verbose", action="store_true", help="log every batch's timing")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -230,7 +235,7 @@ def main() -> None:
                 "spark": {
                     "master": "local[2]",
                     "checkpoint_dir": str(work / "checkpoints"),
-                    "conf": {"spark.driver.memory": "2g"},
+                    "conf": {"spark.driver.memory": "2g", **args.spark_conf},
                 },
                 "sources": [
                     {"name": "bench", "dsn": dsn, "slot": "bench", "publication": "bench",

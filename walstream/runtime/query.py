@@ -93,7 +93,7 @@ def start_query(
         reader = reader.option("internalSchema", config.state.schema_)
     interval = config.spark.trigger_interval
     writer = (
-        reader.load()
+        sq.pipeline.stream(reader.load())  # the sinks' columns, planned with each batch
         .writeStream.queryName(f"walstream_{s.name.replace('-', '_')}")
         .foreachBatch(sq.pipeline)
         .option("checkpointLocation", checkpoint)

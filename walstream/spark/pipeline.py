@@ -1,13 +1,14 @@
 """The foreachBatch of a source's query: for each sink select, filter, transform, route, deliver.
 
-Per sink (`SinkSteps`, built once): tables/actions selection and the SQL filter,
-then the columns delivery needs — `_group` (the group key), `_key` and `_route`
-(Kafka key and topic when they are expressions), `_message` (a SQL transform or
-format) — and `mapInArrow` delivers each partition on an executor in WAL order and
-returns its counts. A batch in one partition is one stage with one task; a larger
-one is first spread by group key (`repartition`, `sortWithinPartitions(lsn, seq)`).
-The batch is done when every sink's job finished; only then does Spark write its
-commit log.
+Per sink: tables/actions selection and the SQL filter, then the columns delivery
+needs — `_group` (the group key), `_key` and `_route` (Kafka key and topic when they
+are expressions), `_message` (a SQL transform or format). The query's streaming
+DataFrame carries them from its start (`streamed.py`: Spark plans them with each
+batch); a batch with backfill rows builds them per batch (`SinkSteps`). Then
+`mapInArrow` delivers each partition on an executor in WAL order and returns its
+counts. A batch in one partition is one stage with one task; a larger one is first
+spread by group key (`repartition`, `sortWithinPartitions(lsn, seq)`). The batch is
+done when every sink's job finished; only then does Spark write its commit log.
 """
 
 from __future__ import annotations
@@ -35,8 +36,17 @@ from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
 from walstream.spark.frames import empty_frame
-from walstream.spark.reads import Direct, deliver_direct, eligible, plan_direct, tied_rows
+from walstream.spark.reads import (
+    Direct,
+    deliver_direct,
+    eligible,
+    grouped,
+    plan_direct,
+    tied_rows,
+    with_reads,
+)
 from walstream.spark.steps import BatchPart, SinkSteps
+from walstream.spark.streamed import StreamedSinks
 from walstream.spark.tables import Upkeep, write_or_pause, write_tables
 
 log = logging.getLogger(__name__)
@@ -101,6 +111,9 @@ class Pipeline:
     #: Where executors write lake data files before the driver commits them (shared storage:
     #: under the checkpoint directory); None: lake rows are written from the driver.
     lake_stage: str | None = None
+    #: The message sinks' columns on the streaming DataFrame (`stream`); None: each batch
+    #: builds them (SinkSteps.prepare).
+    streamed: StreamedSinks | None = None
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -109,6 +122,17 @@ class Pipeline:
         self.snapshots = {s.name: sink_snapshot(s) for s in self.sinks}
         self._built: dict[tuple[str, int | None, bool], SinkSteps] = {}
         self.parked: dict[str, int] = {}  # per sink, as the current batch started
+
+    def stream(self, df: Any) -> Any:
+        """The query's streaming DataFrame `df` with its message sinks' columns (streamed.py)."""
+        sinks = [s for s in self.sinks if not isinstance(sink_for(s.destination), TableSink)]
+        self.streamed = None
+        if not sinks:
+            return df
+        streamed = StreamedSinks(df.sparkSession, sinks, self.db)
+        df = streamed.add(df)
+        self.streamed = streamed
+        return df
 
     def __call__(self, df: Any, batch_id: int) -> None:
         if self.draining.is_set():
@@ -122,6 +146,9 @@ class Pipeline:
             running: dict[int, tuple[str, str, str]] = {}
             if self.backfills is not None:
                 running = self.backfills.batch_started(query_id, batch_id)
+            streamed = self.streamed if not running else None
+            if running and self.streamed is not None:  # backfill rows join the change rows
+                df = self.streamed.raw(df)
             cached = len(self.sinks) > 1 or bool(running)
             if cached:
                 df = df.persist()
@@ -133,7 +160,9 @@ class Pipeline:
                     reads = self.backfills.reads(df, batch_id, query_id, running)
                     empty = self.backfills.changes == 0
                 for sink in self.sinks:
-                    self._deliver(df, sink, batch_id, query_id, reads.get(sink.name), empty)
+                    self._deliver(
+                        df, sink, batch_id, query_id, reads.get(sink.name), empty, streamed
+                    )
                 if running:
                     assert self.backfills is not None
                     self.backfills.batch_delivered()
@@ -195,14 +224,16 @@ class Pipeline:
 
     def _deliver(
         self, df: Any, sink: SinkConfig, batch_id: int, query_id: str, reads: Any = None,
-        empty: bool = False,
+        empty: bool = False, streamed: StreamedSinks | None = None,
     ) -> None:  # fmt: skip
         """Deliver the batch to one sink; `reads`: backfill rows that join it there.
-        `empty`: the batch is known to hold no changes."""
+        `empty`: the batch is known to hold no changes. `streamed`: `df` carries the
+        message sinks' columns (then `reads` is None)."""
         t0 = time.monotonic()
         driver_sink = sink_for(sink.destination)
         if isinstance(driver_sink, TableSink):
-            self._write_tables(df, sink, driver_sink, batch_id, query_id, reads, empty)
+            rows = df if streamed is None else streamed.raw(df)
+            self._write_tables(rows, sink, driver_sink, batch_id, query_id, reads, empty)
             return
         if empty and reads is None:  # no job to run
             with self.lock:
@@ -214,7 +245,10 @@ class Pipeline:
         plan = replace(steps.plan, query_id=query_id, batch_id=batch_id)
         if reads is not None:
             df = df.selectExpr("*", "CAST(NULL AS BIGINT) AS backfill")
-        prepared = steps.prepare(df)
+        if streamed is not None:
+            prepared = streamed.prepare(df, sink.name, skip)
+        else:
+            prepared = steps.prepare(df)
         spread = sink.partitions or self.default_partitions
         direct: Direct | None = None
         if reads is not None:
@@ -222,9 +256,9 @@ class Pipeline:
             if skip is None and eligible(sink, driver_sink, plan.tombstones):
                 direct = plan_direct(reads, sink, plan, self.source.name, prepared)
             if direct is None:
-                placed = self._with_reads(prepared, read_rows, sink, spread)
+                placed = with_reads(prepared, read_rows, sink, spread)
             elif direct.tied:  # free read rows go straight from their files; tied ones with
-                placed = _grouped(prepared.unionByName(tied_rows(read_rows, prepared)), spread)
+                placed = grouped(prepared.unionByName(tied_rows(read_rows, prepared)), spread)
             else:  # the batch has no changes for this sink: no Spark job
                 placed = None
             first = 0 if placed is None else planned_partitions(placed)
@@ -243,7 +277,7 @@ class Pipeline:
                 return
             if inputs > 1:  # spread by group key, each partition in WAL order
                 plan = replace(plan, partitions=spread)
-                job = steps.deliver(_grouped(prepared, spread))
+                job = steps.deliver(grouped(prepared, spread))
         fresh = True
         if not driver_sink.replaces_batches:
             fresh = self.ledger.start_batch(sink.name, query_id, batch_id)
@@ -337,38 +371,3 @@ class Pipeline:
             batch_id, sink.name, out.changes, out.rows, out.tables, out.replayed,
             time.monotonic() - t0,
         )  # fmt: skip
-
-    def _with_reads(self, stream: Any, reads: Any, sink: SinkConfig, partitions: int) -> Any:
-        """The batch's changes and backfill rows, each group in one partition in WAL order.
-
-        A read row shares its group with no other read row when groups are rows (the
-        default): only read rows whose group also has stream changes in this batch must
-        be ordered with them (shuffled by group). The others are delivered where they
-        were read (their partitions follow the grouped ones), sorted in place — a
-        chunk's rows are not shuffled. With a `group_by` that spans rows, all are grouped.
-        """
-        from pyspark.sql import functions as F
-
-        if sink.group_by or sink.destination.group_by():
-            return _grouped(stream.unionByName(reads), partitions)
-        changes = stream.count()
-        free = reads.sortWithinPartitions("lsn", "seq")
-        if changes == 0:
-            return free
-        if changes > TIED_ROWS:
-            return _grouped(stream.unionByName(reads), partitions)
-        groups = F.broadcast(stream.selectExpr("_group AS _tied").distinct())
-        on = F.col("_group") == F.col("_tied")
-        tied = reads.join(groups, on, "left_semi")
-        free = reads.join(groups, on, "left_anti").sortWithinPartitions("lsn", "seq")
-        return _grouped(stream.unionByName(tied), partitions).union(free)
-
-
-#: Up to this many stream changes in a batch with backfill rows, their group keys are
-#: broadcast to pick the read rows that must be ordered with them.
-TIED_ROWS = 250_000
-
-
-def _grouped(df: Any, partitions: int) -> Any:
-    """Spread by group key, each partition in WAL order."""
-    return df.repartition(partitions, "_group").sortWithinPartitions("lsn", "seq")

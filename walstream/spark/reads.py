@@ -171,3 +171,39 @@ def _joined_keys(pk: Any) -> Any:
 
 def _no_rows(batches: Any) -> Any:
     raise AssertionError("read rows built in Arrow have every message and key")
+
+
+def with_reads(stream: Any, reads: Any, sink: SinkConfig, partitions: int) -> Any:
+    """The batch's changes and backfill rows, each group in one partition in WAL order.
+
+    A read row shares its group with no other read row when groups are rows (the
+    default): only read rows whose group also has stream changes in this batch must
+    be ordered with them (shuffled by group). The others are delivered where they
+    were read (their partitions follow the grouped ones), sorted in place — a
+    chunk's rows are not shuffled. With a `group_by` that spans rows, all are grouped.
+    """
+    from pyspark.sql import functions as F
+
+    if sink.group_by or sink.destination.group_by():
+        return grouped(stream.unionByName(reads), partitions)
+    changes = stream.count()
+    free = reads.sortWithinPartitions("lsn", "seq")
+    if changes == 0:
+        return free
+    if changes > TIED_ROWS:
+        return grouped(stream.unionByName(reads), partitions)
+    groups = F.broadcast(stream.selectExpr("_group AS _tied").distinct())
+    on = F.col("_group") == F.col("_tied")
+    tied = reads.join(groups, on, "left_semi")
+    free = reads.join(groups, on, "left_anti").sortWithinPartitions("lsn", "seq")
+    return grouped(stream.unionByName(tied), partitions).union(free)
+
+
+#: Up to this many stream changes in a batch with backfill rows, their group keys are
+#: broadcast to pick the read rows that must be ordered with them.
+TIED_ROWS = 250_000
+
+
+def grouped(df: Any, partitions: int) -> Any:
+    """Spread by group key, each partition in WAL order."""
+    return df.repartition(partitions, "_group").sortWithinPartitions("lsn", "seq")
