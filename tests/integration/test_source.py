@@ -312,7 +312,8 @@ def test_a_batch_as_big_as_the_buffer_does_not_stop_the_stream(spark, db, tmp_pa
 
 def test_the_first_batch_with_changes_is_small_and_the_next_ones_are_not(spark, db, tmp_path):
     """A query's first changes go out in a batch of at most FIRST_BATCH_ROWS (a cold batch
-    of 50,000 delays the first message by seconds); the batches after it take the limit."""
+    of 50,000 delays the first message by seconds) and, with a backlog in the slot, in its
+    batch 0 (not after an empty one); the batches after it take the limit."""
     from walstream.spark.source import FIRST_BATCH_ROWS
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
@@ -327,6 +328,7 @@ def test_the_first_batch_with_changes_is_small_and_the_next_ones_are_not(spark, 
         run.wait_for_rows(n, timeout=120)
     assert [int(r.pk[0]) for r in run.collected.rows()] == list(range(1, n + 1))
     sizes = [len(rows) for _, rows in run.collected.batches if rows]
+    assert run.collected.batches[0][0] == 0 and run.collected.batches[0][1]  # batch 0 has them
     assert sizes[0] <= FIRST_BATCH_ROWS
     assert max(sizes[1:]) > FIRST_BATCH_ROWS, sizes  # one transaction: the rest in one batch
 

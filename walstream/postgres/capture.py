@@ -272,6 +272,18 @@ class Capture:
                     )  # fmt: skip
             return end
 
+    def wait_latest(self, start: Cursor, max_rows: int | None, timeout: float) -> Cursor:
+        """`latest`, waiting up to `timeout` seconds for a change after `start` to arrive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            end = self.latest(start, max_rows)
+            left = deadline - time.monotonic()
+            if end != start or left <= 0:
+                return end
+            with self.cond:  # woken by each change buffered (and by a failure)
+                if self.buffer.latest(start, max_rows) == start:
+                    self.cond.wait(min(left, 0.1))
+
     def covers(self, end: Cursor) -> bool:
         """Whether everything up to `end` has been received."""
         return self.buffer.covers(end)

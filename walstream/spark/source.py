@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -25,24 +25,25 @@ from pyspark.sql.streaming.datasource import (
 
 from walstream.change import CHANGE_SCHEMA_DDL, parse_lsn
 from walstream.errors import SetupError
-from walstream.postgres.capture import HEARTBEAT_PREFIX, Capture, Cursor
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.heartbeat import Heartbeat
-from walstream.postgres.prepare import prepare_capture
-from walstream.postgres.replication import connect
-from walstream.postgres.types import PgType
 from walstream.spark.options import SourceOptions
-from walstream.spark.partition import (
-    ChangePartition,
-    PackedSlice,
-    arrow_batches,
-    decode_partition,
-    group_slices,
-)
+
+if TYPE_CHECKING:
+    from walstream.postgres.capture import Capture, Cursor
+    from walstream.postgres.heartbeat import Heartbeat
+    from walstream.postgres.types import PgType
+
+# Spark starts a fresh Python process for each planning step of a Python data source
+# (creating it at load(), planning the read), and those need only the classes: what
+# reading the slot and decoding need (psycopg, the capture, the decoder: ~0.25 s of such
+# a process's start) is imported in the methods that read and decode.
 
 log = logging.getLogger(__name__)
 #: At most this many changes in the first batch with changes of a query (see latestOffset).
 FIRST_BATCH_ROWS = 1000
+#: A query that starts behind the server waits at most this long for its first change,
+#: so that its first batch carries changes instead of running empty (see latestOffset).
+#: The wait ends with the first change: only WAL of other tables waits it out, once.
+FIRST_CHANGE_WAIT = 3.0
 
 # One capture per (dsn, slot) in this process: a new query on the same slot replaces the old
 # one (Spark never calls stop() on a finished query's reader).
@@ -101,17 +102,22 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._until: Cursor | None = None
         #: Whether this query planned a batch with changes yet (the first one is small).
         self._planned_rows = False
+        #: The server had written WAL past the slot when the capture started.
+        self._behind = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only: connections and threads stay on the driver.
         return {"options": self.options, "_driver": None, "_confirmed": None, "_mark": None,
-                "_until": None, "_planned_rows": False}  # fmt: skip
+                "_until": None, "_planned_rows": False, "_behind": False}  # fmt: skip
 
     # -- Trigger.AvailableNow ------------------------------------------------------------
     def prepareForTriggerAvailableNow(self) -> None:
         """Write a mark into the WAL (a logical message, as heartbeats are): the query
         reads every change committed before it, then ends. Trigger.Once (which asks
         for all available) marks the same way at its one batch."""
+        from walstream.postgres.capture import HEARTBEAT_PREFIX
+        from walstream.postgres.replication import connect
+
         with connect(self.options.dsn, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT pg_logical_emit_message(true, %s, 'available-now')::text",
@@ -150,12 +156,19 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """Validate the database, create slot/publication when missing; the slot's confirmed LSN."""
         if self._confirmed is not None:
             return self._confirmed
+        from walstream.postgres.prepare import prepare_capture
+
         o = self.options
         _release(o.dsn, o.slot)
         self._confirmed = prepare_capture(o.dsn, o.slot, o.publication, o.tables, o.name)
         return self._confirmed
 
     def _running(self, floor: Cursor) -> _Driver:
+        from walstream.postgres.capture import Capture
+        from walstream.postgres.catalog import load_metadata
+        from walstream.postgres.heartbeat import Heartbeat
+        from walstream.postgres.replication import connect
+
         driver = self._driver
         if driver is not None and driver.capture.thread.is_alive():
             return driver
@@ -165,6 +178,8 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         o = self.options
         with connect(o.dsn, autocommit=True) as conn:
             meta = load_metadata(conn)
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        self._behind = row is not None and parse_lsn(row[0]) > floor[0]
         capture = Capture(
             o.dsn, o.slot, o.publication, floor,
             primary_keys=meta.primary_keys, max_buffer_bytes=o.max_buffer_bytes,
@@ -214,6 +229,11 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if self._mark is None:  # Trigger.Once: all that was committed before it started
                 self.prepareForTriggerAvailableNow()
         if self._mark is None:
+            if self._behind and not self._planned_rows:
+                # A backlog: the first batch waits (briefly) for its first changes rather
+                # than run empty, which costs a whole cycle before anything is delivered.
+                self._behind = False
+                return _as_offset(driver.capture.wait_latest(cursor, max_rows, FIRST_CHANGE_WAIT))
             return _as_offset(driver.capture.latest(cursor, max_rows))
         # Trigger.AvailableNow: once the mark is received, up to it and no further
         until = self._available_now(driver, cursor)
@@ -222,6 +242,8 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return _as_offset(min(driver.capture.latest(cursor, max_rows), until))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        from walstream.spark.partition import ChangePartition, PackedSlice, group_slices
+
         s, e = _as_cursor(start), _as_cursor(end)
         if e <= s:
             return []
@@ -240,6 +262,8 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        from walstream.spark.partition import ChangePartition, arrow_batches, decode_partition
+
         assert isinstance(partition, ChangePartition)
         return arrow_batches(decode_partition(partition))
 
