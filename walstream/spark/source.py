@@ -178,8 +178,11 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         o = self.options
         with connect(o.dsn, autocommit=True) as conn:
             meta = load_metadata(conn)
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-        self._behind = row is not None and parse_lsn(row[0]) > floor[0]
+            row = conn.execute(  # how far the server's WAL goes (a standby: replayed)
+                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                "ELSE pg_current_wal_lsn() END)::text"
+            ).fetchone()
+        self._behind = row is not None and row[0] is not None and parse_lsn(row[0]) > floor[0]
         capture = Capture(
             o.dsn, o.slot, o.publication, floor,
             primary_keys=meta.primary_keys, max_buffer_bytes=o.max_buffer_bytes,
