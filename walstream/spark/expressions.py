@@ -66,6 +66,11 @@ def selection_expr(sink: SinkConfig) -> str:
     return " AND ".join(conds)
 
 
+#: The row columns a SQL-made message replaces: they travel on to the delivery worker
+#: only for rows without one (`Projection.sql_message`).
+TRIMMED = ("record", "old", "annotations")
+
+
 @dataclass(frozen=True)
 class Projection:
     where: str  # the rows the sink takes

@@ -35,3 +35,10 @@ def empty_frame(spark: Any, schema: Any) -> Any:
     jschema = spark._jsparkSession.parseDataType(schema.json())
     rows = spark._jvm.java.util.ArrayList()
     return DataFrame(spark._jsparkSession.createDataFrame(rows, jschema), spark)
+
+
+def column_seq(spark: Any, columns: list[Any]) -> Any:
+    """A JVM Seq of `columns`' Java columns (for `_jdf.select` and the like)."""
+    from pyspark.sql.classic.column import _to_seq
+
+    return _to_seq(spark.sparkContext, [c._jc for c in columns])

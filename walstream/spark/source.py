@@ -164,14 +164,14 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._confirmed
 
     def _running(self, floor: Cursor) -> _Driver:
+        driver = self._driver
+        if driver is not None and driver.capture.thread.is_alive():
+            return driver
         from walstream.postgres.capture import Capture
         from walstream.postgres.catalog import load_metadata
         from walstream.postgres.heartbeat import Heartbeat
         from walstream.postgres.replication import connect
 
-        driver = self._driver
-        if driver is not None and driver.capture.thread.is_alive():
-            return driver
         if driver is not None:
             driver.capture.raise_if_failed()
         self._setup()

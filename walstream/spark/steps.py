@@ -19,8 +19,8 @@ from typing import Any
 
 from walstream.config import SinkConfig
 from walstream.delivery.deliver import DeliveryPlan
-from walstream.spark.expressions import projection
-from walstream.spark.frames import arrow_map_udf
+from walstream.spark.expressions import TRIMMED, projection
+from walstream.spark.frames import arrow_map_udf, column_seq
 from walstream.spark.tasks import STATS_DDL, deliver_arrow
 
 #: The local property that carries a batch's part of a sink's DeliveryPlan to its tasks.
@@ -70,13 +70,13 @@ class SinkSteps:
         self.sink = sink.name
         p = projection(sink, skip_before, backfill, db)
         self._where = F.expr(p.where)._jc
-        self._select = _seq(spark, [F.expr(c) for c in (*p.keep, *p.columns)])
+        self._select = column_seq(spark, [F.expr(c) for c in (*p.keep, *p.columns)])
         names = p.names
         self._trim = None
         if p.sql_message:  # where SQL made the message, the row's JSON columns need not travel on
-            self._trim = _seq(spark, [
+            self._trim = column_seq(spark, [
                 F.expr(f"CASE WHEN _message IS NULL THEN `{c}` END AS `{c}`")
-                if c in ("record", "old", "annotations") else F.col(c)
+                if c in TRIMMED else F.col(c)
                 for c in names
             ])  # fmt: skip
         self.names = names
@@ -124,9 +124,3 @@ def batch_deliverer(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[An
         yield from deliver_arrow(BatchPart.parse(text).apply(plan, first))(batches)
 
     return run
-
-
-def _seq(spark: Any, columns: list[Any]) -> Any:
-    from pyspark.sql.classic.column import _to_seq
-
-    return _to_seq(spark.sparkContext, [c._jc for c in columns])

@@ -24,11 +24,8 @@ from typing import Any
 
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import SinkConfig
-from walstream.spark.expressions import projection
-
-#: The row columns a SQL-made message replaces (they travel to the delivery worker only
-#: for rows without one: see SinkSteps).
-TRIMMED = ("record", "old", "annotations")
+from walstream.spark.expressions import TRIMMED, projection
+from walstream.spark.frames import column_seq
 
 
 class Streamed:
@@ -36,7 +33,6 @@ class Streamed:
 
     def __init__(self, sink: SinkConfig, index: int, db: str) -> None:
         p = projection(sink, None, False, db)
-        self.sink = sink.name
         self.prefix = f"_ws{index}_"
         self.where_name = f"{self.prefix}where"
         self._where = p.where
@@ -66,13 +62,12 @@ class Streamed:
     def select_columns(self, spark: Any) -> Any:
         """The JVM columns of a batch's select: this sink's columns under their own names."""
         from pyspark.sql import functions as F
-        from pyspark.sql.classic.column import _to_seq
 
         out = []
         for name in self.names:
             own = name not in self._keep or (self._sql_message and name in TRIMMED)
             out.append(F.col(self.prefix + name).alias(name) if own else F.col(f"`{name}`"))
-        return _to_seq(spark.sparkContext, [c._jc for c in out])
+        return column_seq(spark, out)
 
 
 class StreamedSinks:
@@ -107,10 +102,7 @@ class StreamedSinks:
         """A batch's change rows without the sinks' columns."""
         from pyspark.sql import DataFrame
         from pyspark.sql import functions as F
-        from pyspark.sql.classic.column import _to_seq
 
         if self._raw is None:
-            self._raw = _to_seq(
-                self.spark.sparkContext, [F.col(f"`{c}`")._jc for c in CHANGE_COLUMNS]
-            )
+            self._raw = column_seq(self.spark, [F.col(f"`{c}`") for c in CHANGE_COLUMNS])
         return DataFrame(df._jdf.select(self._raw), df.sparkSession)
