@@ -6,6 +6,12 @@ steps before the first batch (registering the source, checking the sinks' SQL, s
 the query) mostly wait on the JVM and on Spark's planning processes, so one small job
 on a thread of its own does that work beside them. Spark keeps the workers for reuse:
 the first batch finds them ready.
+
+It warms one worker fewer than Spark has cores (at least one): the start-up steps it
+runs beside fork Python processes of their own on the driver (the source's
+registration and planning), and on a 2-core machine two warm-up tasks left them no core.
+There, warming one worker brought the first message 1.3-2.4 s sooner in each of three
+paired runs (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -38,14 +44,19 @@ def _importer(modules: Sequence[str]) -> Any:
     return run
 
 
+def warm_tasks(cores: int) -> int:
+    """How many Python workers to warm on `cores` cores: all but one, at least one."""
+    return max(1, cores - 1)
+
+
 def warm_workers(spark: Any, modules: Sequence[str] = TASK_MODULES) -> threading.Thread:
-    """Run, on a thread, one task per core that imports `modules` in a Python worker."""
+    """Run, on a thread, `warm_tasks` tasks that import `modules` in a Python worker each."""
 
     def job() -> None:
-        cores = spark.sparkContext.defaultParallelism
+        tasks = warm_tasks(spark.sparkContext.defaultParallelism)
         try:
             spark.sparkContext.setJobGroup(JOB_GROUP, "walstream: start the Python workers")
-            ids = spark.range(0, cores, numPartitions=cores)
+            ids = spark.range(0, tasks, numPartitions=tasks)
             map_in_arrow(ids, _importer(tuple(modules)), "id long").collect()
         except Exception as exc:  # only time is lost: the first batch starts them instead
             log.debug("warming the Python workers failed: %s", exc)
