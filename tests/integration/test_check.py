@@ -8,6 +8,9 @@ from typer.testing import CliRunner
 from walstream.cli import app
 from walstream.postgres.setup import check_database, has_errors
 
+#: Debian's server and the newest major (tests/conftest.py).
+ON_EVERY_SERVER = True
+
 runner = CliRunner()
 
 
@@ -132,3 +135,16 @@ def test_wal_level_replica_is_an_error_with_the_fix(replica_level_server):
     assert "ALTER SYSTEM SET wal_level = logical;" in f.fix and "restart" in f.fix
     result = runner.invoke(app, ["check", "--dsn", replica_level_server.dsn()])
     assert result.exit_code == 1
+
+
+def test_the_server_version_and_what_it_enables(db):
+    """On Debian's 15 the version-dependent features are "no (needs N+)", on 18 "yes"."""
+    version = int(db.execute("SHOW server_version_num")[0][0])
+    findings = by_subject(check_database(db.dsn))
+    message = findings["server version"].message
+    assert message.startswith(f"PostgreSQL {db.execute('SHOW server_version')[0][0]}; ")
+    for needs, what in ((16, "logical decoding on a standby"), (17, "failover slots"),
+                        (18, "stored generated columns published")):  # fmt: skip
+        assert f"{what}: {'yes' if version >= needs * 10000 else f'no (needs {needs}+)'}" in message
+    keep = findings["max_slot_wal_keep_size"]
+    assert keep.level == "ok" and keep.message.startswith("-1: a slot that stops advancing")

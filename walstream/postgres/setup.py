@@ -4,30 +4,19 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from walstream.errors import ConnectionFailed
+from walstream.postgres.findings import Finding, fetch_rows
 from walstream.postgres.replication import connect
+from walstream.postgres.slots import capacity_findings, slot_findings
 
-Level = Literal["ok", "warning", "error"]
+__all__ = ["Finding", "check_database", "has_errors"]
 
 MIN_SERVER_VERSION = 140000  # pgoutput `messages` and streaming need 14+
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    level: Level
-    subject: str
-    message: str
-    fix: str | None = None
-
-
-def _rows(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
-    return conn.execute(query, params or None).fetchall()
 
 
 def check_database(
@@ -45,9 +34,9 @@ def check_database(
         out: list[Finding] = []
         out += _server(conn)
         out += _role(conn)
-        out += _capacity(conn, slot)
+        out += capacity_findings(conn, slot)
         if slot:
-            out += _slot(conn, slot)
+            out += slot_findings(conn, slot)
         resolved, missing = _resolve_tables(conn, tables)
         out += missing
         if publication:
@@ -62,8 +51,8 @@ def check_database(
 
 def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
     out: list[Finding] = []
-    version = int(_rows(conn, "SHOW server_version_num")[0][0])
-    human = _rows(conn, "SHOW server_version")[0][0]
+    version = int(fetch_rows(conn, "SHOW server_version_num")[0][0])
+    human = fetch_rows(conn, "SHOW server_version")[0][0]
     if version < MIN_SERVER_VERSION:
         out.append(
             Finding(
@@ -74,8 +63,18 @@ def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
             )
         )
     else:
-        out.append(Finding("ok", "server version", f"PostgreSQL {human}"))
-    wal_level = _rows(conn, "SHOW wal_level")[0][0]
+        out.append(Finding("ok", "server version", f"PostgreSQL {human}; {features(version)}"))
+    keep = fetch_rows(conn, "SHOW max_slot_wal_keep_size")[0][0]
+    if keep == "-1":
+        out.append(Finding("ok", "max_slot_wal_keep_size",
+                           "-1: a slot that stops advancing keeps WAL until the disk is full",
+                           "to cap it, set max_slot_wal_keep_size: a slot past it is "
+                           "invalidated instead, and `walstream recover` restores the sinks"))  # fmt: skip
+    else:
+        out.append(Finding("ok", "max_slot_wal_keep_size",
+                           f"{keep}: a slot holding more WAL than that is invalidated "
+                           "(walstream warns in /health as it gets close)"))  # fmt: skip
+    wal_level = fetch_rows(conn, "SHOW wal_level")[0][0]
     if wal_level != "logical":
         out.append(
             Finding(
@@ -91,8 +90,24 @@ def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
     return out
 
 
+#: What a server version enables for walstream: (version_num, what).
+FEATURES = (
+    (160000, "logical decoding on a standby"),
+    (170000, "failover slots"),
+    (180000, "stored generated columns published"),
+)
+
+
+def features(version: int) -> str:
+    """The version-dependent features, each with yes / no and the version it needs."""
+    return ", ".join(
+        f"{what}: {'yes' if version >= needs else f'no (needs {needs // 10000}+)'}"
+        for needs, what in FEATURES
+    )
+
+
 def _role(conn: psycopg.Connection[Any]) -> list[Finding]:
-    user, can_replicate, superuser = _rows(
+    user, can_replicate, superuser = fetch_rows(
         conn,
         "SELECT current_user, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
     )[0]
@@ -108,98 +123,13 @@ def _role(conn: psycopg.Connection[Any]) -> list[Finding]:
     ]
 
 
-def _capacity(conn: psycopg.Connection[Any], slot: str | None) -> list[Finding]:
-    out: list[Finding] = []
-    max_slots = int(_rows(conn, "SHOW max_replication_slots")[0][0])
-    used = int(_rows(conn, "SELECT count(*) FROM pg_replication_slots")[0][0])
-    exists = bool(slot) and bool(
-        _rows(conn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", slot)
-    )
-    free = max_slots - used
-    if free <= 0 and not exists:
-        out.append(
-            Finding(
-                "error",
-                "replication slots",
-                f"all {max_slots} replication slots are in use",
-                "drop unused slots (SELECT pg_drop_replication_slot(name)) or raise max_replication_slots and restart",
-            )
-        )
-    elif free < 2:
-        out.append(
-            Finding(
-                "warning",
-                "replication slots",
-                f"only {free} of {max_slots} replication slots free",
-                "raise max_replication_slots (needs a restart) before adding sources or shards",
-            )
-        )
-    else:
-        out.append(Finding("ok", "replication slots", f"{free} of {max_slots} free"))
-    max_senders = int(_rows(conn, "SHOW max_wal_senders")[0][0])
-    senders = int(_rows(conn, "SELECT count(*) FROM pg_stat_replication")[0][0])
-    if max_senders - senders <= 0:
-        out.append(
-            Finding(
-                "error",
-                "wal senders",
-                f"all {max_senders} WAL senders are busy",
-                "raise max_wal_senders and restart PostgreSQL",
-            )
-        )
-    return out
-
-
-def _slot(conn: psycopg.Connection[Any], slot: str) -> list[Finding]:
-    rows = _rows(
-        conn,
-        "SELECT plugin, database, active, slot_type FROM pg_replication_slots WHERE slot_name = %s",
-        slot,
-    )
-    if not rows:
-        return [
-            Finding("ok", f"slot {slot}", "does not exist yet; walstream run creates it (pgoutput)")
-        ]
-    plugin, database, active, slot_type = rows[0]
-    current_db = _rows(conn, "SELECT current_database()")[0][0]
-    drop = f"SELECT pg_drop_replication_slot('{slot}');"
-    if slot_type != "logical" or plugin != "pgoutput":
-        return [
-            Finding(
-                "error",
-                f"slot {slot}",
-                f"slot uses plugin {plugin!r} ({slot_type}); walstream needs a logical pgoutput slot",
-                f"choose another slot name, or drop this one if nothing else uses it: {drop}",
-            )
-        ]
-    if database != current_db:
-        return [
-            Finding(
-                "error",
-                f"slot {slot}",
-                f"slot belongs to database {database!r}, not {current_db!r}",
-                "point the DSN at that database or choose another slot name",
-            )
-        ]
-    if active:
-        return [
-            Finding(
-                "warning",
-                f"slot {slot}",
-                "slot is in use by another connection right now",
-                "stop the other consumer (a second walstream waits as standby), or choose another slot name",
-            )
-        ]
-    return [Finding("ok", f"slot {slot}", "exists (pgoutput)")]
-
-
 def _resolve_tables(
     conn: psycopg.Connection[Any], tables: Sequence[str]
 ) -> tuple[list[tuple[str, str]], list[Finding]]:
     """Expand `schema.table` names and globs (`public.*`) to existing tables."""
     if not tables:
         return [], []
-    existing = _rows(
+    existing = fetch_rows(
         conn,
         "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
@@ -229,7 +159,7 @@ def _publication(
 ) -> tuple[list[Finding], list[tuple[str, str]]]:
     """Findings about the publication; `named`: tables were asked for (an empty `tables`
     then means none of them exists, not "all tables")."""
-    rows = _rows(
+    rows = fetch_rows(
         conn,
         "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate "
         "FROM pg_publication WHERE pubname = %s",
@@ -278,7 +208,7 @@ def _publication(
             )
         )
     covered = set(
-        _rows(
+        fetch_rows(
             conn, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", name
         )
     )
@@ -303,7 +233,7 @@ def _publication(
 def _table(conn: psycopg.Connection[Any], schema: str, table: str) -> list[Finding]:
     ident = sql.Identifier(schema, table).as_string(conn)
     subject = f"table {schema}.{table}"
-    rows = _rows(
+    rows = fetch_rows(
         conn,
         """
         SELECT c.relreplident,

@@ -1,7 +1,9 @@
-"""Deleting what is past its retention: ingested events, and each stream's kept messages.
+"""Retention: deleting ingested events and each stream's kept messages past theirs, and
+warning while a slot nears the WAL retention PostgreSQL allows it.
 
 Each is a Periodic task; it does its work only in a process that leads the events'
-source (resp. one of the stream's sources), so a standby deletes nothing.
+source (resp. one of the stream's sources, the slot's source), so a standby deletes
+nothing and stays quiet.
 """
 
 from __future__ import annotations
@@ -18,6 +20,23 @@ from walstream.streams.store import StreamStore
 
 log = logging.getLogger("walstream.runtime")
 
+#: How often the slots' WAL retention is looked at (and a warning repeated).
+SLOT_WATCH_SECONDS = 60.0
+
+
+def _watch_slots(config: Plan, leads: Callable[[str], bool]) -> None:
+    """Log a warning for each led source whose slot nears invalidation (see
+    `SlotState.retention_warning`); /health and /metrics show the same."""
+    from walstream.server.monitor import slot_state
+
+    for source in config.sources:
+        if leads(source.name):
+            warning = slot_state(
+                source.dsn.get_secret_value(), source.slot_name
+            ).retention_warning()
+            if warning is not None:
+                log.warning("source %s: %s", source.name, warning)
+
 
 def retention_tasks(
     config: Plan,
@@ -26,9 +45,13 @@ def retention_tasks(
     leads: Callable[[str], bool],
     metrics: Metrics,
 ) -> list[Periodic]:
-    """The tasks (not started): events every 10 minutes, a stream every quarter of its
-    retention (1 s to 30 s)."""
-    tasks = []
+    """The tasks (not started): the slots every minute, events every 10 minutes, a stream
+    every quarter of its retention (1 s to 30 s)."""
+    tasks = [Periodic(
+        "walstream-slot-retention", functools.partial(_watch_slots, config, leads),
+        SLOT_WATCH_SECONDS, first=0.0, level=logging.WARNING,
+        what="cannot look at the slots' WAL retention", logger=log,
+    )]  # fmt: skip
     ev = config.events
     if ev is not None and outbox is not None:
 

@@ -43,6 +43,7 @@ from walstream.server import Server
 from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
 from walstream.server.status import SourceStatus
+from walstream.spark.checkpoint import committed_lsn
 from walstream.spark.pipeline import Pipeline, validate
 from walstream.spark.session import build_spark
 from walstream.spark.source import register as register_source
@@ -107,6 +108,7 @@ class Runtime:
             prepare_capture(
                 source.dsn.get_secret_value(), source.slot_name, source.publication_name,
                 source.tables, source.name, standby=not locks[source.name].held,
+                resume_from=committed_lsn(self.checkpoint(source)),
             )  # fmt: skip
         check_targets(cfg)  # mirrors: no feedback loop, no two sources in one table
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
@@ -323,12 +325,9 @@ class Runtime:
         self._rate_base = (now, counts)
 
     def supervise(
-        self,
-        until: float | None = None,
-        on_tick: Any = None,
-        tick: float = 1.0,
+        self, until: float | None = None, on_tick: Any = None, tick: float = 1.0,
         stop: threading.Event | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Restart failed queries and update rates until `stopping`, `stop` or `until`."""
         while not self.stopping.is_set() and not (stop is not None and stop.is_set()):
             if until is not None and time.monotonic() >= until:

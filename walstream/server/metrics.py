@@ -119,6 +119,12 @@ class _Collector(Collector):
             "WAL bytes the server keeps for the slot (from its restart_lsn).",
             labels=["source"],
         )  # fmt: skip
+        safe = GaugeMetricFamily(
+            "walstream_slot_safe_wal_bytes",
+            "WAL bytes the slot may still hold back before PostgreSQL invalidates it "
+            "(max_slot_wal_keep_size; absent when there is no limit).",
+            labels=["source"],
+        )  # fmt: skip
         up = GaugeMetricFamily(
             "walstream_source_status", "1 for the source's current status.",
             labels=["source", "status"],
@@ -130,9 +136,11 @@ class _Collector(Collector):
                 lag.add_metric([s["name"]], s["lag_bytes"])
             if s["retained_wal_bytes"] is not None:
                 retained.add_metric([s["name"]], s["retained_wal_bytes"])
+            if s.get("safe_wal_bytes") is not None:
+                safe.add_metric([s["name"]], s["safe_wal_bytes"])
             for v in STATUS_VALUES:
                 up.add_metric([s["name"], v], 1.0 if s["status"] == v else 0.0)
-        yield from (ingested, restarts, lag, retained, up)
+        yield from (ingested, restarts, lag, retained, safe, up)
 
         delivered = CounterMetricFamily(
             "walstream_messages_delivered", "Messages the sink accepted (retried ones included).",

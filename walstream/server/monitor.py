@@ -33,6 +33,8 @@ _RANK = {OK: 0, STANDBY: 1, PAUSED: 2, WARNING: 3, ERROR: 4}
 STALE_REPLY_SECONDS = 30.0
 #: A slot this far behind the server's WAL is a warning.
 LAG_WARNING_BYTES = 1 << 30
+#: A slot with less than this share of max_slot_wal_keep_size left is a warning.
+WAL_LEFT_WARNING = 0.25
 
 _SLOT_QUERY = """
 SELECT s.active,
@@ -40,7 +42,8 @@ SELECT s.active,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
        s.confirmed_flush_lsn::text,
        extract(epoch FROM now() - r.reply_time)::float8,
-       s.wal_status
+       s.wal_status,
+       s.safe_wal_size
 FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
 WHERE s.slot_name = %s
 """
@@ -88,7 +91,22 @@ class SlotState:
     confirmed_lsn: str | None = None
     reply_age_seconds: float | None = None
     wal_status: str | None = None
+    safe_wal_bytes: int | None = None  # WAL it may still hold back (None: no limit)
     error: str | None = None
+
+    def retention_warning(self) -> str | None:
+        """Whether Postgres is about to invalidate the slot for the WAL it holds back:
+        under a quarter of max_slot_wal_keep_size left, or past it already."""
+        if self.wal_status == "unreserved":
+            return ("the slot holds more WAL than max_slot_wal_keep_size: the next checkpoint "
+                    "invalidates it unless walstream catches up")  # fmt: skip
+        safe, held = self.safe_wal_bytes, self.retained_wal_bytes
+        if safe is None or held is None or self.wal_status == "lost":
+            return None
+        if safe < (safe + held) * WAL_LEFT_WARNING:
+            return (f"the slot may hold back only {safe / (1 << 20):,.0f} MiB more WAL before "
+                    "PostgreSQL invalidates it (max_slot_wal_keep_size)")  # fmt: skip
+        return None
 
 
 @dataclass
@@ -129,11 +147,12 @@ def slot_state(dsn: str, slot: str, timeout: float = 3.0) -> SlotState:
         return SlotState(reachable=False, error=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
     if row is None:
         return SlotState(reachable=True)
-    active, lag, retained, confirmed, reply_age, wal_status = row
+    active, lag, retained, confirmed, reply_age, wal_status, safe = row
     return SlotState(
         True, True, bool(active), None if lag is None else int(lag),
         None if retained is None else int(retained), confirmed,
         None if reply_age is None else float(reply_age), wal_status,
+        None if safe is None else int(safe),
     )  # fmt: skip
 
 
@@ -277,9 +296,13 @@ class Monitor:
                     )
                 if slot.wal_status == "lost":
                     status = ERROR
-                    reasons.append(
-                        reason("the slot lost WAL it needed (wal_status lost): take a backfill")
-                    )
+                    reasons.append(reason(
+                        "the slot lost WAL it needed (wal_status lost): changes are gone; "
+                        f"run `walstream recover {sq.name}`"
+                    ))  # fmt: skip
+                elif (warning := slot.retention_warning()) is not None:
+                    status = worst([status, WARNING])
+                    reasons.append(reason(warning))
             if sq.failures and running and sq.last_error:
                 status = worst([status, WARNING])
                 reasons.append(_error(
@@ -296,6 +319,7 @@ class Monitor:
             "slot_active": slot.active,
             "lag_bytes": slot.lag_bytes,
             "retained_wal_bytes": slot.retained_wal_bytes,
+            "safe_wal_bytes": slot.safe_wal_bytes,
             "confirmed_lsn": slot.confirmed_lsn,
             "last_report_age_seconds": (
                 None if slot.reply_age_seconds is None else round(slot.reply_age_seconds, 1)

@@ -10,6 +10,7 @@ very first batch would stop every restart.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -43,3 +44,28 @@ def remove_partial_writes(checkpoint: str) -> list[Path]:
             checkpoint, len(removed), ", ".join(f.name for f in removed),
         )  # fmt: skip
     return removed
+
+
+def committed_lsn(checkpoint: str) -> int | None:
+    """The LSN a query of walstream's source resumes from: where the last batch its local
+    checkpoint committed ended. None when none committed (the query starts fresh from its
+    slot), or the checkpoint is remote or unreadable."""
+    url = urlparse(checkpoint)
+    if url.scheme not in ("", "file"):
+        return None
+    root = Path(url.path if url.scheme else checkpoint)
+    try:
+        batches = [int(f.name) for f in (root / "commits").iterdir() if f.name.isdigit()]
+        if not batches:
+            return None
+        lines = (root / "offsets" / str(max(batches))).read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    for line in reversed(lines):  # v1, the batch's metadata, then the source's offset
+        try:
+            offset = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(offset, dict) and "lsn" in offset:
+            return int(offset["lsn"])
+    return None

@@ -152,15 +152,19 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._until
 
     # -- setup ---------------------------------------------------------------------------
-    def _setup(self) -> int:
-        """Validate the database, create slot/publication when missing; the slot's confirmed LSN."""
+    def _setup(self, resume_from: int | None = None) -> int:
+        """Validate the database, create slot/publication when missing; the slot's confirmed
+        LSN. `resume_from`: the LSN a checkpoint resumes from, when this reader did not
+        start the query fresh (`initialOffset`): then a missing slot is an error."""
         if self._confirmed is not None:
             return self._confirmed
         from walstream.postgres.prepare import prepare_capture
 
         o = self.options
         _release(o.dsn, o.slot)
-        self._confirmed = prepare_capture(o.dsn, o.slot, o.publication, o.tables, o.name)
+        self._confirmed = prepare_capture(
+            o.dsn, o.slot, o.publication, o.tables, o.name, resume_from=resume_from
+        )
         return self._confirmed
 
     def _running(self, floor: Cursor) -> _Driver:
@@ -174,7 +178,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
         if driver is not None:
             driver.capture.raise_if_failed()
-        self._setup()
+        self._setup(resume_from=floor[0])  # set already when this reader began the query
         o = self.options
         with connect(o.dsn, autocommit=True) as conn:
             meta = load_metadata(conn)
@@ -186,7 +190,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         capture = Capture(
             o.dsn, o.slot, o.publication, floor,
             primary_keys=meta.primary_keys, max_buffer_bytes=o.max_buffer_bytes,
-            internal_schema=o.internal_schema,
+            internal_schema=o.internal_schema, source=o.name,
         ).start()  # fmt: skip
         heartbeat = (
             Heartbeat(o.dsn, o.slot, o.heartbeat_interval).start() if o.heartbeat_interval else None
