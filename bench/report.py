@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.backlog import _descendants, _rss_mb
 
-#: (benchmark, arguments at scale 1): 1-5 minutes each here, about 25 minutes in all.
+#: (benchmark, arguments at scale 1): 1-5 minutes each here, about 30 minutes in all.
 PLAN: list[tuple[str, list[str]]] = [
     ("decode", ["--rows", "1000000", "--repeat", "2"]),
     ("stream", ["--changes", "1000000", "--latency-seconds", "15"]),
@@ -39,6 +39,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("events", ["--requests", "2000", "--threads", "8"]),
     ("shards", ["--changes", "500000"]),
     ("debezium", ["--changes", "500000", "--rates", "2000,5000", "--latency-seconds", "15"]),
+    ("paths", ["--changes", "300000"]),
     ("lake", ["--rows", "5000000", "--changes", "500000", "--latency-seconds", "30",
               "--files-minutes", "3"]),
 ]  # fmt: skip

@@ -243,8 +243,10 @@ def test_open_reads_are_bounded_and_markers_and_acks_are_checked(spark, db, tmp_
     base = f"{url}/v1/streams/changes"
     with supervised(runtime):
         db.execute("INSERT INTO items SELECT generate_series(1, 5)")
-        # The five inserts are kept and visible (the head marker holds the source).
-        wait_until(lambda: "east" in markers.decode("changes", httpx.get(base).json()["head"]), 60)
+        # The five inserts are kept and visible (the head marker holds the source), all
+        # five: the head was seen at the third once, and a group begins at the head then.
+        wait_until(lambda: markers.decode("changes", httpx.get(base).json()["head"])
+                   .get("east", markers.START)[1] == 4, 60)  # fmt: skip
         head = httpx.get(base).json()["head"]
 
         # Markers: an unknown source, nesting past the marker's layout, a deep bomb.
