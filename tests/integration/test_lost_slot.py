@@ -66,12 +66,18 @@ def slot_exists(db: TestDatabase, slot: str) -> bool:
     return bool(db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)))
 
 
-def test_an_invalidated_slot_stops_the_source_with_the_lost_range_and_the_recovery(cdb):
-    cdb.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    pub = cdb.create_publication("t")
+def captured(db: TestDatabase) -> tuple[str, str, int]:
+    """Table t, its publication and a slot made as a source's first start makes it:
+    (publication, slot, the slot's confirmed LSN)."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pub = db.create_publication("t")
     slot = unique("slot")
-    cdb.slots.append(slot)
-    confirmed = prepare_capture(cdb.dsn, slot, pub, [], "app")
+    db.slots.append(slot)
+    return pub, slot, prepare_capture(db.dsn, slot, pub, [], "app")
+
+
+def test_an_invalidated_slot_stops_the_source_with_the_lost_range_and_the_recovery(cdb):
+    pub, slot, confirmed = captured(cdb)
     cdb.execute("INSERT INTO t VALUES (1)")
     invalidate(cdb, slot)
     for resume_from in (None, confirmed):  # fresh or from a checkpoint: lost either way
@@ -93,11 +99,7 @@ def test_an_invalidated_slot_stops_the_source_with_the_lost_range_and_the_recove
 
 
 def test_a_dropped_slot_is_not_created_again_when_the_source_resumes(cdb):
-    cdb.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    pub = cdb.create_publication("t")
-    slot = unique("slot")
-    cdb.slots.append(slot)
-    confirmed = prepare_capture(cdb.dsn, slot, pub, [], "app")
+    pub, slot, confirmed = captured(cdb)
     cdb.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     with pytest.raises(SlotLost) as info:
         prepare_capture(cdb.dsn, slot, pub, [], "app", resume_from=confirmed)

@@ -195,6 +195,16 @@ def read_messages(
         conn.close()
 
 
+def server_wal_lsn(conn: Any) -> str | None:
+    """How far the server's WAL goes, as text: written on a primary, replayed on a standby
+    (where pg_current_wal_lsn() fails); None when a standby replayed nothing yet."""
+    row = conn.execute(
+        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+        "ELSE pg_current_wal_lsn() END)::text"
+    ).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
 def current_lsn(conn: psycopg.Connection[Any]) -> int:
     from walstream.change import parse_lsn
 

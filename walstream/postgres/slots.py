@@ -19,6 +19,7 @@ from typing import Any
 from walstream.change import format_lsn, parse_lsn
 from walstream.errors import Kind, WalstreamError
 from walstream.postgres.findings import Finding, fetch_rows
+from walstream.postgres.replication import server_wal_lsn
 
 #: What each `invalidation_reason` (PostgreSQL 17+) means, for the error text.
 REASONS = {
@@ -40,6 +41,7 @@ class SlotLost(WalstreamError):
 class SlotInfo:
     name: str
     plugin: str | None
+    slot_type: str | None  # logical or physical
     database: str | None
     active: bool
     confirmed: int | None  # confirmed_flush_lsn
@@ -50,6 +52,11 @@ class SlotInfo:
     @property
     def lost(self) -> bool:
         return self.wal_status == "lost" or self.invalidation is not None
+
+    @property
+    def why(self) -> str:
+        """Why it is lost, in words."""
+        return REASONS.get(self.invalidation or "", self.invalidation or "WAL it needed is gone")
 
 
 def slot_info(conn: Any, name: str) -> SlotInfo | None:
@@ -65,19 +72,12 @@ def slot_info(conn: Any, name: str) -> SlotInfo | None:
         reason = "wal_removed"
     confirmed = s.get("confirmed_flush_lsn")
     return SlotInfo(
-        name=name, plugin=s.get("plugin"), database=s.get("database"),
+        name=name, plugin=s.get("plugin"), slot_type=s.get("slot_type"),
+        database=s.get("database"),
         active=bool(s.get("active")), confirmed=parse_lsn(confirmed) if confirmed else None,
         wal_status=s.get("wal_status"), invalidation=reason,
         safe_wal_size=s.get("safe_wal_size"),
     )  # fmt: skip
-
-
-def _server_lsn(conn: Any) -> str:
-    row = conn.execute(
-        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-        "ELSE pg_current_wal_lsn() END)::text"
-    ).fetchone()
-    return str(row[0])
 
 
 def recovery_fix(source: str) -> str:
@@ -95,19 +95,18 @@ def check_not_lost(conn: Any, slot: str, source: str, resume_from: int | None) -
     the slot's state (None: it does not exist and may be created)."""
     info = slot_info(conn, slot)
     if info is not None and info.lost:
-        why = REASONS.get(info.invalidation or "", info.invalidation or "WAL it needed is gone")
         since = info.confirmed if info.confirmed is not None else resume_from
         raise SlotLost(
             f"replication slot {slot} of source {source!r} was invalidated by PostgreSQL: "
-            f"{why}. The changes committed after {format_lsn(since) if since else 'its last position'} "
-            f"up to now ({_server_lsn(conn)}) can no longer be read",
+            f"{info.why}. The changes committed after {format_lsn(since) if since else 'its last position'} "
+            f"up to now ({server_wal_lsn(conn)}) can no longer be read",
             recovery_fix(source),
         )
     if info is None and resume_from is not None:
         raise SlotLost(
             f"replication slot {slot} of source {source!r} does not exist, but the source "
             f"resumes from LSN {format_lsn(resume_from)}: the slot was dropped, and the changes "
-            f"committed after {format_lsn(resume_from)} up to now ({_server_lsn(conn)}) can no "
+            f"committed after {format_lsn(resume_from)} up to now ({server_wal_lsn(conn)}) can no "
             "longer be read. walstream does not create a new slot by itself: that would skip "
             "them without a word",
             recovery_fix(source),
@@ -159,45 +158,37 @@ def capacity_findings(conn: Any, slot: str | None) -> list[Finding]:
 
 
 def slot_findings(conn: Any, slot: str) -> list[Finding]:
-    rows = fetch_rows(
-        conn,
-        "SELECT plugin, database, active, slot_type FROM pg_replication_slots WHERE slot_name = %s",
-        slot,
-    )
-    if not rows:
+    info = slot_info(conn, slot)
+    if info is None:
         return [
             Finding("ok", f"slot {slot}", "does not exist yet; walstream run creates it (pgoutput)")
         ]
-    plugin, database, active, slot_type = rows[0]
     current_db = fetch_rows(conn, "SELECT current_database()")[0][0]
     drop = f"SELECT pg_drop_replication_slot('{slot}');"
-    if slot_type != "logical" or plugin != "pgoutput":
+    if info.slot_type != "logical" or info.plugin != "pgoutput":
         return [
             Finding(
                 "error",
                 f"slot {slot}",
-                f"slot uses plugin {plugin!r} ({slot_type}); walstream needs a logical pgoutput slot",
+                f"slot uses plugin {info.plugin!r} ({info.slot_type}); walstream needs a logical pgoutput slot",
                 f"choose another slot name, or drop this one if nothing else uses it: {drop}",
             )
         ]
-    if database != current_db:
+    if info.database != current_db:
         return [
             Finding(
                 "error",
                 f"slot {slot}",
-                f"slot belongs to database {database!r}, not {current_db!r}",
+                f"slot belongs to database {info.database!r}, not {current_db!r}",
                 "point the DSN at that database or choose another slot name",
             )
         ]
-    info = slot_info(conn, slot)
-    if info is not None and info.lost:
-        why = REASONS.get(info.invalidation or "", info.invalidation or "WAL it needed is gone")
-        return [Finding("error", f"slot {slot}", f"invalidated by PostgreSQL: {why}",
+    if info.lost:
+        return [Finding("error", f"slot {slot}", f"invalidated by PostgreSQL: {info.why}",
                         recovery_fix("SOURCE"))]  # fmt: skip
-    out = [retention(info)] if info is not None else []
-    if active:
+    if info.active:
         return [
-            *out,
+            retention(info),
             Finding(
                 "warning",
                 f"slot {slot}",
@@ -205,16 +196,35 @@ def slot_findings(conn: Any, slot: str) -> list[Finding]:
                 "stop the other consumer (a second walstream waits as standby), or choose another slot name",
             ),
         ]
-    return [*out, Finding("ok", f"slot {slot}", "exists (pgoutput)")]
+    return [retention(info), Finding("ok", f"slot {slot}", "exists (pgoutput)")]
+
+
+#: A slot with less than this share of what max_slot_wal_keep_size allows it left is a
+#: warning (Postgres counts to the end of the current WAL segment past the cap).
+WAL_LEFT_WARNING = 0.25
+
+
+def retention_warning(wal_status: str | None, safe: int | None, held: int | None) -> str | None:
+    """Whether Postgres is about to invalidate a slot for the WAL it holds back (`held`
+    bytes from its restart_lsn; `safe`: pg_replication_slots.safe_wal_size): past the cap
+    already, or under WAL_LEFT_WARNING of it left. None: not close, or no cap."""
+    if wal_status == "unreserved":
+        return ("the slot holds more WAL than max_slot_wal_keep_size: the next checkpoint "
+                "invalidates it unless walstream catches up")  # fmt: skip
+    if safe is None or held is None or wal_status == "lost":
+        return None
+    if safe < (safe + held) * WAL_LEFT_WARNING:
+        return (f"the slot may hold back only {safe / (1 << 20):,.0f} MiB more WAL before "
+                "PostgreSQL invalidates it (max_slot_wal_keep_size)")  # fmt: skip
+    return None
 
 
 def retention(info: SlotInfo) -> Finding:
     """How close the slot is to being invalidated for the WAL it holds back."""
     subject = f"slot {info.name} WAL retention"
-    if info.wal_status == "unreserved":
-        return Finding("warning", subject,
-                       "it holds more WAL than max_slot_wal_keep_size allows: the next "
-                       "checkpoint invalidates it unless it catches up now",
+    warning = retention_warning(info.wal_status, info.safe_wal_size, None)
+    if warning is not None:
+        return Finding("warning", subject, warning,
                        "let walstream catch up (check its sinks), or raise max_slot_wal_keep_size")  # fmt: skip
     if info.safe_wal_size is None:
         return Finding("ok", subject, f"{info.wal_status or 'reserved'}; no limit")

@@ -33,8 +33,6 @@ _RANK = {OK: 0, STANDBY: 1, PAUSED: 2, WARNING: 3, ERROR: 4}
 STALE_REPLY_SECONDS = 30.0
 #: A slot this far behind the server's WAL is a warning.
 LAG_WARNING_BYTES = 1 << 30
-#: A slot with less than this share of max_slot_wal_keep_size left is a warning.
-WAL_LEFT_WARNING = 0.25
 
 _SLOT_QUERY = """
 SELECT s.active,
@@ -95,18 +93,10 @@ class SlotState:
     error: str | None = None
 
     def retention_warning(self) -> str | None:
-        """Whether Postgres is about to invalidate the slot for the WAL it holds back:
-        under a quarter of max_slot_wal_keep_size left, or past it already."""
-        if self.wal_status == "unreserved":
-            return ("the slot holds more WAL than max_slot_wal_keep_size: the next checkpoint "
-                    "invalidates it unless walstream catches up")  # fmt: skip
-        safe, held = self.safe_wal_bytes, self.retained_wal_bytes
-        if safe is None or held is None or self.wal_status == "lost":
-            return None
-        if safe < (safe + held) * WAL_LEFT_WARNING:
-            return (f"the slot may hold back only {safe / (1 << 20):,.0f} MiB more WAL before "
-                    "PostgreSQL invalidates it (max_slot_wal_keep_size)")  # fmt: skip
-        return None
+        """See `walstream.postgres.slots.retention_warning`."""
+        from walstream.postgres.slots import retention_warning
+
+        return retention_warning(self.wal_status, self.safe_wal_bytes, self.retained_wal_bytes)
 
 
 @dataclass

@@ -174,7 +174,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         from walstream.postgres.capture import Capture
         from walstream.postgres.catalog import load_metadata
         from walstream.postgres.heartbeat import Heartbeat
-        from walstream.postgres.replication import connect
+        from walstream.postgres.replication import connect, server_wal_lsn
 
         if driver is not None:
             driver.capture.raise_if_failed()
@@ -182,11 +182,8 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         o = self.options
         with connect(o.dsn, autocommit=True) as conn:
             meta = load_metadata(conn)
-            row = conn.execute(  # how far the server's WAL goes (a standby: replayed)
-                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-                "ELSE pg_current_wal_lsn() END)::text"
-            ).fetchone()
-        self._behind = row is not None and row[0] is not None and parse_lsn(row[0]) > floor[0]
+            wal = server_wal_lsn(conn)
+        self._behind = wal is not None and parse_lsn(wal) > floor[0]
         capture = Capture(
             o.dsn, o.slot, o.publication, floor,
             primary_keys=meta.primary_keys, max_buffer_bytes=o.max_buffer_bytes,
