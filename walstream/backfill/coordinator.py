@@ -224,7 +224,7 @@ class Coordinator:
                 tasks.append(ChunkTask(
                     dsn, b.source, b.id, n, attempt, text, tuple(prepared.table.columns),
                     prepared.type_oids, prepared.key_idx, prepared.types,
-                    staging.chunk(b.id, n, attempt), shape,
+                    staging.chunk(b.id, n, attempt), shape, source.writes_dsn,
                 ))  # fmt: skip
         return tasks
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from walstream.backfill.arrow_json import records
+from walstream.change import parse_lsn
 from walstream.postgres.decoder import WATERMARK_PREFIX
 from walstream.postgres.table_shape import TableShape
 from walstream.postgres.types import PgType, TypeRegistry
@@ -51,6 +52,9 @@ class ChunkTask:
     #: A lake sink's backfill: the rows are staged typed, in these lake columns
     #: (`arrow_read.read_typed_chunk`), and `query` selects them.
     shape: TableShape | None = None
+    #: Where the watermarks are written: `dsn`, or its primary when `dsn` is a standby
+    #: (then the rows are read once the standby replayed the low one, standby.py).
+    marks_dsn: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,12 +75,15 @@ def staged_schema() -> Any:
     ])  # fmt: skip
 
 
-def watermark(conn: Any, task: ChunkTask, mark: str, **extra: Any) -> None:
+def watermark(conn: Any, task: ChunkTask, mark: str, **extra: Any) -> int:
+    """Emit the chunk's `mark` watermark through `conn`; its LSN."""
     content = json.dumps({
         "source": task.source, "backfill": task.backfill, "chunk": task.n,
         "attempt": task.attempt, "mark": mark, **extra,
     })  # fmt: skip
-    conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, content))
+    return parse_lsn(conn.execute(
+        "SELECT pg_logical_emit_message(true, %s, %s)::text", (WATERMARK_PREFIX, content)
+    ).fetchone()[0])  # fmt: skip
 
 
 def stage_chunk(
@@ -90,14 +97,20 @@ def stage_chunk(
 
     from walstream.postgres.adbc import connect as arrow_connect
     from walstream.postgres.replication import connect
+    from walstream.postgres.standby import in_recovery, wait_replayed
 
     t0 = time.monotonic()
     filesystem, path = pafs.FileSystem.from_uri(task.path)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
     tmp = path + ".tmp"
     rows = 0
-    with connect(task.dsn, autocommit=True) as marks, closing(arrow_connect(task.dsn)) as conn:
-        watermark(marks, task, "low")
+    marks_dsn = task.marks_dsn or task.dsn
+    with connect(marks_dsn, autocommit=True) as marks, closing(arrow_connect(task.dsn)) as conn:
+        low = watermark(marks, task, "low")
+        if marks_dsn != task.dsn:  # a standby: read once it has the low watermark
+            with connect(task.dsn, autocommit=True) as standby:
+                if in_recovery(standby):
+                    wait_replayed(standby, low, 60)
         with (
             filesystem.open_output_stream(tmp) as out,
             pq.ParquetWriter(out, schema, compression="snappy") as writer,

@@ -216,14 +216,14 @@ def reset(
     """
     from walstream.change import format_lsn, parse_lsn
     from walstream.config import load_config
-    from walstream.postgres.replication import connect
+    from walstream.postgres.replication import WAL_POSITION, connect
 
     lot = _lot(config, sink)
     cfg = load_config(config)
     sc = next(s for s in cfg.sinks if s.name == sink)
     source = next(s for s in cfg.sources if s.name == sc.source)
     with connect(source.dsn.get_secret_value(), autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
         assert row is not None
         now = str(row[0])
         slot = conn.execute(

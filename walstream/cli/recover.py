@@ -74,7 +74,9 @@ def recover(
     if info is not None:
         with connect(dsn, autocommit=True) as conn:
             drop_slot(conn, src.slot_name)
-    at = prepare_capture(dsn, src.slot_name, src.publication_name, src.tables, source)
+    at = prepare_capture(
+        dsn, src.slot_name, src.publication_name, src.tables, source, primary=src.primary
+    )
     console.print(f"created slot {escape(src.slot_name)} at {format_lsn(at)}")
     store = BackfillStore(cfg.state_dsn, cfg.state.schema_)
     store.ensure()

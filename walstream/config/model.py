@@ -27,6 +27,6 @@ class Config(Model):
 
     @property
     def state_dsn(self) -> str:
-        """Where walstream keeps its state: `state.dsn`, else the first source's database."""
-        dsn = self.state.dsn or self.sources[0].dsn
-        return dsn.get_secret_value()
+        """Where walstream keeps its state: `state.dsn`, else the first source's database
+        (its primary, when the source reads a standby)."""
+        return self.state.dsn.get_secret_value() if self.state.dsn else self.sources[0].writes_dsn

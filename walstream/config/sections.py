@@ -95,6 +95,10 @@ class SparkConfig(Model):
 class SourceConfig(Model):
     name: Name
     dsn: Dsn
+    #: When `dsn` is a physical standby (PostgreSQL 16+ decodes there): its primary.
+    #: Heartbeats, backfill watermarks, the publication and the event outbox are written
+    #: there; the slot, the changes and backfill reads stay on the standby.
+    primary_dsn: Dsn | None = None
     slot: Identifier | None = None
     publication: Identifier | None = None
     tables: list[str] = Field(default_factory=list)
@@ -116,6 +120,16 @@ class SourceConfig(Model):
                 "tables and shards: give one; with shards, each shard lists its own tables"
             )
         return self
+
+    @property
+    def primary(self) -> str | None:
+        """`primary_dsn`'s value, when set."""
+        return self.primary_dsn.get_secret_value() if self.primary_dsn else None
+
+    @property
+    def writes_dsn(self) -> str:
+        """Where walstream writes in the source's database: the primary, when `dsn` is a standby."""
+        return (self.primary_dsn or self.dsn).get_secret_value()
 
     @property
     def slot_name(self) -> str:

@@ -187,6 +187,23 @@ class EmbeddedPostgres:
             "--locale=C.UTF-8",
         )  # fmt: skip
 
+    @classmethod
+    def standby_of(
+        cls, primary: EmbeddedPostgres, slot: str, settings: Mapping[str, str] | None = None
+    ) -> EmbeddedPostgres:
+        """A physical standby of the running `primary` (not started): its base backup,
+        streaming from the primary through the physical slot `slot`, which is created."""
+        standby = cls(settings={**primary.settings, **(settings or {})}, bin_dir=primary.bin,
+                      superuser=primary.superuser)  # fmt: skip
+        standby._prepare_dirs()
+        standby._cmd(
+            str(standby.bin / "pg_basebackup"),
+            "-D", str(standby.data),
+            "-d", primary.dsn(),  # the dbname goes into primary_conninfo (slot sync needs it)
+            "-R", "-X", "stream", "-C", "-S", slot,
+        )  # fmt: skip
+        return standby
+
     def start(self) -> EmbeddedPostgres:
         self.initdb()
         self._prepare_dirs()
@@ -226,6 +243,15 @@ class EmbeddedPostgres:
             self.running = False
         if self._temp:
             shutil.rmtree(self.base, ignore_errors=True)
+
+    def crash(self) -> None:
+        """Stop at once, as a crash would (`pg_ctl stop -m immediate`); the files stay."""
+        self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self.running = False
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (and wait until it is one)."""
+        self._cmd(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "promote")
 
     def log_tail(self, lines: int = 20) -> str:
         try:

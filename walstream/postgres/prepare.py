@@ -8,16 +8,17 @@ from collections.abc import Sequence
 
 from walstream.change import parse_lsn
 from walstream.errors import SetupError
-from walstream.postgres.replication import connect, ensure_publication, ensure_slot
+from walstream.postgres.replication import connect, current_lsn, ensure_publication
 from walstream.postgres.setup import check_database
 from walstream.postgres.slots import check_not_lost
+from walstream.postgres.standby import create_slot, in_recovery, wait_replayed
 
 log = logging.getLogger(__name__)
 
 
 def prepare_capture(
     dsn: str, slot: str, publication: str, tables: Sequence[str], name: str,
-    standby: bool = False, resume_from: int | None = None,
+    standby: bool = False, resume_from: int | None = None, primary: str | None = None,
 ) -> int:  # fmt: skip
     """Fail with every setup error and its fix, or make slot and publication exist.
 
@@ -26,9 +27,10 @@ def prepare_capture(
     `standby`: another walstream leads this source, so its slot being in use is
     expected, not an error. `resume_from`: the LSN the source's checkpoint resumes
     from (None: it starts fresh); then a missing slot is not created but raises
-    `SlotLost`, like an invalidated one always does (`slots.py`).
+    `SlotLost`, like an invalidated one always does (`slots.py`). `primary`: the
+    primary's DSN when `dsn` is a physical standby (the publication is made there).
     """
-    findings = check_database(dsn, slot, publication, tables)
+    findings = check_database(dsn, slot, publication, tables, primary=primary)
     if not any(f.subject == "connection" for f in findings):
         with connect(dsn, autocommit=True) as conn:
             check_not_lost(conn, slot, name, resume_from)  # before the rest: it says more
@@ -42,12 +44,19 @@ def prepare_capture(
             + "; ".join(f"{f.subject}: {f.message}" for f in errors),
             " | ".join(f.fix for f in errors if f.fix),
         )
+    if primary is not None:
+        with connect(primary, autocommit=True) as conn:
+            if ensure_publication(conn, publication, tables):
+                log.info("created publication %s on the primary", publication)
+            written = current_lsn(conn)
     with connect(dsn, autocommit=True) as conn:
-        if ensure_publication(conn, publication, tables):
+        if primary is not None and in_recovery(conn):  # the slot decodes with the publication
+            wait_replayed(conn, written, 60)
+        if primary is None and ensure_publication(conn, publication, tables):
             log.info("created publication %s", publication)
         if resume_from is not None:
             check_not_lost(conn, slot, name, resume_from)  # dropped since? never re-create
-        elif ensure_slot(conn, slot):
+        elif create_slot(conn, slot, primary):
             log.info("created replication slot %s (pgoutput)", slot)
         row = conn.execute(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",

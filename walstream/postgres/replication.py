@@ -78,8 +78,9 @@ def ensure_publication(
     return True
 
 
-def ensure_slot(conn: psycopg.Connection[Any], name: str) -> bool:
-    """Create a pgoutput logical slot when missing; check the plugin when present."""
+def ensure_slot(conn: psycopg.Connection[Any], name: str, failover: bool = False) -> bool:
+    """Create a pgoutput logical slot when missing; check the plugin when present.
+    `failover` (PostgreSQL 17+, on a primary): standbys that sync slots keep a copy."""
     row = conn.execute(
         "SELECT plugin, database FROM pg_replication_slots WHERE slot_name = %s", (name,)
     ).fetchone()
@@ -97,7 +98,12 @@ def ensure_slot(conn: psycopg.Connection[Any], name: str) -> bool:
                 f"drop it (SELECT pg_drop_replication_slot('{name}')) or configure another slot name",
             )
         return False
-    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+    if failover:  # (name, plugin, temporary, two-phase, failover)
+        conn.execute(
+            "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)", (name,)
+        )
+    else:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
     return True
 
 
@@ -195,13 +201,16 @@ def read_messages(
         conn.close()
 
 
+#: How far the server's WAL goes, in SQL: written on a primary, replayed on a standby
+#: (where pg_current_wal_lsn() fails); NULL when a standby replayed nothing yet.
+WAL_POSITION = (
+    "(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)"
+)
+
+
 def server_wal_lsn(conn: Any) -> str | None:
-    """How far the server's WAL goes, as text: written on a primary, replayed on a standby
-    (where pg_current_wal_lsn() fails); None when a standby replayed nothing yet."""
-    row = conn.execute(
-        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-        "ELSE pg_current_wal_lsn() END)::text"
-    ).fetchone()
+    """WAL_POSITION as text."""
+    row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
     return None if row is None or row[0] is None else str(row[0])
 
 

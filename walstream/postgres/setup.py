@@ -13,6 +13,7 @@ from walstream.errors import ConnectionFailed
 from walstream.postgres.findings import Finding, fetch_rows
 from walstream.postgres.replication import connect
 from walstream.postgres.slots import capacity_findings, slot_findings
+from walstream.postgres.standby import failover_findings, standby_findings
 
 __all__ = ["Finding", "check_database", "has_errors"]
 
@@ -24,8 +25,10 @@ def check_database(
     slot: str | None = None,
     publication: str | None = None,
     tables: Sequence[str] = (),
+    primary: str | None = None,
 ) -> list[Finding]:
-    """Run every setup check; never raises for a database problem, returns findings."""
+    """Run every setup check; never raises for a database problem, returns findings.
+    `primary`: the source's primary_dsn (when `dsn` may be a standby)."""
     try:
         conn = connect(dsn, autocommit=True, connect_timeout=10)
     except ConnectionFailed as exc:
@@ -33,10 +36,12 @@ def check_database(
     with conn:
         out: list[Finding] = []
         out += _server(conn)
+        out += standby_findings(conn, primary)
         out += _role(conn)
         out += capacity_findings(conn, slot)
         if slot:
             out += slot_findings(conn, slot)
+        out += failover_findings(conn, slot)
         resolved, missing = _resolve_tables(conn, tables)
         out += missing
         if publication:

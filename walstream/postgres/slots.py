@@ -48,6 +48,9 @@ class SlotInfo:
     wal_status: str | None  # reserved, extended, unreserved, lost
     invalidation: str | None  # why Postgres invalidated it (a key of REASONS, or its own)
     safe_wal_size: int | None  # bytes of WAL before it is invalidated (None: no limit)
+    failover: bool | None = None  # a failover slot (None: before 17)
+    synced: bool | None = None  # a standby's copy of a primary's failover slot
+    temporary: bool = False  # (a copy is, until the primary's slot passed the standby's WAL)
 
     @property
     def lost(self) -> bool:
@@ -76,7 +79,8 @@ def slot_info(conn: Any, name: str) -> SlotInfo | None:
         database=s.get("database"),
         active=bool(s.get("active")), confirmed=parse_lsn(confirmed) if confirmed else None,
         wal_status=s.get("wal_status"), invalidation=reason,
-        safe_wal_size=s.get("safe_wal_size"),
+        safe_wal_size=s.get("safe_wal_size"), failover=s.get("failover"), synced=s.get("synced"),
+        temporary=bool(s.get("temporary")),
     )  # fmt: skip
 
 

@@ -89,7 +89,9 @@ def start_query(
     )
     if s.tables:
         reader = reader.option("tables", ",".join(s.tables))
-    if config.state_dsn == s.dsn.get_secret_value():  # walstream's state is here
+    if s.primary is not None:
+        reader = reader.option("primaryDsn", s.primary)
+    if config.state_dsn in (s.dsn.get_secret_value(), s.writes_dsn):  # walstream's state is here
         reader = reader.option("internalSchema", config.state.schema_)
     interval = config.spark.trigger_interval
     writer = (

@@ -94,8 +94,8 @@ class Runtime:
         cfg = self.config
         if cfg.events is not None:  # the outbox exists (and is published) before the slot
             source = cfg.source(cfg.events.source)
-            ensure_outbox(source.dsn.get_secret_value(), cfg.state.schema_, source.publication_name)
-            self.outbox = Outbox(source.dsn.get_secret_value(), cfg.state.schema_)
+            ensure_outbox(source.writes_dsn, cfg.state.schema_, source.publication_name)
+            self.outbox = Outbox(source.writes_dsn, cfg.state.schema_)
         # The leader locks first: a standby finds the slot in use by the leader, and
         # that is no reason to stop. Then the slots: every change committed after
         # start() returns is kept for us.
@@ -109,6 +109,7 @@ class Runtime:
                 source.dsn.get_secret_value(), source.slot_name, source.publication_name,
                 source.tables, source.name, standby=not locks[source.name].held,
                 resume_from=committed_lsn(self.checkpoint(source)),
+                primary=source.primary,
             )  # fmt: skip
         check_targets(cfg)  # mirrors: no feedback loop, no two sources in one table
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from walstream.delivery.parking import DEAD, PARKED
+from walstream.postgres.replication import WAL_POSITION
 
 if TYPE_CHECKING:
     from walstream.server.status import Control, SourceStatus
@@ -34,10 +35,10 @@ STALE_REPLY_SECONDS = 30.0
 #: A slot this far behind the server's WAL is a warning.
 LAG_WARNING_BYTES = 1 << 30
 
-_SLOT_QUERY = """
+_SLOT_QUERY = f"""
 SELECT s.active,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
+       pg_wal_lsn_diff({WAL_POSITION}, s.confirmed_flush_lsn)::bigint,
+       pg_wal_lsn_diff({WAL_POSITION}, s.restart_lsn)::bigint,
        s.confirmed_flush_lsn::text,
        extract(epoch FROM now() - r.reply_time)::float8,
        s.wal_status,

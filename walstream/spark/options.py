@@ -25,6 +25,13 @@ class SourceOptions:
     #: tables (ledger, parking, streams ...) are walstream's own and never captured; the
     #: event outbox (`<schema>.events`) is.
     internal_schema: str | None = None
+    #: The primary's DSN when `dsn` is a physical standby: heartbeats, the
+    #: AvailableNow mark and the publication are written there (postgres/standby.py).
+    primary_dsn: str | None = None
+
+    @property
+    def writes_dsn(self) -> str:
+        return self.primary_dsn or self.dsn
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -56,6 +63,7 @@ class SourceOptions:
             partition_bytes=int(_number(opts, "partitionbytes", 4 << 20, minimum=64 << 10)),
             replay_timeout=_number(opts, "replaytimeout", 300.0, minimum=1.0),
             internal_schema=opts.get("internalschema", "").strip() or None,
+            primary_dsn=opts.get("primarydsn", "").strip() or None,
         )
 
 

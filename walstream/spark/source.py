@@ -118,7 +118,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         from walstream.postgres.capture import HEARTBEAT_PREFIX
         from walstream.postgres.replication import connect
 
-        with connect(self.options.dsn, autocommit=True) as conn:
+        with connect(self.options.writes_dsn, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT pg_logical_emit_message(true, %s, 'available-now')::text",
                 (HEARTBEAT_PREFIX,),
@@ -163,7 +163,13 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         o = self.options
         _release(o.dsn, o.slot)
         self._confirmed = prepare_capture(
-            o.dsn, o.slot, o.publication, o.tables, o.name, resume_from=resume_from
+            o.dsn,
+            o.slot,
+            o.publication,
+            o.tables,
+            o.name,
+            resume_from=resume_from,
+            primary=o.primary_dsn,
         )
         return self._confirmed
 
@@ -190,7 +196,9 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             internal_schema=o.internal_schema, source=o.name,
         ).start()  # fmt: skip
         heartbeat = (
-            Heartbeat(o.dsn, o.slot, o.heartbeat_interval).start() if o.heartbeat_interval else None
+            Heartbeat(o.writes_dsn, o.slot, o.heartbeat_interval).start()
+            if o.heartbeat_interval
+            else None
         )
         driver = _Driver(capture, heartbeat, list(meta.types.catalog.values()), meta.primary_keys)
         with _CAPTURES_LOCK:
