@@ -2,7 +2,8 @@
 
 `spark_environment` is called before any SparkSession starts in this process — by
 `walstream run`, `walstream check`, the tests' session and the test cluster — so
-each gets the same three things: executors run this Python; a local Spark binds
+each gets the same three things: executors run this Python (on a local master through
+`pyworker.worker_python`, which spares each worker compiling PySpark); a local Spark binds
 127.0.0.1 (a host whose name does not resolve would make the JVM exit before the
 gateway starts); and a Java of 17 or newer (Spark 4's floor), found under JAVA_HOME,
 on the PATH or in /usr/lib/jvm, or a clear error saying which Java was found.
@@ -27,6 +28,7 @@ from urllib.parse import urlparse
 from walstream.errors import SetupError
 from walstream.nopandas import no_pandas
 from walstream.spark.classes import archive_options
+from walstream.spark.pyworker import worker_python
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +91,11 @@ def find_java() -> Path:
 
 def spark_environment(master: str) -> None:
     """Prepare this process to start a SparkSession on `master` (see the module docstring)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     host = urlparse(master).hostname if "://" in master else None
+    if "PYSPARK_PYTHON" not in os.environ:  # executors run this Python
+        os.environ["PYSPARK_PYTHON"] = (
+            worker_python() if master.startswith("local") else sys.executable
+        )
     if master.startswith("local") or host in _LOOPBACK:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     elif "SPARK_LOCAL_IP" not in os.environ and not _resolvable(socket.gethostname()):

@@ -1,0 +1,76 @@
+"""The Python that Spark starts for its workers on a local master: this one, minus pyspark.zip.
+
+Spark puts `$SPARK_HOME/python/lib/pyspark.zip` first on every Python worker's
+PYTHONPATH, so a worker imports PySpark from that zip. Python compiles a module
+imported from a zip every time (it caches bytecode only beside files), and every fresh
+process pays it: ~0.5-0.7 s on this machine for what a worker imports
+(docs/performance.md, "Start"). A Python data source costs four fresh processes one
+after another before its first batch, besides the daemon.
+
+With pip's PySpark, the zip holds the very package installed beside it, already
+compiled. So on a local master `worker_python` gives Spark a small wrapper that takes
+that one zip off PYTHONPATH and runs this Python: the workers import the installed
+PySpark. Anything else (a SPARK_HOME of its own, a cluster, PYSPARK_PYTHON set by
+the user, no cache directory) keeps Spark's own way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from walstream.spark.classes import cache_dir
+
+log = logging.getLogger(__name__)
+
+_SCRIPT = """#!/bin/sh
+# Made by walstream (walstream/spark/pyworker.py): Spark's Python workers import the
+# installed PySpark, compiled once, instead of compiling {zip} in every process.
+set -f
+kept=
+IFS=:
+for entry in $PYTHONPATH; do
+  [ "$entry" = {zip_q} ] || kept=${{kept:+$kept:}}$entry
+done
+unset IFS
+if [ -n "$kept" ]; then export PYTHONPATH="$kept"; else unset PYTHONPATH; fi
+exec {python_q} "$@"
+"""
+
+
+def bundled_zip() -> Path | None:
+    """pyspark.zip of pip's PySpark, when that is the Spark this process starts."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    if os.environ.get("SPARK_HOME") not in (None, "", str(home)):
+        return None  # a Spark installation of its own: its zip may differ from this PySpark
+    found = home / "python" / "lib" / "pyspark.zip"
+    return found if found.is_file() else None
+
+
+def worker_python() -> str:
+    """The executable for PYSPARK_PYTHON on a local master (see the module docstring)."""
+    zip_path = bundled_zip()
+    if zip_path is None:
+        return sys.executable
+    text = _SCRIPT.format(
+        zip=zip_path, zip_q=shlex.quote(str(zip_path)), python_q=shlex.quote(sys.executable)
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    target = cache_dir() / f"python-worker-{digest}.sh"
+    try:
+        if not target.is_file() or target.read_text() != text:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            tmp.replace(target)
+    except OSError as exc:  # only the speed-up is lost
+        log.debug("no worker wrapper (%s): workers import PySpark from its zip", exc)
+        return sys.executable
+    return str(target)
