@@ -8,9 +8,9 @@ process pays it: ~0.5-0.7 s on this machine for what a worker imports
 after another before its first batch, besides the daemon.
 
 With pip's PySpark, the zip holds the very package installed beside it, already
-compiled. So on a local master `worker_python` gives Spark a small wrapper that takes
-that one zip off PYTHONPATH and runs this Python: the workers import the installed
-PySpark. Anything else (a SPARK_HOME of its own, a cluster, PYSPARK_PYTHON set by
+compiled (and Py4J's zip the Py4J installed with it). So on a local master
+`worker_python` gives Spark a small wrapper that takes those zips off PYTHONPATH and
+runs this Python: the workers import the installed PySpark and Py4J. Anything else (a SPARK_HOME of its own, a cluster, PYSPARK_PYTHON set by
 the user, no cache directory) keeps Spark's own way.
 """
 
@@ -29,12 +29,16 @@ log = logging.getLogger(__name__)
 
 _SCRIPT = """#!/bin/sh
 # Made by walstream (walstream/spark/pyworker.py): Spark's Python workers import the
-# installed PySpark, compiled once, instead of compiling {zip} in every process.
+# installed PySpark (and Py4J), compiled once, instead of compiling these zips in every
+# process: {zips}
 set -f
 kept=
 IFS=:
 for entry in $PYTHONPATH; do
-  [ "$entry" = {zip_q} ] || kept=${{kept:+$kept:}}$entry
+  case $entry in
+    {patterns}) ;;
+    *) kept=${{kept:+$kept:}}$entry ;;
+  esac
 done
 unset IFS
 if [ -n "$kept" ]; then export PYTHONPATH="$kept"; else unset PYTHONPATH; fi
@@ -42,24 +46,35 @@ exec {python_q} "$@"
 """
 
 
-def bundled_zip() -> Path | None:
-    """pyspark.zip of pip's PySpark, when that is the Spark this process starts."""
+def bundled_zips() -> list[Path]:
+    """The zips of pip's PySpark that hold what is installed beside them, when that is the
+    Spark this process starts: pyspark.zip, and Py4J's when the installed Py4J is its
+    version."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import pyspark
 
     home = Path(pyspark.__file__).parent
     if os.environ.get("SPARK_HOME") not in (None, "", str(home)):
-        return None  # a Spark installation of its own: its zip may differ from this PySpark
-    found = home / "python" / "lib" / "pyspark.zip"
-    return found if found.is_file() else None
+        return []  # a Spark installation of its own: its zips may differ from this PySpark
+    lib = home / "python" / "lib"
+    found = [lib / "pyspark.zip"] if (lib / "pyspark.zip").is_file() else []
+    try:
+        py4j = lib / f"py4j-{version('py4j')}-src.zip"
+    except PackageNotFoundError:
+        return found
+    return [*found, py4j] if found and py4j.is_file() else found
 
 
 def worker_python() -> str:
     """The executable for PYSPARK_PYTHON on a local master (see the module docstring)."""
-    zip_path = bundled_zip()
-    if zip_path is None:
+    zips = bundled_zips()
+    if not zips:
         return sys.executable
     text = _SCRIPT.format(
-        zip=zip_path, zip_q=shlex.quote(str(zip_path)), python_q=shlex.quote(sys.executable)
+        zips=" ".join(str(z) for z in zips),
+        patterns="|".join(shlex.quote(str(z)) for z in zips),
+        python_q=shlex.quote(sys.executable),
     )
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     target = cache_dir() / f"python-worker-{digest}.sh"

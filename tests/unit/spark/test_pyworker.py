@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from walstream.spark.pyworker import bundled_zip, worker_python
+from walstream.spark.pyworker import bundled_zips, worker_python
 
 SHOW = "import os, sys; print(os.environ.get('PYTHONPATH')); print(sys.argv[1:]); sys.exit(3)"
 
@@ -18,11 +18,11 @@ SHOW = "import os, sys; print(os.environ.get('PYTHONPATH')); print(sys.argv[1:])
 def test_the_wrapper_drops_only_the_bundled_zip_and_runs_this_python(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("SPARK_HOME", raising=False)
-    zip_path = bundled_zip()
-    assert zip_path is not None and zip_path.name == "pyspark.zip"
+    zip_path, py4j = bundled_zips()
+    assert zip_path.name == "pyspark.zip" and py4j.name.startswith("py4j-")
     wrapper = worker_python()
     assert Path(wrapper).parent == tmp_path / "walstream" and os.access(wrapper, os.X_OK)
-    entries = ["/a dir/with space", str(zip_path), "/other/pyspark.zip", "/b"]
+    entries = ["/a dir/with space", str(zip_path), "/other/pyspark.zip", str(py4j), "/b"]
     env = {**os.environ, "PYTHONPATH": ":".join(entries)}
     run = subprocess.run([wrapper, "-c", SHOW, "x y", "*"], env=env, capture_output=True,
                          text=True)  # fmt: skip
@@ -31,7 +31,7 @@ def test_the_wrapper_drops_only_the_bundled_zip_and_runs_this_python(tmp_path, m
     assert path == "/a dir/with space:/other/pyspark.zip:/b"
     assert argv == "['x y', '*']"
     # nothing left: no PYTHONPATH at all (an empty one would add the working directory)
-    env["PYTHONPATH"] = str(zip_path)
+    env["PYTHONPATH"] = f"{zip_path}:{py4j}"
     run = subprocess.run([wrapper, "-c", SHOW], env=env, capture_output=True, text=True)
     assert run.stdout.splitlines()[0] == "None"
     assert worker_python() == wrapper  # written once, then reused
@@ -40,7 +40,7 @@ def test_the_wrapper_drops_only_the_bundled_zip_and_runs_this_python(tmp_path, m
 def test_a_spark_home_of_its_own_keeps_sparks_way(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark-4.3.0-bin-hadoop3"))
-    assert bundled_zip() is None
+    assert bundled_zips() == []
     assert worker_python() == sys.executable
     assert not (tmp_path / "walstream").exists()
 
@@ -59,9 +59,13 @@ def test_the_sessions_workers_import_the_installed_pyspark(spark: Any) -> None:
     def where(_: Any) -> Any:
         import sys
 
+        import py4j
         import pyspark
 
-        yield pyspark.__file__, [p for p in sys.path if p.endswith("pyspark.zip")]
+        yield pyspark.__file__, py4j.__file__, [p for p in sys.path if p.endswith(".zip")]
 
     (found,) = spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
-    assert found == (pyspark.__file__, [])
+    import py4j
+
+    zips = [p for p in found[2] if not p.endswith("python311.zip")]  # the stdlib's slot
+    assert (found[0], found[1], zips) == (pyspark.__file__, py4j.__file__, [])
