@@ -102,7 +102,12 @@ def check_config(path: Path) -> list[Finding]:
     ]
     for src in cfg.sources:
         for f in check_database(
-            src.dsn.get_secret_value(), src.slot_name, src.publication_name, src.tables, src.primary
+            src.dsn.get_secret_value(),
+            src.slot_name,
+            src.publication_name,
+            src.tables,
+            src.primary,
+            src.publish_via_partition_root,
         ):
             findings.append(Finding(f.level, f"source {src.name}: {f.subject}", f.message, f.fix))
     for name, problem in check_destinations(cfg):

@@ -75,7 +75,13 @@ def recover(
         with connect(dsn, autocommit=True) as conn:
             drop_slot(conn, src.slot_name)
     at = prepare_capture(
-        dsn, src.slot_name, src.publication_name, src.tables, source, primary=src.primary
+        dsn,
+        src.slot_name,
+        src.publication_name,
+        src.tables,
+        source,
+        primary=src.primary,
+        via_root=src.publish_via_partition_root,
     )
     console.print(f"created slot {escape(src.slot_name)} at {format_lsn(at)}")
     store = BackfillStore(cfg.state_dsn, cfg.state.schema_)

@@ -102,6 +102,9 @@ class SourceConfig(Model):
     slot: Identifier | None = None
     publication: Identifier | None = None
     tables: list[str] = Field(default_factory=list)
+    #: Partitions' changes arrive as their root table (the publication's setting when
+    #: walstream creates it; an existing one must agree). False: under each partition's name.
+    publish_via_partition_root: bool = False
     heartbeat_interval: Duration = 5.0
     max_changes_per_batch: int = Field(50_000, ge=1)
     #: Raw WAL bytes per Spark task. None: `task_bytes` picks (one task per batch on a

@@ -56,9 +56,10 @@ def replication_connection(dsn: str, extra_options: str = "") -> Any:
 
 
 def ensure_publication(
-    conn: psycopg.Connection[Any], name: str, tables: Iterable[str] | None
+    conn: psycopg.Connection[Any], name: str, tables: Iterable[str] | None, via_root: bool = False
 ) -> bool:
-    """Create the publication when missing (FOR TABLE ..., or FOR ALL TABLES). True if created."""
+    """Create the publication when missing (FOR TABLE ..., or FOR ALL TABLES). True if created.
+    `via_root`: partitions' changes are published as their root table's (partitions.py)."""
     cur = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
     if cur.fetchone():
         return False
@@ -68,6 +69,8 @@ def ensure_publication(
         stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), idents)
     else:
         stmt = sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name))
+    if via_root:
+        stmt += sql.SQL(" WITH (publish_via_partition_root = true)")
     try:
         conn.execute(stmt)
     except psycopg.errors.InsufficientPrivilege as exc:

@@ -28,6 +28,8 @@ class SourceOptions:
     #: The primary's DSN when `dsn` is a physical standby: heartbeats, the
     #: AvailableNow mark and the publication are written there (postgres/standby.py).
     primary_dsn: str | None = None
+    #: The publication walstream creates publishes partitions as their root (partitions.py).
+    via_root: bool = False
 
     @property
     def writes_dsn(self) -> str:
@@ -64,6 +66,7 @@ class SourceOptions:
             replay_timeout=_number(opts, "replaytimeout", 300.0, minimum=1.0),
             internal_schema=opts.get("internalschema", "").strip() or None,
             primary_dsn=opts.get("primarydsn", "").strip() or None,
+            via_root=_flag(opts, "publishviapartitionroot"),
         )
 
 
@@ -74,6 +77,7 @@ _NAMES = {
     "maxbufferbytes": "maxBufferBytes",
     "partitionbytes": "partitionBytes",
     "replaytimeout": "replayTimeout",
+    "publishviapartitionroot": "publishViaPartitionRoot",
 }
 
 
@@ -91,6 +95,16 @@ def _number(opts: Mapping[str, str], key: str, default: float, minimum: float) -
             f'e.g. .option("{_NAMES[key]}", "{default:g}")',
         )
     return value
+
+
+def _flag(opts: Mapping[str, str], key: str) -> bool:
+    raw = opts.get(key, "false").strip().lower()
+    if raw not in ("true", "false"):
+        raise ConfigError(
+            f'option "{_NAMES[key]}" is {raw!r}; it must be true or false',
+            f'e.g. .option("{_NAMES[key]}", "true")',
+        )
+    return raw == "true"
 
 
 def _identifier(option: str, value: str) -> None:

@@ -170,6 +170,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             o.name,
             resume_from=resume_from,
             primary=o.primary_dsn,
+            via_root=o.via_root,
         )
         return self._confirmed
 
