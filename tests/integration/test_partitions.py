@@ -18,11 +18,13 @@ from walstream.backfill.store import BackfillStore
 from walstream.config import parse_config
 from walstream.errors import SetupError
 from walstream.postgres.prepare import prepare_capture
+from walstream.postgres.replication import PublicationOptions
 from walstream.postgres.setup import check_database
 from walstream.runtime import Runtime
 from walstream.testing import supervised, wait_until
 
 ON_EVERY_SERVER = True
+VIA_ROOT = PublicationOptions(via_root=True)
 
 
 def partitioned_table(db: TestDatabase) -> None:
@@ -48,12 +50,14 @@ def test_without_the_setting_partitions_arrive_under_their_own_names(db):
 def test_check_and_start_refuse_a_publication_that_disagrees(db):
     partitioned_table(db)
     slot, pub = unique("slot"), unique("pub")
-    before = {f.subject: f for f in check_database(db.dsn, slot, pub, ["public.m"], via_root=True)}
+    before = {
+        f.subject: f for f in check_database(db.dsn, slot, pub, ["public.m"], options=VIA_ROOT)
+    }
     assert before["table public.m"].message.startswith(
         "partitioned (2 partitions): every partition's changes arrive as public.m"
     )
     db.slots.append(slot)
-    prepare_capture(db.dsn, slot, pub, ["public.m"], "app", via_root=True)
+    prepare_capture(db.dsn, slot, pub, ["public.m"], "app", options=VIA_ROOT)
     assert db.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (pub,)) == [
         (True,)
     ]

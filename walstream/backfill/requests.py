@@ -14,6 +14,7 @@ from walstream.config import Plan, SinkConfig
 from walstream.errors import ConfigError
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.chunks import Table, check_where, describe, estimate_rows
+from walstream.postgres.generated import publishes
 from walstream.postgres.predicate import Predicate, parse
 from walstream.postgres.replication import connect
 from walstream.postgres.table_shape import TableShape
@@ -48,15 +49,18 @@ def published_tables(conn: Any, publication: str) -> list[tuple[str, str]]:
 def prepare_table(
     conn: Any, publication: str, schema: str, table: str, where: Predicate | None
 ) -> Prepared:
-    """The table's key, the columns pgoutput sends for it (no generated or dropped columns;
-    the publication's column list) and their types, and the full predicate."""
+    """The table's key, the columns pgoutput sends for it (no dropped columns, no generated
+    ones unless the publication sends them; the publication's column list) and their
+    types, and the full predicate."""
     t = describe(conn, schema, table)
     check_where(conn, t, where)
+    # stored generated columns where the publication sends them (18+, generated.py)
     cols = conn.execute(
         "SELECT attname, atttypid::int8 FROM pg_attribute "
         "WHERE attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) "
-        "AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
-        (schema, table),
+        "AND attnum > 0 AND NOT attisdropped AND (attgenerated = '' OR (attgenerated = 's' "
+        "AND %s)) ORDER BY attnum",
+        (schema, table, bool(publishes(conn, publication))),
     ).fetchall()
     predicate = where
     if conn.info.server_version >= 150000:

@@ -107,7 +107,7 @@ def check_config(path: Path) -> list[Finding]:
             src.publication_name,
             src.tables,
             src.primary,
-            src.publish_via_partition_root,
+            src.publication_options,
         ):
             findings.append(Finding(f.level, f"source {src.name}: {f.subject}", f.message, f.fix))
     for name, problem in check_destinations(cfg):

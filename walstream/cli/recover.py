@@ -81,7 +81,7 @@ def recover(
         src.tables,
         source,
         primary=src.primary,
-        via_root=src.publish_via_partition_root,
+        options=src.publication_options,
     )
     console.print(f"created slot {escape(src.slot_name)} at {format_lsn(at)}")
     store = BackfillStore(cfg.state_dsn, cfg.state.schema_)

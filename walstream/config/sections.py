@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from walstream.fields import Dsn, Duration, Identifier, Location, Model, Name, Size, token_from
+from walstream.postgres.replication import PublicationOptions
 
 
 class StateConfig(Model):
@@ -105,6 +106,8 @@ class SourceConfig(Model):
     #: Partitions' changes arrive as their root table (the publication's setting when
     #: walstream creates it; an existing one must agree). False: under each partition's name.
     publish_via_partition_root: bool = False
+    #: Stored generated columns are sent (PostgreSQL 18+; before, they never are).
+    publish_generated_columns: bool = False
     heartbeat_interval: Duration = 5.0
     max_changes_per_batch: int = Field(50_000, ge=1)
     #: Raw WAL bytes per Spark task. None: `task_bytes` picks (one task per batch on a
@@ -128,6 +131,10 @@ class SourceConfig(Model):
     def primary(self) -> str | None:
         """`primary_dsn`'s value, when set."""
         return self.primary_dsn.get_secret_value() if self.primary_dsn else None
+
+    @property
+    def publication_options(self) -> PublicationOptions:
+        return PublicationOptions(self.publish_via_partition_root, self.publish_generated_columns)
 
     @property
     def writes_dsn(self) -> str:

@@ -8,7 +8,13 @@ from collections.abc import Sequence
 
 from walstream.change import parse_lsn
 from walstream.errors import SetupError
-from walstream.postgres.replication import connect, current_lsn, ensure_publication
+from walstream.postgres.replication import (
+    NO_OPTIONS,
+    PublicationOptions,
+    connect,
+    current_lsn,
+    ensure_publication,
+)
 from walstream.postgres.setup import check_database
 from walstream.postgres.slots import check_not_lost
 from walstream.postgres.standby import create_slot, in_recovery, wait_replayed
@@ -19,7 +25,7 @@ log = logging.getLogger(__name__)
 def prepare_capture(
     dsn: str, slot: str, publication: str, tables: Sequence[str], name: str,
     standby: bool = False, resume_from: int | None = None, primary: str | None = None,
-    via_root: bool = False,
+    options: PublicationOptions = NO_OPTIONS,
 ) -> int:  # fmt: skip
     """Fail with every setup error and its fix, or make slot and publication exist.
 
@@ -30,9 +36,9 @@ def prepare_capture(
     from (None: it starts fresh); then a missing slot is not created but raises
     `SlotLost`, like an invalidated one always does (`slots.py`). `primary`: the
     primary's DSN when `dsn` is a physical standby (the publication is made there).
-    `via_root`: the source's publish_via_partition_root (partitions.py).
+    `options`: the source's choices for its publication.
     """
-    findings = check_database(dsn, slot, publication, tables, primary=primary, via_root=via_root)
+    findings = check_database(dsn, slot, publication, tables, primary=primary, options=options)
     if not any(f.subject == "connection" for f in findings):
         with connect(dsn, autocommit=True) as conn:
             check_not_lost(conn, slot, name, resume_from)  # before the rest: it says more
@@ -48,13 +54,13 @@ def prepare_capture(
         )
     if primary is not None:
         with connect(primary, autocommit=True) as conn:
-            if ensure_publication(conn, publication, tables, via_root):
+            if ensure_publication(conn, publication, tables, options):
                 log.info("created publication %s on the primary", publication)
             written = current_lsn(conn)
     with connect(dsn, autocommit=True) as conn:
         if primary is not None and in_recovery(conn):  # the slot decodes with the publication
             wait_replayed(conn, written, 60)
-        if primary is None and ensure_publication(conn, publication, tables, via_root):
+        if primary is None and ensure_publication(conn, publication, tables, options):
             log.info("created publication %s", publication)
         if resume_from is not None:
             check_not_lost(conn, slot, name, resume_from)  # dropped since? never re-create

@@ -55,11 +55,36 @@ def replication_connection(dsn: str, extra_options: str = "") -> Any:
         ) from exc
 
 
+@dataclass(frozen=True)
+class PublicationOptions:
+    """A source's choices for the publication walstream creates (an existing one must agree)."""
+
+    #: Partitions' changes are published as their root table's (partitions.py).
+    via_root: bool = False
+    #: Stored generated columns are published, PostgreSQL 18+ (generated.py).
+    generated: bool = False
+
+    def clause(self) -> sql.Composable:
+        options = []
+        if self.via_root:
+            options.append(sql.SQL("publish_via_partition_root = true"))
+        if self.generated:
+            options.append(sql.SQL("publish_generated_columns = stored"))
+        if not options:
+            return sql.SQL("")
+        return sql.SQL(" WITH ({})").format(sql.SQL(", ").join(options))
+
+
+#: A source that asks nothing of its publication.
+NO_OPTIONS = PublicationOptions()
+
+
 def ensure_publication(
-    conn: psycopg.Connection[Any], name: str, tables: Iterable[str] | None, via_root: bool = False
-) -> bool:
-    """Create the publication when missing (FOR TABLE ..., or FOR ALL TABLES). True if created.
-    `via_root`: partitions' changes are published as their root table's (partitions.py)."""
+    conn: psycopg.Connection[Any], name: str, tables: Iterable[str] | None,
+    options: PublicationOptions = NO_OPTIONS,
+) -> bool:  # fmt: skip
+    """Create the publication when missing (FOR TABLE ..., or FOR ALL TABLES) with `options`.
+    True if created."""
     cur = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
     if cur.fetchone():
         return False
@@ -69,8 +94,7 @@ def ensure_publication(
         stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), idents)
     else:
         stmt = sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name))
-    if via_root:
-        stmt += sql.SQL(" WITH (publish_via_partition_root = true)")
+    stmt += options.clause()
     try:
         conn.execute(stmt)
     except psycopg.errors.InsufficientPrivilege as exc:

@@ -11,8 +11,9 @@ from psycopg import sql
 
 from walstream.errors import ConnectionFailed
 from walstream.postgres.findings import Finding, fetch_rows
+from walstream.postgres.generated import generated_findings
 from walstream.postgres.partitions import partition_findings
-from walstream.postgres.replication import connect
+from walstream.postgres.replication import NO_OPTIONS, PublicationOptions, connect
 from walstream.postgres.slots import capacity_findings, slot_findings
 from walstream.postgres.standby import failover_findings, standby_findings
 
@@ -27,11 +28,11 @@ def check_database(
     publication: str | None = None,
     tables: Sequence[str] = (),
     primary: str | None = None,
-    via_root: bool = False,
+    options: PublicationOptions = NO_OPTIONS,
 ) -> list[Finding]:
     """Run every setup check; never raises for a database problem, returns findings.
-    `primary`: the source's primary_dsn (when `dsn` may be a standby); `via_root`: its
-    publish_via_partition_root."""
+    `primary`: the source's primary_dsn (when `dsn` may be a standby); `options`: what it
+    asks of its publication."""
     try:
         conn = connect(dsn, autocommit=True, connect_timeout=10)
     except ConnectionFailed as exc:
@@ -54,7 +55,8 @@ def check_database(
                 resolved = pub_tables
         for schema, table in resolved:
             out += _table(conn, schema, table)
-        out += partition_findings(conn, publication, resolved, via_root)
+        out += partition_findings(conn, publication, resolved, options.via_root)
+        out += generated_findings(conn, publication, resolved, options.generated)
         return out
 
 

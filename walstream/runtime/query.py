@@ -91,6 +91,8 @@ def start_query(
         reader = reader.option("tables", ",".join(s.tables))
     if s.publish_via_partition_root:
         reader = reader.option("publishViaPartitionRoot", "true")
+    if s.publish_generated_columns:
+        reader = reader.option("publishGeneratedColumns", "true")
     if s.primary is not None:
         reader = reader.option("primaryDsn", s.primary)
     if config.state_dsn in (s.dsn.get_secret_value(), s.writes_dsn):  # walstream's state is here

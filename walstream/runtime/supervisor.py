@@ -109,7 +109,7 @@ class Runtime:
                 source.dsn.get_secret_value(), source.slot_name, source.publication_name,
                 source.tables, source.name, standby=not locks[source.name].held,
                 resume_from=committed_lsn(self.checkpoint(source)),
-                primary=source.primary, via_root=source.publish_via_partition_root,
+                primary=source.primary, options=source.publication_options,
             )  # fmt: skip
         check_targets(cfg)  # mirrors: no feedback loop, no two sources in one table
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from walstream.errors import ConfigError
+from walstream.postgres.replication import NO_OPTIONS, PublicationOptions
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,9 @@ class SourceOptions:
     #: The primary's DSN when `dsn` is a physical standby: heartbeats, the
     #: AvailableNow mark and the publication are written there (postgres/standby.py).
     primary_dsn: str | None = None
-    #: The publication walstream creates publishes partitions as their root (partitions.py).
-    via_root: bool = False
+    #: What the publication walstream creates publishes (partitions as their root,
+    #: generated columns).
+    publication_options: PublicationOptions = NO_OPTIONS
 
     @property
     def writes_dsn(self) -> str:
@@ -66,7 +68,9 @@ class SourceOptions:
             replay_timeout=_number(opts, "replaytimeout", 300.0, minimum=1.0),
             internal_schema=opts.get("internalschema", "").strip() or None,
             primary_dsn=opts.get("primarydsn", "").strip() or None,
-            via_root=_flag(opts, "publishviapartitionroot"),
+            publication_options=PublicationOptions(
+                _flag(opts, "publishviapartitionroot"), _flag(opts, "publishgeneratedcolumns")
+            ),
         )
 
 
@@ -78,6 +82,7 @@ _NAMES = {
     "partitionbytes": "partitionBytes",
     "replaytimeout": "replayTimeout",
     "publishviapartitionroot": "publishViaPartitionRoot",
+    "publishgeneratedcolumns": "publishGeneratedColumns",
 }
 
 

@@ -170,7 +170,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             o.name,
             resume_from=resume_from,
             primary=o.primary_dsn,
-            via_root=o.via_root,
+            options=o.publication_options,
         )
         return self._confirmed
 
