@@ -98,6 +98,18 @@ class PostgresDestination(DestinationSettings):
 _CONNECTIONS: Clients[Any] = Clients(per_thread=True)
 #: (target dsn, target schema, table) -> definition: keyed by where the rows go.
 _TABLES: dict[tuple[str, str, str], TableDef] = {}
+#: Per target table: the source's columns its changes never carry (generated ones, a
+#: publication's column list), so a row without them is no reason to look again.
+_UNSENT: dict[tuple[str, str, str], frozenset[str]] = {}
+
+
+def _missing(table: TableDef, change: Any) -> frozenset[str]:
+    """The table's columns a whole row (insert, update, read) does not carry: the source
+    dropped them, or never sends them (generated columns, a publication's column list)."""
+    if change["action"] not in ("insert", "update", "read"):
+        return frozenset()
+    sent = (change.get("record") or {}).keys() | set(change.get("unchanged_toast") or ())
+    return frozenset(table.columns.keys() - sent)
 
 
 def _psycopg() -> Any:
@@ -215,9 +227,14 @@ class PostgresSink(Sink):
                     table: TableDef | None = None
                     try:
                         table = self._table(conn, c)  # outside the savepoint: it stays
-                        with conn.transaction():  # a savepoint per change
-                            for kind, op in operations(table, c):
-                                self._statement(conn, table, kind, [op])
+                        try:
+                            self._apply_one(conn, table, c)
+                        except psycopg.DataError:  # a value of a changed type?
+                            retyped = self._retyped(conn, c)
+                            if retyped is None:
+                                raise
+                            table = retyped
+                            self._apply_one(conn, table, c)
                         book.applied(
                             (c["schema"], c["table"]), m.cursor,
                             functools.partial(row_keys, table, c),
@@ -245,6 +262,35 @@ class PostgresSink(Sink):
                 delivered=frozenset(range(len(messages))) - failed.keys(),
             )
 
+    def _apply_one(self, conn: Any, table: TableDef, change: Any) -> None:
+        with conn.transaction():  # a savepoint per change
+            for kind, op in operations(table, change):
+                self._statement(conn, table, kind, [op])
+
+    def _retyped(self, conn: Any, change: Any) -> TableDef | None:
+        """The table after its columns took the types their source columns have now, when
+        any differ and the table is walstream's (create_tables); else None."""
+        table = self._table(conn, change)
+        if not self.config.create_tables:
+            return None
+        fresh = load_definition(
+            _connection(self.source_dsn), change["schema"], change["table"], table.schema
+        )
+        fresh.filled_by = table.filled_by
+        changed = [c for n, c in fresh.columns.items()
+                   if n in table.columns and table.columns[n].type_sql != c.type_sql]  # fmt: skip
+        if not changed:
+            return None
+        for ddl in fresh.types:
+            conn.execute(ddl)
+        for col in changed:  # through text: every type has a text form
+            conn.execute(
+                f"ALTER TABLE {fresh.target} ALTER COLUMN {ident(col.name)} TYPE {col.type_sql} "
+                f"USING {ident(col.name)}::text::{col.type_sql}"
+            )
+        _TABLES[(self.dsn, table.schema, table.name)] = fresh
+        return fresh
+
     def _row_keys(self, conn: Any, change: Any) -> list[str] | None:
         return row_keys(self._table(conn, change), change)
 
@@ -269,6 +315,7 @@ class PostgresSink(Sink):
             table is not None
             and table.filled_by == filled_by
             and all(k in table.columns for k in record)
+            and _missing(table, change) <= _UNSENT.get(key, frozenset())
         ):
             return table
         source = _connection(self.source_dsn)
@@ -279,7 +326,7 @@ class PostgresSink(Sink):
                 conn, self.book_schema, self.name, (schema, name), (target_schema, name)
             )
             self._create(conn, fresh)
-        else:  # the source gained columns: add them
+        else:  # the source gained columns: add them; it lost some: drop them (ours only)
             for ddl in fresh.types:
                 conn.execute(ddl)
             for col in fresh.columns.values():
@@ -288,7 +335,12 @@ class PostgresSink(Sink):
                         f"ALTER TABLE {fresh.target} ADD COLUMN IF NOT EXISTS "
                         f"{ident(col.name)} {col.type_sql}"
                     )
+            if self.config.create_tables:
+                for name in table.columns.keys() - fresh.columns.keys() - record.keys():
+                    conn.execute(f"ALTER TABLE {fresh.target} DROP COLUMN IF EXISTS {ident(name)}")
         _TABLES[key] = fresh
+        # the columns the source has but does not send: no reason to look again for them
+        _UNSENT[key] = frozenset(c for c in _missing(fresh, change) if c in fresh.columns)
         self._created.append(key)
         return fresh
 
