@@ -18,7 +18,7 @@ from walstream.backfill.store import BackfillStore
 from walstream.config import parse_config
 from walstream.errors import SetupError
 from walstream.postgres.prepare import prepare_capture
-from walstream.postgres.replication import PublicationOptions
+from walstream.postgres.publication import PublicationOptions
 from walstream.postgres.setup import check_database
 from walstream.runtime import Runtime
 from walstream.testing import supervised, wait_until

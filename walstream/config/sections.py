@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from walstream.fields import Dsn, Duration, Identifier, Location, Model, Name, Size, token_from
-from walstream.postgres.replication import PublicationOptions
+from walstream.postgres.publication import PublicationOptions
 
 
 class StateConfig(Model):

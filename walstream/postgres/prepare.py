@@ -8,13 +8,8 @@ from collections.abc import Sequence
 
 from walstream.change import parse_lsn
 from walstream.errors import SetupError
-from walstream.postgres.replication import (
-    NO_OPTIONS,
-    PublicationOptions,
-    connect,
-    current_lsn,
-    ensure_publication,
-)
+from walstream.postgres.publication import NO_OPTIONS, PublicationOptions
+from walstream.postgres.replication import connect, current_lsn, ensure_publication
 from walstream.postgres.setup import check_database
 from walstream.postgres.slots import check_not_lost
 from walstream.postgres.standby import create_slot, in_recovery, wait_replayed

@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from walstream.errors import ConnectionFailed, SetupError
+from walstream.postgres.publication import NO_OPTIONS, PublicationOptions
 from walstream.postgres.types import session_options
 
 
@@ -53,30 +54,6 @@ def replication_connection(dsn: str, extra_options: str = "") -> Any:
             "the role needs the REPLICATION attribute (ALTER ROLE ... WITH REPLICATION) and "
             "pg_hba.conf must allow it; wal_level must be logical",
         ) from exc
-
-
-@dataclass(frozen=True)
-class PublicationOptions:
-    """A source's choices for the publication walstream creates (an existing one must agree)."""
-
-    #: Partitions' changes are published as their root table's (partitions.py).
-    via_root: bool = False
-    #: Stored generated columns are published, PostgreSQL 18+ (generated.py).
-    generated: bool = False
-
-    def clause(self) -> sql.Composable:
-        options = []
-        if self.via_root:
-            options.append(sql.SQL("publish_via_partition_root = true"))
-        if self.generated:
-            options.append(sql.SQL("publish_generated_columns = stored"))
-        if not options:
-            return sql.SQL("")
-        return sql.SQL(" WITH ({})").format(sql.SQL(", ").join(options))
-
-
-#: A source that asks nothing of its publication.
-NO_OPTIONS = PublicationOptions()
 
 
 def ensure_publication(

@@ -13,7 +13,8 @@ from walstream.errors import ConnectionFailed
 from walstream.postgres.findings import Finding, fetch_rows
 from walstream.postgres.generated import generated_findings
 from walstream.postgres.partitions import partition_findings
-from walstream.postgres.replication import NO_OPTIONS, PublicationOptions, connect
+from walstream.postgres.publication import NO_OPTIONS, PublicationOptions
+from walstream.postgres.replication import connect
 from walstream.postgres.slots import capacity_findings, slot_findings
 from walstream.postgres.standby import failover_findings, standby_findings
 

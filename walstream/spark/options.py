@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from walstream.errors import ConfigError
-from walstream.postgres.replication import NO_OPTIONS, PublicationOptions
+from walstream.postgres.publication import NO_OPTIONS, PublicationOptions
 
 
 @dataclass(frozen=True)
