@@ -288,7 +288,9 @@ class PostgresSink(Sink):
                 f"ALTER TABLE {fresh.target} ALTER COLUMN {ident(col.name)} TYPE {col.type_sql} "
                 f"USING {ident(col.name)}::text::{col.type_sql}"
             )
-        _TABLES[(self.dsn, table.schema, table.name)] = fresh
+        key = (self.dsn, table.schema, table.name)
+        _TABLES[key] = fresh
+        self._created.append(key)  # forgotten if the transaction rolls back
         return fresh
 
     def _row_keys(self, conn: Any, change: Any) -> list[str] | None:
