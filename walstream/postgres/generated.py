@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg import sql
-
 from walstream.postgres.findings import Finding, fetch_rows
+from walstream.postgres.publication import disagreement
 
 SETTING = "publish_generated_columns"
 #: The first version that can publish generated columns.
@@ -29,18 +28,23 @@ def publishes(conn: Any, publication: str) -> bool | None:
     return rows[0][0] == "s" if rows else None
 
 
-def generated_columns(conn: Any, schema: str, table: str) -> list[str]:
-    return [
-        r[0]
-        for r in fetch_rows(
-            conn,
-            "SELECT attname FROM pg_attribute WHERE attrelid = "
-            "to_regclass(format('%%I.%%I', %s::text, %s::text)) AND attnum > 0 "
-            "AND NOT attisdropped AND attgenerated = 's' ORDER BY attnum",
-            schema,
-            table,
-        )
-    ]
+def generated_columns(conn: Any, tables: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+    """The stored generated columns of those of `tables` that have any (one query: check
+    runs at every start)."""
+    if not tables:
+        return {}
+    rows = fetch_rows(
+        conn,
+        "SELECT n.nspname, c.relname, array_agg(a.attname ORDER BY a.attnum) "
+        "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 's' "
+        "AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+        "GROUP BY 1, 2",
+        [s for s, _ in tables],
+        [t for _, t in tables],
+    )
+    return {(s, t): list(names) for s, t, names in rows}
 
 
 def generated_findings(
@@ -57,8 +61,9 @@ def generated_findings(
     current = publishes(conn, publication) if publication else None
     effective = wanted if current is None else current
     out = []
+    found = generated_columns(conn, tables)
     for schema, table in tables:
-        names = generated_columns(conn, schema, table)
+        names = found.get((schema, table))
         if not names:
             continue
         cols = ", ".join(names)
@@ -72,14 +77,10 @@ def generated_findings(
                        "sends them")  # fmt: skip
         out.append(Finding("ok", f"table {schema}.{table}", message))
     if publication and current is not None and version >= SINCE and current != wanted:
-        stmt = sql.SQL("ALTER PUBLICATION {} SET ({} = {})").format(
-            sql.Identifier(publication), sql.SQL(SETTING),
-            sql.SQL("stored" if wanted else "none"),
-        )  # fmt: skip
-        out.append(Finding(
-            "error", f"publication {publication}",
+        out.append(disagreement(
+            conn, publication, SETTING, "stored" if wanted else "none",
             f"it {'sends' if current else 'does not send'} generated columns, but the source "
             f"sets {SETTING}: {str(wanted).lower()}",
-            f"{stmt.as_string(conn)}; or set {SETTING}: {str(current).lower()} on the source",
+            str(current).lower(),
         ))  # fmt: skip
     return out

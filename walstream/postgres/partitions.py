@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg import sql
-
 from walstream.postgres.findings import Finding, fetch_rows
+from walstream.postgres.publication import disagreement
 
 SETTING = "publish_via_partition_root"
 
@@ -28,22 +27,21 @@ def via_root(conn: Any, publication: str) -> bool | None:
 
 def partitioned(conn: Any, tables: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
     """Which of `tables` are partitioned, each with its leaf partitions' names (schema.table)."""
-    out: dict[tuple[str, str], list[str]] = {}
-    for schema, table in tables:
-        rows = fetch_rows(
-            conn,
-            "SELECT c.relkind, (SELECT array_agg(format('%%I.%%I', pn.nspname, pc.relname) "
-            "  ORDER BY pn.nspname, pc.relname) FROM pg_partition_tree(c.oid) p "
-            "  JOIN pg_class pc ON pc.oid = p.relid "
-            "  JOIN pg_namespace pn ON pn.oid = pc.relnamespace WHERE p.isleaf) "
-            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s",
-            schema,
-            table,
-        )
-        if rows and rows[0][0] == "p":
-            out[(schema, table)] = list(rows[0][1] or [])
-    return out
+    if not tables:
+        return {}
+    rows = fetch_rows(  # one query for all of them: check runs at every start
+        conn,
+        "SELECT n.nspname, c.relname, (SELECT array_agg(format('%%I.%%I', pn.nspname, "
+        "  pc.relname) ORDER BY pn.nspname, pc.relname) FROM pg_partition_tree(c.oid) p "
+        "  JOIN pg_class pc ON pc.oid = p.relid "
+        "  JOIN pg_namespace pn ON pn.oid = pc.relnamespace WHERE p.isleaf) "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relkind = 'p' AND (n.nspname, c.relname) IN "
+        "  (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        [s for s, _ in tables],
+        [t for _, t in tables],
+    )
+    return {(s, t): list(leaves or []) for s, t, leaves in rows}
 
 
 def published_roots(conn: Any, publication: str) -> dict[tuple[str, str], list[str]]:
@@ -86,14 +84,11 @@ def partition_findings(
                        f"{SETTING}: true on the source sends them as {name}")  # fmt: skip
         out.append(Finding("ok", f"table {name}", message))
     if publication and current is not None and current != wanted:
-        stmt = sql.SQL("ALTER PUBLICATION {} SET ({} = {})").format(
-            sql.Identifier(publication), sql.SQL(SETTING), sql.SQL(str(wanted).lower())
-        )
-        out.append(Finding(
-            "error", f"publication {publication}",
+        out.append(disagreement(
+            conn, publication, SETTING, str(wanted).lower(),
             f"{SETTING} is {str(current).lower()} on the publication but "
             f"{str(wanted).lower()} in the source's settings, and it publishes partitioned "
             "tables: their changes would arrive under other names than the sinks expect",
-            f"{stmt.as_string(conn)}; or set {SETTING}: {str(current).lower()} on the source",
+            str(current).lower(),
         ))  # fmt: skip
     return out

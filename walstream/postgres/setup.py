@@ -15,7 +15,7 @@ from walstream.postgres.generated import generated_findings
 from walstream.postgres.partitions import partition_findings
 from walstream.postgres.publication import NO_OPTIONS, PublicationOptions
 from walstream.postgres.replication import connect
-from walstream.postgres.slots import capacity_findings, slot_findings
+from walstream.postgres.slots import capacity_findings, slot_findings, slot_info
 from walstream.postgres.standby import failover_findings, standby_findings
 
 __all__ = ["Finding", "check_database", "has_errors"]
@@ -44,9 +44,10 @@ def check_database(
         out += standby_findings(conn, primary)
         out += _role(conn)
         out += capacity_findings(conn, slot)
+        info = slot_info(conn, slot) if slot else None  # read once, for both
         if slot:
-            out += slot_findings(conn, slot)
-        out += failover_findings(conn, slot)
+            out += slot_findings(conn, slot, info)
+        out += failover_findings(conn, slot, info)
         resolved, missing = _resolve_tables(conn, tables)
         out += missing
         if publication:

@@ -161,8 +161,8 @@ def capacity_findings(conn: Any, slot: str | None) -> list[Finding]:
     return out
 
 
-def slot_findings(conn: Any, slot: str) -> list[Finding]:
-    info = slot_info(conn, slot)
+def slot_findings(conn: Any, slot: str, info: SlotInfo | None) -> list[Finding]:
+    """What `walstream check` says about the slot (`info`: as `slot_info` read it)."""
     if info is None:
         return [
             Finding("ok", f"slot {slot}", "does not exist yet; walstream run creates it (pgoutput)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -29,6 +29,9 @@ from walstream.change import format_lsn, parse_lsn
 from walstream.errors import SetupError
 from walstream.postgres.findings import Finding, fetch_rows
 from walstream.postgres.replication import connect, ensure_slot, server_version
+
+if TYPE_CHECKING:
+    from walstream.postgres.slots import SlotInfo
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,7 @@ def standby_findings(conn: psycopg.Connection[Any], primary: str | None) -> list
     """What `walstream check` says about reading this server when it is a standby."""
     if not in_recovery(conn):
         return []
-    version = int(fetch_rows(conn, "SHOW server_version_num")[0][0])
-    if version < STANDBY_DECODING:
+    if server_version(conn) < STANDBY_DECODING:
         return [Finding("error", "standby",
                         "the dsn is a standby; PostgreSQL before 16 cannot decode on a standby",
                         "point dsn at the primary, or upgrade to PostgreSQL 16+")]  # fmt: skip
@@ -76,13 +78,13 @@ def standby_findings(conn: psycopg.Connection[Any], primary: str | None) -> list
     return out
 
 
-def failover_findings(conn: psycopg.Connection[Any], slot: str | None) -> list[Finding]:
-    """What `walstream check` says about the slot surviving a failover (17+)."""
-    from walstream.postgres.slots import slot_info
-
-    if int(fetch_rows(conn, "SHOW server_version_num")[0][0]) < FAILOVER_SLOTS:
+def failover_findings(
+    conn: psycopg.Connection[Any], slot: str | None, info: SlotInfo | None
+) -> list[Finding]:
+    """What `walstream check` says about the slot (`info`: as `slot_info` read it)
+    surviving a failover (17+)."""
+    if server_version(conn) < FAILOVER_SLOTS:
         return []
-    info = slot_info(conn, slot) if slot else None
     out = []
     if in_recovery(conn):
         if info is not None and info.synced and info.temporary:

@@ -10,8 +10,9 @@ after another before its first batch, besides the daemon.
 With pip's PySpark, the zip holds the very package installed beside it, already
 compiled (and Py4J's zip the Py4J installed with it). So on a local master
 `worker_python` gives Spark a small wrapper that takes those zips off PYTHONPATH and
-runs this Python: the workers import the installed PySpark and Py4J. Anything else (a SPARK_HOME of its own, a cluster, PYSPARK_PYTHON set by
-the user, no cache directory) keeps Spark's own way.
+runs this Python: the workers import the installed PySpark and Py4J. Anything else (a
+SPARK_HOME of its own, a cluster, PYSPARK_PYTHON set by the user, no cache directory)
+keeps Spark's own way.
 """
 
 from __future__ import annotations
