@@ -43,11 +43,14 @@ from walstream.testing import wait_until
 pytestmark = pytest.mark.spark
 
 
-def config(db: Any, tmp_path: Path, pub: str, slot: str, sinks: list[dict[str, Any]]) -> Plan:
+def config(
+    db: Any, tmp_path: Path, pub: str, slot: str, sinks: list[dict[str, Any]], **source: Any
+) -> Plan:
+    """Source `app` on `db` (with `source`'s further settings) into `sinks`."""
     return parse_config({
         "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
         "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub,
-                     "max_changes_per_batch": 5000}],
+                     "max_changes_per_batch": 5000, **source}],
         "sinks": sinks,
     })  # fmt: skip
 

@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import TestDatabase, unique
-from tests.integration.test_backfill import messages, run_until_done
+from tests.integration.test_backfill import config, files, messages, run_until_done
 from tests.integration.test_decoder_changes import decode_all
 from walstream.backfill.requests import request
 from walstream.backfill.store import BackfillStore
-from walstream.config import parse_config
 from walstream.errors import SetupError
 from walstream.postgres.prepare import prepare_capture
 from walstream.postgres.publication import PublicationOptions
@@ -109,14 +108,8 @@ def test_a_backfill_reads_the_columns_the_stream_sends(
     table(db)
     db.execute("INSERT INTO g (id, a) SELECT g, g FROM generate_series(1, 6) g")
     out = tmp_path / "out"
-    cfg = parse_config({
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": db.dsn, "slot": unique("slot"),
-                     "publication": unique("pub"), "tables": ["public.g"],
-                     "publish_generated_columns": newest(db)}],
-        "sinks": [{"name": "files", "source": "app",
-                   "destination": {"type": "file", "path": str(out)}}],
-    })  # fmt: skip
+    cfg = config(db, tmp_path, unique("pub"), unique("slot"), [files("files", out)],
+                 tables=["public.g"], publish_generated_columns=newest(db))  # fmt: skip
     db.slots.append(cfg.sources[0].slot_name)
     store = BackfillStore(cfg.state_dsn)
     with supervised(Runtime(cfg, spark=spark).start()) as rt:

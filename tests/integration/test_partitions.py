@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import TestDatabase, unique
-from tests.integration.test_backfill import messages, replay, run_until_done
+from tests.integration.test_backfill import config, files, messages, replay, run_until_done
 from tests.integration.test_decoder_changes import decode_all
 from walstream.backfill.requests import request
 from walstream.backfill.store import BackfillStore
-from walstream.config import parse_config
 from walstream.errors import SetupError
 from walstream.postgres.prepare import prepare_capture
 from walstream.postgres.publication import PublicationOptions
@@ -82,14 +81,8 @@ def test_partitions_arrive_as_the_root_added_ones_too_and_a_backfill_reads_them_
     db.execute("INSERT INTO m SELECT g, 'old' FROM generate_series(1, 8) g")
     db.execute("INSERT INTO m SELECT g, 'old' FROM generate_series(101, 108) g")
     out = tmp_path / "out"
-    cfg = parse_config({
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": db.dsn, "slot": unique("slot"),
-                     "publication": unique("pub"), "tables": ["public.m"],
-                     "publish_via_partition_root": True}],
-        "sinks": [{"name": "files", "source": "app",
-                   "destination": {"type": "file", "path": str(out)}}],
-    })  # fmt: skip
+    cfg = config(db, tmp_path, unique("pub"), unique("slot"), [files("files", out)],
+                 tables=["public.m"], publish_via_partition_root=True)  # fmt: skip
     db.slots.append(cfg.sources[0].slot_name)
     store = BackfillStore(cfg.state_dsn)
     with supervised(Runtime(cfg, spark=spark).start()) as rt:
