@@ -5,7 +5,8 @@
     print_breakdown(cpu_by_group(pg.data), before, rows, rate_at_target)
 
 Groups: the driver JVM, this Python process (the walstream driver), Spark's Python
-processes, and the embedded Postgres (its postmaster and every backend under it).
+processes, the embedded Postgres (its postmaster and every backend under it) and a
+tansu broker this process started.
 CPU is user + system time from /proc, plus that of children already reaped (a
 Python worker that exited counts in its parent's). A process that started and ended
 between the two readings without a parent in the groups is not counted.
@@ -20,7 +21,8 @@ from bench.backlog import _descendants, grouped_processes
 from bench.results import figure
 
 POSTGRES = "Postgres (postmaster + backends)"
-GROUPS = ("driver JVM", "walstream driver (Python)", "Spark Python processes", POSTGRES)
+BROKER = "Kafka broker (tansu), if any"
+GROUPS = ("driver JVM", "walstream driver (Python)", "Spark Python processes", POSTGRES, BROKER)
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -40,6 +42,9 @@ def cpu_by_group(pg_data: Path | None = None) -> dict[str, float]:
     out = dict.fromkeys(GROUPS, 0.0)
     for pid, group in grouped_processes():
         out[group] += _cpu_seconds(pid)
+    for pid, cmd in _descendants(os.getpid()).items():
+        if "tansu" in cmd.split(" ", 1)[0]:
+            out[BROKER] += _cpu_seconds(pid)
     if pg_data is not None and (pg_data / "postmaster.pid").exists():
         postmaster = int((pg_data / "postmaster.pid").read_text().split()[0])
         for pid in _descendants(postmaster):

@@ -35,6 +35,7 @@ from typing import Any
 
 from psycopg import sql
 
+from bench.cpu import cpu_by_group, print_breakdown
 from bench.results import figure
 from bench.stream import TABLE, peak_rss_mb, recvlogical, write
 from walstream.change import parse_lsn
@@ -176,8 +177,12 @@ def kafka_latencies(bootstrap: str, topic: str, n: int, timeout: float = 60) -> 
     try:
         while len(out) < n and time.monotonic() < deadline:
             for m in reader.consume(1000, 0.5):
-                committed = json.loads(m.value())["metadata"]["commit_timestamp"]
-                commit_s = datetime.fromisoformat(committed.replace("Z", "+00:00")).timestamp()
+                message = json.loads(m.value())
+                if "metadata" in message:  # sequin
+                    committed = message["metadata"]["commit_timestamp"]
+                    commit_s = datetime.fromisoformat(committed.replace("Z", "+00:00")).timestamp()
+                else:  # debezium (milliseconds)
+                    commit_s = message["source"]["ts_ms"] / 1000
                 out.append(m.timestamp()[1] / 1000 - commit_s)
     finally:
         reader.close()
@@ -200,6 +205,10 @@ def main() -> None:
         "--spark-conf", type=json.loads, default={},
         help='JSON of spark.conf settings over walstream\'s, e.g. \'{"spark.driver.extraJavaOptions": '
         '"-XX:TieredStopAtLevel=4"}\' (C2 on a 2-core machine)',
+    )  # fmt: skip
+    ap.add_argument(
+        "--format", default="sequin", choices=["sequin", "debezium"],
+        help="the sink's message format",
     )  # fmt: skip
     ap.add_argument("-v", "--verbose", action="store_true", help="log every batch's timing")
     args = ap.parse_args()
@@ -245,6 +254,7 @@ def main() -> None:
                 "sinks": [
                     {
                         "name": "kafka", "source": "bench", "batch_size": 5000,
+                        "format": args.format,
                         "destination": {
                             "type": "kafka", "bootstrap_servers": broker.bootstrap_servers,
                             "topic": "concat('bench.', `table`)", "create_topics": True,
@@ -263,8 +273,10 @@ def main() -> None:
             wait_for(runtime, 1, 300)
             first_at = time.perf_counter()
             first_n = delivered(runtime)
+            cpu_before = cpu_by_group(pg.data)
             wait_for(runtime, args.changes, 3600)
             end = time.perf_counter()
+            cpu_after = cpu_by_group(pg.data)
             wall = args.changes / (end - start)
             # The first batch may take the whole backlog (max_changes_per_batch): then
             # there is no "after the first batch" and the figure is the wall-clock one.
@@ -284,6 +296,8 @@ def main() -> None:
 
     p50, p99 = percentiles(lat)
     floor50, floor99 = floor
+    print()
+    print_breakdown("kafka", cpu_after, cpu_before, args.changes - first_n, 0.35 * ref_rate)
     print()
     print(f"{'figure':<56}{'value':>14}")
     print(f"{'pg_recvlogical to /dev/null (reference)':<56}{ref_rate:>12,.0f}/s")

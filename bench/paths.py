@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.cpu import cpu_by_group
 from bench.results import figure
 from bench.stream import TABLE, recvlogical, write
 from walstream.change import CHANGE_COLUMNS, parse_lsn
@@ -97,15 +98,20 @@ def counted(path: str, batch: Any) -> int:
     return sum(r.n for r in batch.select(*cols).mapInArrow(_count, "n long").collect())
 
 
-def drain(spark: Any, dsn: str, path: str, changes: int, work: Path) -> float:
-    """Changes/s of `path` on its slot, from the end of its first batch with changes."""
+def drain(
+    spark: Any, dsn: str, path: str, changes: int, work: Path
+) -> tuple[float, dict[str, float]]:
+    """Changes/s of `path` on its slot, from the end of its first batch with changes, and
+    each process group's CPU µs per change over the same span."""
     seen, first = 0, (0.0, 0)
+    cpu: dict[str, float] = {}
 
     def sink(batch: Any, _: int) -> None:
-        nonlocal seen, first
+        nonlocal seen, first, cpu
         n = counted(path, batch)
         if n and not first[0]:
             first = (time.perf_counter(), n)
+            cpu = cpu_by_group()
         seen += n
 
     q = (
@@ -120,9 +126,11 @@ def drain(spark: Any, dsn: str, path: str, changes: int, work: Path) -> float:
             if q.exception() is not None:
                 raise SystemExit(f"path {path} failed: {q.exception()}")
             time.sleep(0.02)
+        end, after = time.perf_counter(), cpu_by_group()
     finally:
         q.stop()
-    return (changes - first[1]) / (time.perf_counter() - first[0])
+    n = changes - first[1]
+    return n / (end - first[0]), {g: (after[g] - cpu[g]) / n * 1e6 for g in cpu}
 
 
 def main() -> None:
@@ -159,8 +167,11 @@ def main() -> None:
             spark.dataSource.register(WalstreamDataSource)
             spark.dataSource.register(SlicesSource)
             for path in paths:
-                rate = drain(spark, dsn, path, args.changes, work)
-                print(f"{path:<9}{rate:>10,.0f} changes/s  {rate / reference:.2f}x pg_recvlogical")
+                rate, cpu = drain(spark, dsn, path, args.changes, work)
+                print(f"{path:<9}{rate:>10,.0f} changes/s  {rate / reference:.2f}x pg_recvlogical"
+                      f"  CPU µs/change: JVM {cpu['driver JVM']:.1f}, Spark's Python "
+                      f"{cpu['Spark Python processes']:.1f}, capture "
+                      f"{cpu['walstream driver (Python)']:.1f}")  # fmt: skip
                 figure("paths", f"{path}: changes/s", rate, "changes/s",
                        reference="pg_recvlogical to /dev/null", reference_value=reference)  # fmt: skip
         finally:
