@@ -45,6 +45,8 @@ _LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
 LOCAL_CONF = {"spark.driver.memory": "512m"}  # Spark refuses less than 450 MB
 #: ...and its JVM's: the serial collector (no G1 remembered sets; one or two cores), a heap
 #: that starts small and grows only as far as it is used, a young generation of at most 64 MB.
+#: Spark's value for "no byte bound" on an Arrow batch (Int.MaxValue; it checks for it).
+ARROW_NO_BYTE_BOUND = 2**31 - 1
 LOCAL_JAVA_OPTIONS = "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m"
 #: ...and on a machine of at most 2 cores, only the quick JIT compiler (C1): C2's compiler
 #: threads took 20-60% of a core for minutes, on the cores the stream needs. Measured on 2
@@ -134,6 +136,12 @@ def spark_conf(config: Any, quiet: bool = True) -> dict[str, str]:
         # Backfill reads run in their own pool: a free core goes to the stream's batch
         # first instead of waiting behind a queue of chunk reads (FIFO would starve it).
         "spark.scheduler.mode": "FAIR",
+        # Rows go to a delivery task's Python in Arrow batches of at most 10,000
+        # (maxRecordsPerBatch). A byte bound as well makes Spark add up every column's
+        # size after each row: ~7 µs of JVM per change into Kafka, a fifth of its work
+        # (docs/performance.md). The source's own Arrow batches (8,192 rows) have no byte
+        # bound either, so this holds no more than a batch from the source already does.
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_NO_BYTE_BOUND),
     }
     java: list[str] = []
     if quiet:

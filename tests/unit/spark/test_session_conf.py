@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from walstream.config import parse_config
-from walstream.spark.session import LOG_PROFILE, SMALL_MACHINE_JIT, spark_conf
+from walstream.spark.session import ARROW_NO_BYTE_BOUND, LOG_PROFILE, SMALL_MACHINE_JIT, spark_conf
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +77,16 @@ def test_a_users_collector_replaces_walstreams_jvm_options():
         quiet=False,
     )
     assert conf["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC"
+
+
+@pytest.mark.parametrize("master", ["local[2]", "spark://cluster:7077"])
+def test_arrow_batches_to_python_are_bounded_by_rows_only(master):
+    conf = conf_of({"master": master})
+    assert (
+        conf["spark.sql.execution.arrow.maxBytesPerBatch"]
+        == "2147483647"
+        == str(ARROW_NO_BYTE_BOUND)
+    )
+    assert "spark.sql.execution.arrow.maxRecordsPerBatch" not in conf  # Spark's 10,000
+    mine = {"master": master, "conf": {"spark.sql.execution.arrow.maxBytesPerBatch": "64m"}}
+    assert conf_of(mine)["spark.sql.execution.arrow.maxBytesPerBatch"] == "64m"
