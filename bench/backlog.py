@@ -1,10 +1,12 @@
 """Memory of `walstream run` while it drains a large backlog: does it stay flat?
 
-    .venv/bin/python -m bench.backlog [--changes 10000000] [--sample-seconds 2]
+    .venv/bin/python -m bench.backlog [--changes 10000000] [--big ROWS] [--sample-seconds 2]
 
 1. Writes CHANGES inserts into an 8-column table while walstream's slot exists and
    nothing reads it: 1,000-row transactions, plus one transaction of a tenth of
-   the backlog (a large transaction must not be held whole either).
+   the backlog or of BIG rows (a large transaction must not be held whole either:
+   `--changes 6000000 --big 5000000` drains a 5M-row transaction between 500k
+   changes before and after it).
 2. Starts the Runtime of `walstream run` with walstream's default Spark settings
    and one file sink (parquet), and samples while it drains the slot: resident
    memory (VmRSS) of the driver JVM, of this Python process (the runtime, the
@@ -174,9 +176,11 @@ class Sampler:
         self._thread.join()
 
 
-def write_backlog(dsn: str, changes: int) -> None:
-    """CHANGES inserts: 1,000-row transactions and, in the middle, one of a tenth of them."""
-    half, big = changes // 2, changes // 10
+def write_backlog(dsn: str, changes: int, big: int | None = None) -> None:
+    """CHANGES inserts: 1,000-row transactions and, in the middle, one of `big` rows (a
+    tenth of them by default)."""
+    big = changes // 10 if big is None else big
+    half = (changes - big) // 2
     plan = [(1000, half), (big, big), (1000, changes - half - big)]  # (rows per txn, rows)
     t0 = time.perf_counter()
     done, step = 0, max(changes // 10, 1)
@@ -208,12 +212,18 @@ def main() -> None:
     ap.add_argument("--changes", type=int, default=10_000_000)
     ap.add_argument("--sample-seconds", type=float, default=2.0)
     ap.add_argument(
+        "--big", type=int, default=None,
+        help="rows of the one large transaction in the middle (default: a tenth of CHANGES)",
+    )  # fmt: skip
+    ap.add_argument(
         "--max-batch", type=int, default=None,
         help="source max_changes_per_batch (default: walstream's, 50,000)",
     )  # fmt: skip
     args = ap.parse_args()
     if args.changes < 10:
         raise SystemExit("--changes must be at least 10")
+    if args.big is not None and not 0 < args.big <= args.changes:
+        raise SystemExit("--big must be between 1 and --changes")
 
     work = Path(tempfile.mkdtemp(prefix="walstream-bench-backlog-"))
     try:
@@ -225,7 +235,7 @@ def main() -> None:
                 conn.execute(TABLE)
                 conn.execute("CREATE PUBLICATION bench FOR TABLE accounts_history")
                 conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
-            write_backlog(dsn, args.changes)
+            write_backlog(dsn, args.changes, args.big)
             with connect(dsn, autocommit=True) as conn:
                 wal = conn.execute(
                     "SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots"
