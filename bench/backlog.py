@@ -201,7 +201,8 @@ def write_backlog(dsn: str, changes: int, big: int | None = None) -> None:
                 if done >= next_report:
                     rate = done / (time.perf_counter() - t0)
                     print(f"  written {done:>12,} of {changes:,} ({rate:,.0f}/s)", flush=True)
-                    next_report += step
+                    while next_report <= done:  # a large transaction passes several marks
+                        next_report += step
     print(f"workload: {changes:,} inserts in {time.perf_counter() - t0:.0f}s", flush=True)
 
 
