@@ -368,3 +368,89 @@ def test_stale_replication_connection_fails_loudly(spark, db, tmp_path):
         if pid:
             os.kill(pid, signal.SIGCONT)
         run.stop()
+
+
+def _rss_of_stream_readers() -> dict[int, int]:
+    """pid → resident KB of the Python processes below this one that run a streaming
+    source's reader (PySpark's python_streaming_source_runner: capture and its buffer)."""
+    from pathlib import Path
+
+    out: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            status = (d / "status").read_text()
+        except OSError:
+            continue
+        if b"python_streaming_source_runner" in cmd:
+            kb = [line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")]
+            if kb:
+                out[int(d.name)] = int(kb[0])
+    return out
+
+
+def test_a_transaction_much_larger_than_the_buffer_is_delivered_without_holding_it(
+    spark, db, tmp_path
+):
+    """One transaction of ~80 MB (10,000 rows of 8 KB) through an 8 MiB read-ahead buffer:
+    it arrives in order, exactly once, in many batches that end inside the transaction,
+    and the process that reads the slot never holds more than a small part of it."""
+    import threading
+    import time as _time
+
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    db.execute("ALTER TABLE t ALTER COLUMN pad SET STORAGE PLAIN")
+    pub = db.create_publication("t")
+    slot = db.create_slot()
+    batches: list[list[tuple[int, int]]] = []
+
+    def keep_keys(batch, batch_id):  # only (pk, lsn): the test's own memory stays small
+        rows = batch.orderBy("lsn", "seq").select("pk", "lsn").collect()
+        batches.append([(int(r.pk[0]), r.lsn) for r in rows])
+
+    reader = spark.readStream.format("walstream")
+    for k, v in dict(dsn=db.dsn, slot=slot, publication=pub, maxBufferBytes=str(8 << 20),
+                     maxChangesPerBatch="500").items():  # fmt: skip
+        reader = reader.option(k, v)
+    query = (
+        reader.load().writeStream.foreachBatch(keep_keys)
+        .option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    )  # fmt: skip
+    peak: dict[int, int] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.1):
+            for pid, kb in _rss_of_stream_readers().items():
+                peak[pid] = max(peak.get(pid, 0), kb)
+
+    try:
+        query.processAllAvailable()
+        before = _rss_of_stream_readers()
+        assert before, "no python_streaming_source_runner process found"
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        n = 10_000
+        db.execute("INSERT INTO t SELECT g, repeat('p', 8000) FROM generate_series(1, %s) g", (n,))
+        wait_until(
+            lambda: query.exception() is not None or sum(map(len, batches)) >= n,
+            300,
+            message=lambda: f"{sum(map(len, batches))} rows",
+        )
+        assert query.exception() is None
+        _time.sleep(0.3)  # one more sample after the last batch
+    finally:
+        stop.set()
+        query.stop()
+    rows = [r for b in batches for r in b]
+    assert [pk for pk, _ in rows] == list(range(1, n + 1))
+    assert len({lsn for _, lsn in rows}) == 1  # one transaction
+    assert sum(1 for b in batches if b) >= 20  # delivered in pieces of at most 500
+    growth_mb = {pid: (peak.get(pid, kb) - kb) / 1024 for pid, kb in before.items()}
+    print(f"stream reader RSS growth (MB): {growth_mb}")
+    # Holding the transaction would take >80 MB in the reader; the buffer is 8 MiB.
+    assert max(growth_mb.values()) < 40, growth_mb
