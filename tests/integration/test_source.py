@@ -398,7 +398,6 @@ def test_a_transaction_much_larger_than_the_buffer_is_delivered_without_holding_
     it arrives in order, exactly once, in many batches that end inside the transaction,
     and the process that reads the slot never holds more than a small part of it."""
     import threading
-    import time as _time
 
     from walstream.testing import wait_until
 
@@ -421,12 +420,14 @@ def test_a_transaction_much_larger_than_the_buffer_is_delivered_without_holding_
         .option("checkpointLocation", str(tmp_path / "ckpt")).start()
     )  # fmt: skip
     peak: dict[int, int] = {}
+    samples = [0]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.1):
             for pid, kb in _rss_of_stream_readers().items():
                 peak[pid] = max(peak.get(pid, 0), kb)
+            samples[0] += 1
 
     try:
         query.processAllAvailable()
@@ -442,7 +443,8 @@ def test_a_transaction_much_larger_than_the_buffer_is_delivered_without_holding_
             message=lambda: f"{sum(map(len, batches))} rows",
         )
         assert query.exception() is None
-        _time.sleep(0.3)  # one more sample after the last batch
+        taken = samples[0]  # a whole sample after the last batch
+        wait_until(lambda: samples[0] >= taken + 2, 10, message="no memory sample taken")
     finally:
         stop.set()
         query.stop()
