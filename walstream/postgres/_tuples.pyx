@@ -29,6 +29,8 @@ cdef enum:
     CODEC = 7        # the codec's Python `json` function
 
 cdef const char *HEX = b"0123456789abcdef"
+#: The letter of a control character's short JSON escape (\b \t \n \f \r), 0 for \u00XX.
+cdef const char *SHORT_ESCAPE = b"\0\0\0\0\0\0\0\0btn\0fr\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
 
 
 cdef struct Out:
@@ -72,6 +74,7 @@ cdef int put_string(Out *o, const unsigned char *s, Py_ssize_t n) except -1:
     control characters escaped, everything else (UTF-8 included) as it is."""
     cdef Py_ssize_t i
     cdef unsigned char c
+    cdef char short
     grow(o, n + 2)
     o.buf[o.len] = 34
     o.len += 1
@@ -85,23 +88,9 @@ cdef int put_string(Out *o, const unsigned char *s, Py_ssize_t n) except -1:
             continue
         grow(o, 6)
         o.buf[o.len] = 92
-        if c == 34 or c == 92:
-            o.buf[o.len + 1] = <char>c
-            o.len += 2
-        elif c == 10:
-            o.buf[o.len + 1] = 110  # n
-            o.len += 2
-        elif c == 13:
-            o.buf[o.len + 1] = 114  # r
-            o.len += 2
-        elif c == 9:
-            o.buf[o.len + 1] = 116  # t
-            o.len += 2
-        elif c == 8:
-            o.buf[o.len + 1] = 98  # b
-            o.len += 2
-        elif c == 12:
-            o.buf[o.len + 1] = 102  # f
+        short = c if c == 34 or c == 92 else SHORT_ESCAPE[c]
+        if short:
+            o.buf[o.len + 1] = short
             o.len += 2
         else:
             o.buf[o.len + 1] = 117  # u
