@@ -35,6 +35,7 @@ VALUES: dict[str, list[bytes]] = {
     "text": [
         b"", b"plain", 'é "quoted" \\ back'.encode(), b"\n\r\t\x08\x0c", b"\x01\x1f\x7f",
         "emoji 🦆 and 中文".encode(), b"x" * 5000, b"</script>",
+        bytes(range(1, 32)),  # every control character Postgres text can hold
     ],
     "bool": [b"t", b"f"],
     "numeric": [b"1.50", b"-0.0001", b"NaN", b"123456789012345678901234567890.5"],
