@@ -210,6 +210,35 @@ def churn(dsn: str, table: str, keys: int, stop: threading.Event, seed: int) -> 
     return n
 
 
+def write_inside_windows(dsn: str, table: str, stop: threading.Event) -> int:
+    """Until `stop`: hold an ACCESS EXCLUSIVE lock on `table` until a read waits on it,
+    update every 200th key, commit. A chunk read waits after its low watermark committed,
+    so each one meets changes to its own keys between its watermarks, whatever the timing
+    (the planner's reads wait too, harmlessly). How many reads it held."""
+    held = 0
+    with connect(dsn, autocommit=True) as conn:
+        while not stop.is_set():
+            with conn.transaction():
+                conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                while not stop.is_set():
+                    # pg_stat_activity is read once per transaction unless cleared
+                    conn.execute("SELECT pg_stat_clear_snapshot()")
+                    waiting = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+                        r" AND query !~* '^\s*(update|delete|insert)'"  # not the churn's
+                    ).fetchone()[0]  # fmt: skip
+                    if waiting:
+                        conn.execute(
+                            f"UPDATE {table} SET v = v + 1, note = 'held' WHERE id % 200 = 7"
+                        )
+                        held += 1
+                        break
+                    time.sleep(0.01)  # polling for a waiter (bounded by `stop`)
+            time.sleep(0.05)  # pacing: let the churn and the stream run between holds
+    return held
+
+
 def test_concurrent_writes_during_the_backfill_never_lose_to_a_stale_read(spark, db, tmp_path):
     """Updates, deletes and inserts hit the rows of the chunks being read: every read is
     the latest version the stream had delivered for its key (or the key was not in the
@@ -229,13 +258,19 @@ def test_concurrent_writes_during_the_backfill_never_lose_to_a_stale_read(spark,
     stop = threading.Event()
     counts: list[int] = []
     writer = threading.Thread(target=lambda: counts.append(churn(db.dsn, "hot", keys, stop, 11)))
+    holds: list[int] = []
+    locker = threading.Thread(
+        target=lambda: holds.append(write_inside_windows(db.dsn, "hot", stop))
+    )
     try:
         writer.start()
+        locker.start()
         ids = [b.id for b in request(cfg, store, "files", chunk_size=1000, target_seconds=0)]
         ids += [b.id for b in request(cfg, store, "mirror", chunk_size=1500, target_seconds=0)]
         run_until_done(runtime, store, ids)
         stop.set()
         writer.join(30)
+        locker.join(30)
         final = {r[0]: r for r in db.execute("SELECT id, v, note FROM hot")}
 
         def diff() -> str:
@@ -260,15 +295,17 @@ def test_concurrent_writes_during_the_backfill_never_lose_to_a_stale_read(spark,
     replay(got, "hot")  # the DBLog checks, on everything delivered
     reads = [m for m in got if m["action"] == "read"]
     assert counts and counts[0] > 100, "the writer barely ran during the backfill"
+    assert holds and holds[0] > 0, "no chunk read waited on the held lock"
     superseded = keys - len({m["record"]["id"] for m in reads})
-    print(f"{counts[0]} write transactions during the backfill; {len(reads)} rows read and "
+    print(f"{counts[0]} write transactions and {holds[0]} held reads during the backfill; "
+          f"{len(reads)} rows read and "
           f"delivered, {superseded} superseded by the stream or deleted")  # fmt: skip
     assert len(reads) == len({m["record"]["id"] for m in reads})  # each key read at most once
     b = store.get(ids[0])
     assert b is not None
     dropped = b.rows_read - len(reads)
     print(f"{dropped} rows read but dropped: their key changed between the chunk's watermarks")
-    assert dropped > 0  # the churn hit rows of chunks inside their windows
+    assert dropped > 0  # writes hit rows of chunks inside their windows (each held read has ~5)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
