@@ -18,6 +18,7 @@ from walstream.formats import mirror
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder
 from walstream.postgres.replication import connect
+from walstream.sinks import postgres as postgres_sink
 from walstream.sinks.base import BatchInfo, Message
 from walstream.sinks.registry import sink_for
 
@@ -36,10 +37,12 @@ def messages(rows: list[ChangeRow]) -> list[Message]:
     ]  # fmt: skip
 
 
-def apply(db: TestDatabase, dsn: str, rows: list[ChangeRow], chunk: int = 100, **dest: Any) -> None:
+def apply(
+    db: TestDatabase, dsn: str, rows: list[ChangeRow], chunk: int = 100, batch: int = 1, **dest: Any
+) -> None:
     config = {"type": "postgres", "dsn": dsn, "source_dsn": db.dsn, **dest}
     sink = sink_for(TypeAdapter(Destination).validate_python(config))
-    sink.begin(BatchInfo("mirror", 1, 0, 1))
+    sink.begin(BatchInfo("mirror", batch, 0, 1))
     try:
         msgs = messages(rows)
         for i in range(0, len(msgs), chunk):
@@ -248,6 +251,65 @@ def test_a_retried_dead_letter_is_applied_behind_the_cursor_or_refused_when_supe
     # Retrying the superseded one again fails again: never reported as delivered.
     with pytest.raises(SinkError, match="a later change of the same row"):
         apply(db, target, refused[1:])
+
+
+def test_a_renamed_source_table_renames_its_target_in_the_next_batch(db, target) -> None:
+    """The source renames t to u. The batch that first sees u refuses u's changes, keyed
+    by row (changes of t from before the rename may still be applying in another task);
+    the next batch renames the target and applies u's changes; retried, the refused
+    changes apply, or are refused again where a later change rewrote their row."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    pub, slot = db.create_publication("t"), db.create_slot()
+    db.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 3) g")
+    before = changes(db, slot, pub)
+    apply(db, target, before, batch=1)
+    db.execute("ALTER TABLE t RENAME TO u")
+    db.execute("INSERT INTO u VALUES (4, 4)")
+    db.execute("UPDATE u SET n = 10 WHERE id = 1")
+    renamed = changes(db, slot, pub)[len(before) :]
+    assert [(r.table, r.action) for r in renamed] == [("u", "insert"), ("u", "update")]
+    for _ in range(2):  # two chunks of the batch that first sees u: both refused
+        with pytest.raises(SinkError) as err:
+            apply(db, target, renamed, batch=2)
+        e = err.value
+        assert not e.retryable and e.delivered == frozenset()
+        assert "public.u is the table this sink mirrors into public.t, renamed" in e.problem
+        assert "walstream dead-letters retry --sink mirror" in (e.fix or "")
+    assert [r["id"] for r in table_text(target, "public.t", set())] == ["1", "2", "3"]
+    with connect(target, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('public.u')").fetchone()[0] is None
+        refused = conn.execute("SELECT source_table, pk FROM walstream.mirror_refused "
+                               "ORDER BY lsn, seq").fetchall()  # fmt: skip
+        assert refused == [("public.u", "[4]"), ("public.u", "[1]")]
+
+    db.execute("UPDATE u SET n = 40 WHERE id = 4")  # rewrites the row of a refused change
+    db.execute("INSERT INTO u VALUES (5, 5)")
+    stale = dict(postgres_sink._TABLES)  # what another worker process knew of t
+    apply(db, target, changes(db, slot, pub)[len(before) + len(renamed) :], batch=3)
+    with connect(target, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('public.t')").fetchone()[0] is None
+        claims = conn.execute("SELECT target_schema, target_table, source_table "
+                              "FROM walstream.mirror_tables").fetchall()  # fmt: skip
+        assert claims == [("public", "u", "public.u")]
+    assert table_text(target, "public.u", set()) == [
+        {"id": "1", "n": "1"}, {"id": "2", "n": "2"}, {"id": "3", "n": "3"},
+        {"id": "4", "n": "40"}, {"id": "5", "n": "5"},
+    ]  # fmt: skip
+
+    with pytest.raises(SinkError) as err:  # the dead letters retried (the retrier's batch)
+        apply(db, target, renamed, batch=-1)
+    assert err.value.delivered == {1} and "a later change of the same row" in err.value.problem
+    assert table_text(target, "public.u", set()) == table_text(db.dsn, "public.u", set())
+
+    # A new table takes the old name; a worker that still knows the old t finds it gone.
+    seen = len(changes(db, slot, pub))
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, label text)")
+    db.execute(f"ALTER PUBLICATION {pub} ADD TABLE t")
+    db.execute("INSERT INTO t VALUES (1, 'new')")
+    postgres_sink._TABLES.update(stale)
+    apply(db, target, changes(db, slot, pub)[seen:], batch=4)
+    assert table_text(target, "public.t", set()) == [{"id": "1", "label": "new"}]
+    assert table_text(target, "public.u", set()) == table_text(db.dsn, "public.u", set())
 
 
 def test_two_sources_into_one_target_table_is_a_config_error(db, other_db, target) -> None:

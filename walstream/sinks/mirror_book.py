@@ -9,8 +9,11 @@ default `walstream`):
   with their row's key. A later applied change of the same row (or a truncate of the
   table) marks one superseded. A retried dead letter still listed is applied even
   behind the cursor; a superseded one is refused again, saying why.
-- `<schema>.mirror_tables`: which sink and source table fill each target table. A
-  second claim on one target table is a ConfigError (two sources would mix rows).
+- `<schema>.mirror_tables`: which sink and source table (and the source table's OID)
+  fill each target table. A second claim on one target table is a ConfigError (two
+  sources would mix rows).
+- `<schema>.mirror_renames`: a source table seen under a new name, and the batch that
+  first saw it (`mirror_rename.py`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ DDL = (
     "lsn bigint, seq int, pk text, superseded_lsn bigint, superseded_seq int, "
     "refused_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink, source_table, lsn, seq))",
     "CREATE TABLE IF NOT EXISTS {s}.mirror_tables (target_schema text, target_table text, "
-    "sink text NOT NULL, source_table text NOT NULL, PRIMARY KEY (target_schema, target_table))",
+    "sink text NOT NULL, source_table text NOT NULL, source_oid bigint, "
+    "PRIMARY KEY (target_schema, target_table))",
+    "ALTER TABLE {s}.mirror_tables ADD COLUMN IF NOT EXISTS source_oid bigint",  # before 0.x
+    # A source table renamed, first seen in `batch_id` (mirror_rename.py)
+    "CREATE TABLE IF NOT EXISTS {s}.mirror_renames (sink text, source_table text, "
+    "renamed_from text NOT NULL, batch_id bigint NOT NULL, PRIMARY KEY (sink, source_table))",
 )
 
 
@@ -186,15 +194,19 @@ def save(conn: Any, schema: str, sink: str, book: Book) -> None:
         )
 
 
-def claim(conn: Any, schema: str, sink: str, source: Ident, target: Ident) -> None:
-    """Record that `sink` fills `target` from `source`; ConfigError if another does."""
+def claim(conn: Any, schema: str, sink: str, source: Ident, target: Ident, oid: int) -> None:
+    """Record that `sink` fills `target` from `source` (whose OID is `oid`); ConfigError if
+    another does."""
     conn.execute(
         _statement(
-            "INSERT INTO {s}.mirror_tables (target_schema, target_table, sink, source_table) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            "INSERT INTO {s}.mirror_tables AS m (target_schema, target_table, sink, source_table, "
+            "source_oid) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (target_schema, target_table) "
+            "DO UPDATE SET source_oid = EXCLUDED.source_oid WHERE m.sink = EXCLUDED.sink "
+            "AND m.source_table = EXCLUDED.source_table "
+            "AND m.source_oid IS DISTINCT FROM EXCLUDED.source_oid",
             schema,
         ),
-        (*target, sink, _name(source)),
+        (*target, sink, _name(source), oid),
     )
     owner, table = conn.execute(
         _statement(

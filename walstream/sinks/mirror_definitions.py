@@ -15,7 +15,7 @@ from walstream.sinks.mirror_sql import Column, TableDef, column_kind, ident, if_
 _COLUMNS = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
        coalesce(nullif(t.typelem, 0), t.oid) AS base, t.typcategory = 'A' AND t.typelem <> 0,
-       coalesce(e.typdelim, ',')
+       coalesce(e.typdelim, ','), a.attrelid::bigint
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type e ON e.oid = t.typelem
 WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text))
   AND a.attnum > 0 AND NOT a.attisdropped
@@ -49,9 +49,9 @@ def load_definition(source: Any, schema: str, table: str, target_schema: str) ->
             "(tables: [...])",
             retryable=False,
         )
-    d = TableDef(target_schema, table, pk=pk)
+    d = TableDef(target_schema, table, pk=pk, source_oid=int(rows[0][6]))
     seen: set[int] = set()
-    for name, type_sql, not_null, base, is_array, delim in rows:
+    for name, type_sql, not_null, base, is_array, delim, _ in rows:
         kind, _ = _user_types(source, int(base), d.types, seen)
         d.columns[name] = Column(name, type_sql, bool(not_null), kind, bool(is_array), delim)
     return d

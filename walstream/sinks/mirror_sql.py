@@ -40,6 +40,8 @@ class TableDef:
     types: list[str] = field(default_factory=list)  # DDL of the user-defined types it uses
     #: (sink, source schema, source table) filling it: one per target table
     filled_by: tuple[str, str, str] = ("", "", "")
+    #: The source table's OID: it stays when the table is renamed (`mirror_rename`)
+    source_oid: int = 0
 
     @property
     def target(self) -> str:

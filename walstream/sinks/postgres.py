@@ -47,6 +47,7 @@ from walstream.sinks.base import DestinationSettings, Message, Sink, SinkContext
 from walstream.sinks.clients import Clients
 from walstream.sinks.mirror_book import APPLY, SUPERSEDED, row_key
 from walstream.sinks.mirror_definitions import load_definition
+from walstream.sinks.mirror_rename import RenamePending, exists, follow
 from walstream.sinks.mirror_sql import (
     Run,
     TableDef,
@@ -201,6 +202,7 @@ class PostgresSink(Sink):
         psycopg = _psycopg()
         conn = _connection(self.dsn)
         failed: dict[int, str] = {}
+        fixes: dict[int, str | None] = {}  # what to do, where it is not the usual
         with conn.transaction():
             book = self._book(conn, {(c["schema"], c["table"]) for c in changes})
             todo = []
@@ -235,6 +237,10 @@ class PostgresSink(Sink):
                                 raise
                             table = retyped
                             self._apply_one(conn, table, c)
+                        except psycopg.errors.UndefinedTable:  # renamed by another process?
+                            _TABLES.pop((self.dsn, table.schema, table.name), None)
+                            table = self._table(conn, c)
+                            self._apply_one(conn, table, c)
                         book.applied(
                             (c["schema"], c["table"]), m.cursor,
                             functools.partial(row_keys, table, c),
@@ -243,10 +249,12 @@ class PostgresSink(Sink):
                         raise
                     except (SinkError, psycopg.Error) as exc:
                         failed[i] = (
-                            exc.problem
+                            exc.problem.removeprefix("Postgres mirror: ")
                             if isinstance(exc, SinkError)
                             else str(exc).strip().splitlines()[0]
                         )
+                        if isinstance(exc, RenamePending):
+                            table, fixes[i] = exc.table, exc.fix
                         key = row_key(table.pk, c.get("record") or {}) if table else None
                         book.refused(key, (c["schema"], c["table"]), m.cursor)
             mirror_book.save(conn, self.book_schema, self.name, book)
@@ -256,7 +264,8 @@ class PostgresSink(Sink):
             raise SinkError(
                 f"Postgres mirror: {c['schema']}.{c['table']} refused a change: "
                 f"{failed[first]} ({len(failed)} of {len(messages)} changes)",
-                "the target's table differs from the source (types, constraints, triggers); "
+                fixes.get(first)
+                or "the target's table differs from the source (types, constraints, triggers); "
                 "fix it, then `walstream dead-letters retry`",
                 retryable=False,
                 delivered=frozenset(range(len(messages))) - failed.keys(),
@@ -323,10 +332,15 @@ class PostgresSink(Sink):
         source = _connection(self.source_dsn)
         fresh = load_definition(source, schema, name, target_schema)
         fresh.filled_by = filled_by
+        if table is not None and not exists(conn, fresh.target):
+            table = None  # renamed (by another process) or dropped since this one saw it
         if table is None or table.filled_by != filled_by:
-            mirror_book.claim(
-                conn, self.book_schema, self.name, (schema, name), (target_schema, name)
-            )
+            if self.config.create_tables:  # the source renamed it? (mirror_rename.py)
+                batch = self.batch.batch_id if hasattr(self, "batch") else -1
+                if old := follow(conn, self.book_schema, self.name, fresh, (schema, name), batch):
+                    _TABLES.pop((self.dsn, *old), None)
+            mirror_book.claim(conn, self.book_schema, self.name, (schema, name),
+                              (target_schema, name), fresh.source_oid)  # fmt: skip
             self._create(conn, fresh)
         else:  # the source gained columns: add them; it lost some: drop them (ours only)
             for ddl in fresh.types:
@@ -347,8 +361,7 @@ class PostgresSink(Sink):
         return fresh
 
     def _create(self, conn: Any, table: TableDef) -> None:
-        exists = conn.execute("SELECT to_regclass(%s)", (table.target,)).fetchone()[0]
-        if exists is not None:
+        if exists(conn, table.target):
             return
         if not self.config.create_tables:
             raise SinkError(
