@@ -148,3 +148,7 @@ def test_the_server_version_and_what_it_enables(db):
         assert f"{what}: {'yes' if version >= needs * 10000 else f'no (needs {needs}+)'}" in message
     keep = findings["max_slot_wal_keep_size"]
     assert keep.level == "ok" and keep.message.startswith("-1: a slot that stops advancing")
+    work_mem = findings["logical_decoding_work_mem"]
+    assert work_mem.level == "ok"
+    assert work_mem.message.startswith(f"{db.execute('SHOW logical_decoding_work_mem')[0][0]}: ")
+    assert "max_buffer_bytes" in work_mem.message

@@ -5,10 +5,13 @@ so a few switched WAL segments and a checkpoint invalidate an idle slot."""
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,6 +19,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import SERVERS, TEST_SETTINGS, TestDatabase, fresh_database, unique
 from tests.integration.test_backfill import messages
+from tests.integration.test_server import health, metrics
 from tests.streams import StreamRun
 from walstream.backfill.store import DONE, BackfillStore
 from walstream.change import format_lsn
@@ -26,7 +30,7 @@ from walstream.postgres.prepare import prepare_capture
 from walstream.postgres.setup import check_database
 from walstream.postgres.slots import SlotLost, slot_info
 from walstream.runtime import Runtime
-from walstream.server.monitor import slot_state
+from walstream.server.monitor import SlotState, slot_state
 from walstream.spark.checkpoint import committed_lsn
 from walstream.testing import supervised, wait_until
 
@@ -60,6 +64,12 @@ def invalidate(db: TestDatabase, slot: str) -> None:
         db.execute("SELECT pg_switch_wal()")
     db.execute("CHECKPOINT")
     wait_until(lambda: slot_info(db.conn, slot).lost, 30, message="the slot was not invalidated")  # type: ignore[union-attr]
+
+
+def load_config_text(tmp_path: Path, raw: dict[str, Any]) -> Any:
+    path = tmp_path / "walstream.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path)
 
 
 def slot_exists(db: TestDatabase, slot: str) -> bool:
@@ -111,6 +121,19 @@ def test_a_dropped_slot_is_not_created_again_when_the_source_resumes(cdb):
     assert slot_exists(cdb, slot)
 
 
+def fill_until_warned(db: TestDatabase, slot: str, table: str) -> SlotState:
+    """Rows into `table` (one int column) until the idle slot is close to its WAL limit;
+    the slot's state then."""
+    for i in range(60):
+        db.execute(f"INSERT INTO {table} SELECT generate_series(%s::int, %s::int)",
+                   (i * 10_000, i * 10_000 + 9_999))  # fmt: skip
+        state = slot_state(db.dsn, slot)
+        assert state.wal_status != "lost"
+        if state.retention_warning() is not None:
+            return state
+    pytest.fail(f"no warning while the slot neared its limit: {state}")
+
+
 def test_a_slot_close_to_its_wal_limit_is_a_warning(capped, cdb):
     """Postgres counts what a slot may hold back to the end of the WAL segment (16 MB)
     past max_slot_wal_keep_size: WAL is written until under a quarter of that is left."""
@@ -118,20 +141,51 @@ def test_a_slot_close_to_its_wal_limit_is_a_warning(capped, cdb):
     slot = cdb.create_slot()
     first = slot_state(cdb.dsn, slot)
     assert first.safe_wal_bytes is not None and first.retention_warning() is None
-    for i in range(60):
-        cdb.execute("INSERT INTO t SELECT generate_series(%s::int, %s::int)",
-                    (i * 10_000, i * 10_000 + 9_999))  # fmt: skip
-        state = slot_state(cdb.dsn, slot)
-        assert state.wal_status != "lost"
-        if state.retention_warning() is not None:
-            break
-    else:
-        pytest.fail(f"no warning while the slot neared its limit: {state}")
+    state = fill_until_warned(cdb, slot, "t")
     assert state.safe_wal_bytes is not None and state.safe_wal_bytes < first.safe_wal_bytes
     assert state.retention_warning() == (
         f"the slot may hold back only {state.safe_wal_bytes / (1 << 20):,.0f} MiB more WAL "
         "before PostgreSQL invalidates it (max_slot_wal_keep_size)"
     )
+
+
+@pytest.mark.spark
+def test_a_running_walstream_warns_of_a_slot_near_its_limit_in_health_metrics_and_log(
+    spark, cdb, tmp_path, caplog
+):
+    """WAL of a table the publication leaves out piles up behind a slot that nothing moves
+    (no heartbeats, no changes to deliver): the running walstream's /health has the source
+    as a warning naming the limit, /metrics has the WAL left, and the log says it."""
+    cdb.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    cdb.execute("CREATE TABLE filler (id int)")
+    pub, slot = cdb.create_publication("t"), cdb.create_slot()
+    state = fill_until_warned(cdb, slot, "filler")
+    assert state.safe_wal_bytes is not None
+    cfg = load_config_text(tmp_path, {
+        "server": {"port": 0},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": cdb.dsn, "slot": slot, "publication": pub,
+                     "heartbeat_interval": 0}],
+        "sinks": [{"name": "files", "source": "app",
+                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
+    })  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="walstream.runtime")
+    with supervised(Runtime(cfg, spark=spark).start()) as rt:
+        url = rt.server.url
+
+        def source() -> dict[str, Any]:
+            return dict(health(url)["sources"][0])
+
+        wait_until(lambda: source()["streaming"], 120, message=lambda: f"{source()}")
+        h = source()
+        assert h["status"] == "warning", h
+        assert any("may hold back only" in r and "(max_slot_wal_keep_size)" in r
+                   for r in h["reasons"]), h  # fmt: skip
+        left = metrics(url)[("walstream_slot_safe_wal_bytes", (("source", "app"),))]
+        assert 0 < left <= state.safe_wal_bytes and h["safe_wal_bytes"] == left
+        wait_until(lambda: any(r.getMessage().startswith("source app: the slot may hold back "
+                                                         "only") for r in caplog.records),
+                   30, message="no warning in the log")  # fmt: skip
 
 
 @pytest.mark.spark

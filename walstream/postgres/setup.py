@@ -87,6 +87,11 @@ def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
         out.append(Finding("ok", "max_slot_wal_keep_size",
                            f"{keep}: a slot holding more WAL than that is invalidated "
                            "(walstream warns in /health as it gets close)"))  # fmt: skip
+    work_mem = fetch_rows(conn, "SHOW logical_decoding_work_mem")[0][0]
+    out.append(Finding("ok", "logical_decoding_work_mem",
+                       f"{work_mem}: the server decodes a transaction larger than that through "
+                       "its own disk (pg_replslot) and sends it when it commits; walstream "
+                       "takes it in batches, within the source's max_buffer_bytes"))  # fmt: skip
     wal_level = fetch_rows(conn, "SHOW wal_level")[0][0]
     if wal_level != "logical":
         out.append(
