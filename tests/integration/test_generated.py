@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import TestDatabase, unique
 from tests.integration.test_backfill import config, files, messages, run_until_done
 from tests.integration.test_decoder_changes import decode_all
+from tests.lake import delta_rows
+from tests.sinks.test_postgres import table_text
 from walstream.backfill.requests import request
 from walstream.backfill.store import BackfillStore
 from walstream.errors import SetupError
@@ -102,20 +104,34 @@ def test_the_stream_sends_them_only_where_published(db):
 
 @pytest.mark.spark
 def test_a_backfill_reads_the_columns_the_stream_sends(
-    spark: Any, db: TestDatabase, tmp_path: Path
+    spark: Any, db: TestDatabase, target: str, tmp_path: Path
 ) -> None:
-    """18 with the setting: `b` in the stream's inserts and in the reads; 15: in neither."""
+    """18 with the setting: `b` in the stream's inserts and in the reads, in the Postgres
+    mirror and in a Delta table; 15: in neither, and the mirror's and the lake table's `b`
+    (made from the source's definition) stay empty."""
     table(db)
     db.execute("INSERT INTO g (id, a) SELECT g, g FROM generate_series(1, 6) g")
     out = tmp_path / "out"
-    cfg = config(db, tmp_path, unique("pub"), unique("slot"), [files("files", out)],
-                 tables=["public.g"], publish_generated_columns=newest(db))  # fmt: skip
+    cfg = config(db, tmp_path, unique("pub"), unique("slot"), [
+        files("files", out),
+        {"name": "mirror", "source": "app", "destination": {"type": "postgres", "dsn": target}},
+        {"name": "delta", "source": "app",
+         "destination": {"type": "delta", "path": str(tmp_path / "delta" / "{table}")}},
+    ], tables=["public.g"], publish_generated_columns=newest(db))  # fmt: skip
     db.slots.append(cfg.sources[0].slot_name)
     store = BackfillStore(cfg.state_dsn)
     with supervised(Runtime(cfg, spark=spark).start()) as rt:
         db.execute("INSERT INTO g (id, a) SELECT g + 100, g FROM generate_series(1, 6) g")
-        (b,) = request(cfg, store, "files", chunk_size=4, target_seconds=0)
-        run_until_done(rt, store, [b.id])
+        ids = [b.id for sink in ("files", "mirror", "delta")
+               for b in request(cfg, store, sink, chunk_size=4, target_seconds=0)]  # fmt: skip
+        run_until_done(rt, store, ids)
+
+        def delivered() -> bool:
+            rt.poll()
+            p = rt.progress()
+            return all(p.get(n) and p[n].delivered >= 6 for n in ("files", "mirror", "delta"))
+
+        wait_until(delivered, 60, message=lambda: f"{rt.progress()}")
         wait_until(lambda: len([m for m in messages(out) if m["action"] == "insert"]) == 6, 60)
     got = messages(out)
     reads = {m["record"]["id"]: m["record"] for m in got if m["action"] == "read"}
@@ -127,3 +143,10 @@ def test_a_backfill_reads_the_columns_the_stream_sends(
         # a row read is the stream's insert of it: the same columns, in the same order
         assert list(reads[i + 100].items()) == list(inserts[i + 100].items())
         assert inserts[i + 100] == {**expected, "id": i + 100}
+    want = [(i, a, 2 * a if newest(db) else None)
+            for i, a in [*((g, g) for g in range(1, 7)), *((g + 100, g) for g in range(1, 7))]]  # fmt: skip
+    mirrored = table_text(target, "public.g", set())
+    assert sorted((int(r["id"]), int(r["a"]), None if r["b"] is None else int(r["b"]))
+                  for r in mirrored) == want  # fmt: skip
+    lake = sorted((r["id"], r["a"], r["b"]) for r in delta_rows(tmp_path / "delta" / "g"))
+    assert lake == want
