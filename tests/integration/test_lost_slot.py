@@ -25,6 +25,7 @@ from walstream.backfill.store import DONE, BackfillStore
 from walstream.change import format_lsn
 from walstream.cli import app
 from walstream.config import load_config
+from walstream.errors import SetupError
 from walstream.postgres.embedded import EmbeddedPostgres, wheel_pg_bin
 from walstream.postgres.prepare import prepare_capture
 from walstream.postgres.setup import check_database
@@ -284,3 +285,52 @@ def test_a_spark_query_resuming_from_its_checkpoint_without_its_slot_fails(spark
             f"from LSN {format_lsn(resume)}") in " ".join(text.split())  # fmt: skip
     assert again.collected.rows() == []
     assert not slot_exists(cdb, slot)
+
+
+@pytest.mark.spark
+def test_a_remote_checkpoint_is_read_through_spark_so_a_dropped_slot_is_not_made_again(
+    spark, db, tmp_path
+):
+    """The checkpoint on a Hadoop file system other than the local one (viewfs://, mounted
+    on a local directory here; HDFS and S3 are read the same way): `walstream run` reads
+    where it resumes through Spark, so a slot dropped between two runs stops the start
+    instead of being made again; an unreadable checkpoint is an error, not a first start;
+    and a location pyarrow cannot open for the staged files is refused at start."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pub, slot = db.create_publication("t"), unique("slot")
+    db.slots.append(slot)
+    mount = unique("cluster").replace("_", "")  # a host name
+    spark._jsc.hadoopConfiguration().set(
+        f"fs.viewfs.mounttable.{mount}.link./ckpt", (tmp_path / "ckpt").as_uri()
+    )
+    (tmp_path / "ckpt").mkdir()
+    remote = f"viewfs://{mount}/ckpt"
+    opts = {"dsn": db.dsn, "slot": slot, "publication": pub, "name": "app"}
+    with StreamRun(spark, f"{remote}/app", **opts) as run:  # type: ignore[arg-type]
+        run.query.processAllAvailable()  # the query made its slot
+        db.execute("INSERT INTO t SELECT generate_series(1, 3)")
+        run.wait_for_rows(3)
+    resume = committed_lsn(f"{remote}/app", spark)
+    assert resume is not None and resume == committed_lsn(str(tmp_path / "ckpt" / "app"))
+    wait_until(lambda: not slot_info(db.conn, slot).active, 30)  # type: ignore[union-attr]
+    db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    db.execute("INSERT INTO t VALUES (6)")  # lost: no slot kept it
+    cfg = load_config_text(tmp_path, {
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": remote},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [{"name": "files", "source": "app",
+                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
+    })  # fmt: skip
+    with pytest.raises(SlotLost) as info:
+        Runtime(cfg, spark=spark).start()
+    assert (f"replication slot {slot} of source 'app' does not exist, but the source resumes "
+            f"from LSN {format_lsn(resume)}") in str(info.value)  # fmt: skip
+    assert not slot_exists(db, slot)
+    with pytest.raises(SetupError, match=r"cannot read the streaming checkpoint viewfs://"):
+        committed_lsn(f"viewfs://{mount}x/ckpt/app", spark)  # no mount table
+    # With a slot again (as `walstream recover` makes): pyarrow cannot open viewfs://
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    with pytest.raises(SetupError, match=r"through pyarrow, which cannot open it") as refused:
+        Runtime(cfg, spark=spark).start()
+    assert "s3://" in (refused.value.fix or "")

@@ -43,11 +43,10 @@ from walstream.server import Server
 from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
 from walstream.server.status import SourceStatus
-from walstream.spark.checkpoint import committed_lsn
+from walstream.spark.checkpoint import check_staging, committed_lsn, is_remote
 from walstream.spark.pipeline import Pipeline, validate
-from walstream.spark.session import build_spark
+from walstream.spark.session import start_spark
 from walstream.spark.source import register as register_source
-from walstream.spark.warm import warm_workers
 from walstream.state.leadership import Leadership
 from walstream.state.outbox import Outbox, ensure_outbox
 from walstream.streams.store import StreamStore
@@ -102,15 +101,20 @@ class Runtime:
         locks = {s.name: Leadership(cfg.state_dsn, cfg.state.schema_, s.name) for s in cfg.sources}
         for lock in locks.values():
             lock.try_acquire()
+        if self.spark is None and any(is_remote(self.checkpoint(s)) for s in cfg.sources):
+            # first: its Hadoop file system reads where those checkpoints resume
+            self.spark = start_spark(cfg, self.say, quiet=not log.isEnabledFor(logging.DEBUG))
         for source in cfg.sources:
             self.say(f"source {source.name}: checking its slot {source.slot_name} and "
                      f"publication {source.publication_name}")  # fmt: skip
             prepare_capture(
                 source.dsn.get_secret_value(), source.slot_name, source.publication_name,
                 source.tables, source.name, standby=not locks[source.name].held,
-                resume_from=committed_lsn(self.checkpoint(source)),
+                resume_from=committed_lsn(self.checkpoint(source), self.spark),
                 primary=source.primary, options=source.publication_options,
             )  # fmt: skip
+        if is_remote(cfg.spark.checkpoint_dir):
+            check_staging(cfg.spark.checkpoint_dir)  # else every batch would fail on it
         check_targets(cfg)  # mirrors: no feedback loop, no two sources in one table
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
         ledger.ensure()
@@ -123,11 +127,7 @@ class Runtime:
             self.streams.ensure()
         self._backfills_on_create(backfills)
         if self.spark is None:
-            t0 = time.monotonic()
-            self.say(f"starting Spark ({cfg.spark.master}): its JVM and Python workers")
-            self.spark = build_spark(cfg, quiet=not log.isEnabledFor(logging.DEBUG))
-            self.say(f"Spark is up ({time.monotonic() - t0:.1f}s)")
-            warm_workers(self.spark)  # beside the steps below, not in the first batch
+            self.spark = start_spark(cfg, self.say, quiet=not log.isEnabledFor(logging.DEBUG))
         # The sinks' SQL is checked beside registering the source (both wait on the JVM
         # and on Python processes); an invalid expression still stops the start here.
         with ThreadPoolExecutor(1, thread_name_prefix="walstream-validate") as pool:

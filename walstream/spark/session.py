@@ -200,3 +200,18 @@ def ship_package(spark: Any) -> Path:
     spark.sparkContext.addPyFile(str(target))
     log.info("shipped walstream to the executors (%s)", target)
     return target
+
+
+def start_spark(config: Any, say: Any, quiet: bool = True) -> Any:
+    """`build_spark`, saying so through `say`, and its Python workers warmed in the
+    background (beside the rest of the start, not in the first batch)."""
+    import time
+
+    from walstream.spark.warm import warm_workers
+
+    t0 = time.monotonic()
+    say(f"starting Spark ({config.spark.master}): its JVM and Python workers")
+    spark = build_spark(config, quiet=quiet)
+    say(f"Spark is up ({time.monotonic() - t0:.1f}s)")
+    warm_workers(spark)
+    return spark
