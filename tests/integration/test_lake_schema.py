@@ -120,3 +120,41 @@ def test_a_type_change_that_does_not_widen_pauses_the_sink_with_the_fix(spark, d
     assert "column a is int32 there but string in the source now" in reason
     assert "drop it and backfill" in reason
     assert [(r["id"], r["a"]) for r in iceberg_rows(db.dsn, "public.n")] == [(1, 1)]
+
+
+def test_a_table_renamed_before_its_changes_are_written_pauses_instead_of_leaving_them_out(
+    spark, db, tmp_path
+):
+    """The publication has one table, renamed while the sink is behind: the batch's changes
+    under the old name are not dropped (the sink writes the publication's tables, which no
+    longer include that name); the sink pauses, saying what happened and what to do."""
+    db.execute("CREATE TABLE r (id int PRIMARY KEY, a int)")
+    pub = db.create_publication("r")
+    slot = unique("slot")
+    db.slots.append(slot)
+    cfg = parse_config(run_config(db, tmp_path, slot, pub, [
+        {"name": "lake", "source": "app",
+         "destination": {"type": "delta", "path": str(tmp_path / "delta" / "{table}")}},
+    ]))  # fmt: skip
+    runtime = Runtime(cfg, spark=spark).start()
+    lot = ParkingLot(cfg.state_dsn)
+    try:
+        db.execute("INSERT INTO r VALUES (1, 1)")
+        wait_until(
+            lambda: runtime.poll() or ((p := runtime.progress().get("lake")) and p.delivered),
+            120, interval=0.2, message=lambda: f"{runtime.progress()}",
+        )  # fmt: skip
+        lot.set_paused("lake", True, "behind")  # the sink falls behind the rename
+        db.execute("INSERT INTO r VALUES (2, 2)")
+        db.execute("ALTER TABLE r RENAME TO r2")
+        db.execute("INSERT INTO r2 VALUES (3, 3)")
+        lot.set_paused("lake", False)
+        wait_until(lambda: "lake" in lot.paused(), 120, message="the sink was not paused")
+    finally:
+        runtime.stop()
+    reason = lot.paused()["lake"] or ""
+    assert "the batch has a change of public.r (" in reason
+    assert "no longer has under that name (renamed or dropped since)" in reason
+    assert "walstream backfill SINK --table SCHEMA.NEW" in reason
+    assert [(r["id"], r["a"]) for r in delta_rows(tmp_path / "delta" / "r")] == [(1, 1)]
+    assert not (tmp_path / "delta" / "r2").exists()  # nothing of the batch was written

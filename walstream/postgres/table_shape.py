@@ -147,14 +147,22 @@ class TableShape:
         return TableShape(self.schema, self.table, tuple(keep), self.key, self.pg_types)
 
 
+#: What to do when a lake sink meets changes of a table that is gone under its name.
+RENAMED_FIX = (
+    "lake sinks do not follow a renamed table yet, and a dropped table's changes cannot be "
+    "typed: leave the old name out of the sink (tables: [...]) and restart; for a rename, "
+    "then `walstream backfill SINK --table SCHEMA.NEW` fills the new name's lake table (the "
+    "old one keeps the rows it had)"
+)
+
+
 def load_shape(conn: Any, schema: str, table: str, *, need_key: bool = True) -> TableShape:
     """The table's shape from the catalog (`conn`: a psycopg 3 connection to the source)."""
     rows = conn.execute(_COLUMNS, (schema, table)).fetchall()
     if not rows:
         raise SinkError(
             f"table {schema}.{table} does not exist in the source (any more)",
-            "a change of a dropped table cannot be written; leave the table out of the sink "
-            "(tables: [...]) or recreate it",
+            RENAMED_FIX,
             retryable=False,
         )
     key = tuple(dict.fromkeys(r[0] for r in conn.execute(_KEY, (schema, table)).fetchall()))

@@ -52,13 +52,16 @@ class StagedFiles:
         )
 
 
-def stage_changelog(rows: Any, shape: TableShape, stage: str, name: str) -> StagedFiles:
+def stage_changelog(
+    rows: Any, shape: TableShape, stage: str, name: str, only: bool = False
+) -> StagedFiles:
     """Write the table's changes among `rows` (the batch's change rows) as changelog
     files under `stage` (a directory of this batch and table, emptied first), one per
     task; `name` prefixes their names in the table. A value its column cannot hold
-    fails the batch here, as on the driver (a SinkError, not retryable)."""
+    fails the batch here, as on the driver (a SinkError, not retryable). `only`: see
+    `typed_rows`."""
     _empty(stage)
-    typed = typed_rows(rows, shape, before=True)
+    typed = typed_rows(rows, shape, before=True, only=only)
     out = map_in_arrow(typed, _writer(shape, stage), _STATS_DDL).collect()
     for r in out:
         if r.problem is not None:

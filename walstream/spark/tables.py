@@ -146,7 +146,7 @@ def write_tables(
                 done = _changelog_files(
                     rows, shape, table_sink, TableBatch(sink.name, query_id, batch_id, shape,
                                                         None, complete),
-                    f"{stage}/{batch_id}/{shape.schema}.{shape.table}",
+                    f"{stage}/{batch_id}/{shape.schema}.{shape.table}", not several,
                 )  # fmt: skip
                 if done is not None:
                     staged, wrote = done
@@ -160,7 +160,8 @@ def write_tables(
                 continue
             arrow = (
                 None if no_rows
-                else typed_rows(rows, shape, before=dest.mode == "changelog").toArrow()
+                # one table published: its rows are the batch's, and another name stops it
+                else typed_rows(rows, shape, dest.mode == "changelog", not several).toArrow()
             )  # fmt: skip
             if arrow is not None and arrow.num_rows == 0:
                 arrow = None
@@ -211,12 +212,14 @@ def _on_executors(dest: Any) -> bool:
 
 
 def _changelog_files(
-    rows: Any, shape: Any, table_sink: TableSink, batch: TableBatch, stage: str
+    rows: Any, shape: Any, table_sink: TableSink, batch: TableBatch, stage: str, only: bool
 ) -> tuple[StagedFiles, Written] | None:
     """One changelog table's rows of the batch, written by the executors under `stage` and
     committed as they are; None when the batch has none. When the table's columns are not
     the files' (changed at the source), the rows are written by the driver instead."""
-    staged = stage_changelog(rows, shape, stage, f"walstream-{batch.query_id}-{batch.batch_id}")
+    staged = stage_changelog(
+        rows, shape, stage, f"walstream-{batch.query_id}-{batch.batch_id}", only
+    )
     try:
         if not staged.rows:
             return None

@@ -20,7 +20,7 @@ from typing import Any
 
 from walstream.backfill.typed import TypedChunk, TypedReads
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import TableShape
+from walstream.postgres.table_shape import RENAMED_FIX, TableShape
 
 #: Column types a JSON value may fail to fit (NaN, infinity, BC dates, nested arrays):
 #: parsed as text first, then cast, so a failure is seen instead of becoming NULL.
@@ -51,9 +51,16 @@ def _typed(parsed: Any, shape: TableShape) -> tuple[Any, list[Any]]:
     return F.struct(*fields), lost
 
 
-def typed_rows(df: Any, shape: TableShape, before: bool = False) -> Any:
+#: Marks a `_lost` entry that names another table's change (see `typed_rows`' `only`).
+OTHER_TABLE = "\x1ftable "
+
+
+def typed_rows(df: Any, shape: TableShape, before: bool = False, only: bool = False) -> Any:
     """The table's rows of `df` as the TableBatch columns, plus `_lost` (see module doc).
-    `before`: type `old` too (`_before`; only changelog tables keep it)."""
+    `before`: type `old` too (`_before`; only changelog tables keep it). `only`: `df`
+    should hold this table's changes only (the publication has no other): a change of
+    another name (a table renamed or dropped since) stops the batch instead of being
+    left out."""
     from pyspark.sql import functions as F
 
     parse = shape.ddl(as_text=_FALLIBLE)
@@ -63,8 +70,12 @@ def typed_rows(df: Any, shape: TableShape, before: bool = False) -> Any:
         lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]
     else:
         old = F.lit(None).cast(f"struct<{shape.ddl()}>")
+    same = (F.col("schema") == shape.schema) & (F.col("table") == shape.table)
+    if only:
+        lost.append(F.when(~same, F.concat(F.lit(OTHER_TABLE), F.col("schema"), F.lit("."),
+                                           F.col("table"))))  # fmt: skip
     checks = F.filter(F.array(*lost), lambda x: x.isNotNull()) if lost else F.array()
-    return df.where((F.col("schema") == shape.schema) & (F.col("table") == shape.table)).select(
+    return (df if only else df.where(same)).select(
         F.col("action").alias("_op"),
         F.col("lsn").alias("_lsn"),
         F.col("seq").alias("_seq"),
@@ -85,6 +96,16 @@ def to_batch(arrow: Any, shape: TableShape) -> Any:
     if arrow.num_rows and pc.any(pc.greater(pc.list_value_length(arrow["_lost"]), 0)).as_py():
         at = pc.index(pc.greater(pc.list_value_length(arrow["_lost"]), 0), True).as_py()
         row = arrow.slice(at, 1).to_pylist()[0]
+        other = next((x for x in row["_lost"] if x.startswith(OTHER_TABLE)), None)
+        if other is not None:
+            raise SinkError(
+                f"lake: the batch has a change of {other[len(OTHER_TABLE) :]} "
+                f"({row['_lsn']}:{row['_seq']}), a table the source's publication no longer "
+                f"has under that name (renamed or dropped since), beside "
+                f"{shape.schema}.{shape.table}: it is not left out, so the sink stops here",
+                RENAMED_FIX,
+                retryable=False,
+            )
         cols = ", ".join(
             f"{c} (Postgres {shape.pg_types.get(c.split()[-1], '?')})" for c in row["_lost"]
         )
