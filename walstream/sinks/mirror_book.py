@@ -43,7 +43,7 @@ DDL = (
     "CREATE TABLE IF NOT EXISTS {s}.mirror_tables (target_schema text, target_table text, "
     "sink text NOT NULL, source_table text NOT NULL, source_oid bigint, "
     "PRIMARY KEY (target_schema, target_table))",
-    "ALTER TABLE {s}.mirror_tables ADD COLUMN IF NOT EXISTS source_oid bigint",  # before 0.x
+    "ALTER TABLE {s}.mirror_tables ADD COLUMN IF NOT EXISTS source_oid bigint",  # older books
     # A source table renamed, first seen in `batch_id` (mirror_rename.py)
     "CREATE TABLE IF NOT EXISTS {s}.mirror_renames (sink text, source_table text, "
     "renamed_from text NOT NULL, batch_id bigint NOT NULL, PRIMARY KEY (sink, source_table))",
