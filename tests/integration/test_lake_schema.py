@@ -158,3 +158,47 @@ def test_a_table_renamed_before_its_changes_are_written_pauses_instead_of_leavin
     assert "walstream backfill SINK --table SCHEMA.NEW" in reason
     assert [(r["id"], r["a"]) for r in delta_rows(tmp_path / "delta" / "r")] == [(1, 1)]
     assert not (tmp_path / "delta" / "r2").exists()  # nothing of the batch was written
+
+
+def test_a_renamed_table_pauses_the_sink_before_a_new_lake_table_starts_without_its_rows(
+    spark, db, tmp_path
+):
+    """The sink is caught up when the table is renamed: the first change under the new
+    name would start a lake table holding only the rows changed since. The sink notices
+    the table by its OID and pauses, naming both lake tables and both ways on; resumed, it
+    goes on into the new name's table."""
+    db.execute("CREATE TABLE q (id int PRIMARY KEY, a int)")
+    pub = db.create_publication("q")
+    slot = unique("slot")
+    db.slots.append(slot)
+    delta = tmp_path / "delta"
+    cfg = parse_config(run_config(db, tmp_path, slot, pub, [
+        {"name": "lake", "source": "app",
+         "destination": {"type": "delta", "path": str(delta / "{table}")}},
+    ]))  # fmt: skip
+    runtime = Runtime(cfg, spark=spark).start()
+    lot = ParkingLot(cfg.state_dsn)
+
+    def delivered(n: int) -> bool:
+        runtime.poll()
+        return bool((p := runtime.progress().get("lake")) and p.delivered >= n)
+
+    try:
+        db.execute("INSERT INTO q VALUES (1, 1), (2, 2)")
+        wait_until(lambda: delivered(2), 120, interval=0.2, message=lambda: f"{runtime.progress()}")
+        db.execute("ALTER TABLE q RENAME TO q2")
+        db.execute("UPDATE q2 SET a = 20 WHERE id = 2")
+        wait_until(lambda: "lake" in lot.paused(), 120, message="the sink was not paused")
+        reason = lot.paused()["lake"] or ""
+        assert not (delta / "q2").exists()
+        lot.set_paused("lake", False)  # resume: start the new name's table anew
+        wait_until(lambda: delivered(3), 120, interval=0.2, message=lambda: f"{runtime.progress()}")
+    finally:
+        runtime.stop()
+    oid = db.execute("SELECT 'public.q2'::regclass::oid::int8")[0][0]
+    assert (f"lake: source table public.q2 is public.q renamed (the same table, OID {oid}): "
+            f"this sink wrote its rows to {delta / 'q'}, and its changes from now on would "
+            f"start {delta / 'q2'} with only the rows they touch") in reason  # fmt: skip
+    assert "walstream backfill lake --table public.q2" in reason
+    assert sorted((r["id"], r["a"]) for r in delta_rows(delta / "q")) == [(1, 1), (2, 2)]
+    assert [(r["id"], r["a"]) for r in delta_rows(delta / "q2")] == [(2, 20)]

@@ -33,7 +33,7 @@ from typing import Any
 from walstream.errors import SinkError
 
 _COLUMNS = """
-SELECT a.attname, a.atttypid::int8, a.atttypmod, a.attnotnull
+SELECT a.attname, a.atttypid::int8, a.atttypmod, a.attnotnull, a.attrelid::int8
 FROM pg_attribute a
 WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text))
   AND a.attnum > 0 AND NOT a.attisdropped
@@ -116,6 +116,8 @@ class TableShape:
     key: tuple[str, ...]
     #: Postgres' own type per column (`format_type`-like, for messages).
     pg_types: dict[str, str] = field(default_factory=dict, compare=False)
+    #: The source table's OID (0: not read from the catalog); it stays through a rename.
+    oid: int = field(default=0, compare=False)
 
     @property
     def names(self) -> list[str]:
@@ -144,7 +146,7 @@ class TableShape:
             if c.name in self.key
             or ((include is None or c.name in include) and c.name not in (exclude or ()))
         ]
-        return TableShape(self.schema, self.table, tuple(keep), self.key, self.pg_types)
+        return TableShape(self.schema, self.table, tuple(keep), self.key, self.pg_types, self.oid)
 
 
 #: What to do when a lake sink meets changes of a table that is gone under its name.
@@ -174,11 +176,11 @@ def load_shape(conn: Any, schema: str, table: str, *, need_key: bool = True) -> 
             retryable=False,
         )
     columns, pg_types = [], {}
-    for name, oid, typmod, not_null in rows:
+    for name, oid, typmod, not_null, _ in rows:
         spark_type, pg_name = _type_of(conn, int(oid), int(typmod))
         columns.append(Column(name, spark_type, not bool(not_null)))
         pg_types[name] = pg_name
-    return TableShape(schema, table, tuple(columns), key, pg_types)
+    return TableShape(schema, table, tuple(columns), key, pg_types, int(rows[0][4]))
 
 
 #: pg_type rows by (database, OID): a type's row does not change while its OID exists (a

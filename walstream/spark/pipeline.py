@@ -48,6 +48,7 @@ from walstream.spark.reads import (
 from walstream.spark.steps import BatchPart, SinkSteps
 from walstream.spark.streamed import StreamedSinks
 from walstream.spark.tables import Upkeep, write_or_pause, write_tables
+from walstream.state.lake_sources import LakeSources
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,8 @@ class Pipeline:
         self.snapshots = {s.name: sink_snapshot(s) for s in self.sinks}
         self._built: dict[tuple[str, int | None, bool], SinkSteps] = {}
         self.parked: dict[str, int] = {}  # per sink, as the current batch started
+        #: The lake sinks' source tables by OID: a renamed one pauses its sink (tables.py).
+        self.lake_sources = LakeSources(self.parking.dsn, self.parking.schema)
 
     def stream(self, df: Any) -> Any:
         """The query's streaming DataFrame `df` with its message sinks' columns (streamed.py)."""
@@ -355,7 +358,7 @@ class Pipeline:
         out = write_or_pause(
             lambda: write_tables(
                 df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads,
-                self.source.publication_name, empty, self.lake_stage,
+                self.source.publication_name, empty, self.lake_stage, self.lake_sources,
             ),
             sink.name, self.parking, lambda: self._hold(batch_id),
         )  # fmt: skip

@@ -11,6 +11,7 @@ driver as Arrow and hands them to the sink, which commits each table once (see
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from walstream.spark.expressions import selection_expr
 from walstream.spark.lake_files import StagedFiles, discard, stage_changelog
 from walstream.spark.typed import place, to_batch, typed_rows
 from walstream.state.db import once_more
+from walstream.state.lake_sources import LakeSources
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,7 +84,7 @@ def on_source(dsn: str, fn: Callable[[Any], T]) -> T:
 def write_tables(
     df: Any, sink: SinkConfig, table_sink: TableSink, query_id: str, batch_id: int,
     skip_before: int | None = None, reads: Any = None, publication: str | None = None,
-    empty: bool = False, stage: str | None = None,
+    empty: bool = False, stage: str | None = None, sources: LakeSources | None = None,
 ) -> TablesWritten:  # fmt: skip
     """Write the batch's changes (and backfill rows placed in it) to one lake sink.
 
@@ -90,7 +92,8 @@ def write_tables(
     job; otherwise a first job finds the tables the batch has, then one job each.
     `empty`: the batch is known to hold no changes (only backfill rows, if any): no job.
     `stage`: a directory for files the executors write (a changelog table's, see
-    `lake_files.py`); without it every table's rows come to the driver.
+    `lake_files.py`); without it every table's rows come to the driver. `sources`: where
+    a renamed source table is noticed before its first write (`renamed` stops the batch).
     """
     import pyarrow as pa
 
@@ -147,6 +150,7 @@ def write_tables(
                     rows, shape, table_sink, TableBatch(sink.name, query_id, batch_id, shape,
                                                         None, complete),
                     f"{stage}/{batch_id}/{shape.schema}.{shape.table}", not several,
+                    functools.partial(renamed, sources, sink.name, table_sink, shape),
                 )  # fmt: skip
                 if done is not None:
                     staged, wrote = done
@@ -168,6 +172,7 @@ def write_tables(
             if placed is not None and arrow is None and placed.whole:
                 # only backfill rows, none dropped: the staged files may do as they are
                 files = FilesBatch(sink.name, query_id, batch_id, shape, placed.files())
+                renamed(sources, sink.name, table_sink, shape)
                 adopted = table_sink.adopt_files(files)
                 if adopted is not None:
                     out.count(adopted.rows, adopted, (shape.schema, shape.table),
@@ -189,6 +194,7 @@ def write_tables(
                 ).sort_by([("_lsn", "ascending"), ("_seq", "ascending")])  # fmt: skip
             assert typed is not None
             batch = TableBatch(sink.name, query_id, batch_id, shape, typed, complete)
+            renamed(sources, sink.name, table_sink, shape)
             t2 = time.monotonic()
             written: Written = table_sink.write_batch(batch)
             out.add(typed, written, (shape.schema, shape.table))
@@ -212,8 +218,9 @@ def _on_executors(dest: Any) -> bool:
 
 
 def _changelog_files(
-    rows: Any, shape: Any, table_sink: TableSink, batch: TableBatch, stage: str, only: bool
-) -> tuple[StagedFiles, Written] | None:
+    rows: Any, shape: Any, table_sink: TableSink, batch: TableBatch, stage: str, only: bool,
+    check: Callable[[], None],
+) -> tuple[StagedFiles, Written] | None:  # fmt: skip
     """One changelog table's rows of the batch, written by the executors under `stage` and
     committed as they are; None when the batch has none. When the table's columns are not
     the files' (changed at the source), the rows are written by the driver instead."""
@@ -223,6 +230,7 @@ def _changelog_files(
     try:
         if not staged.rows:
             return None
+        check()
         files = FilesBatch(batch.sink, batch.query_id, batch.batch_id, shape, staged.files)
         written = table_sink.adopt_files(files)
         if written is None:
@@ -230,6 +238,28 @@ def _changelog_files(
         return staged, written
     finally:
         discard(stage)
+
+
+def renamed(sources: LakeSources | None, sink: str, table_sink: TableSink, shape: Any) -> None:
+    """SinkError (the sink pauses) when `sink` wrote the source table of `shape` under
+    another name: renamed, its changes would start a lake table of their own."""
+    old = None if sources is None else sources.renamed_from(
+        sink, shape.oid, shape.schema, shape.table
+    )  # fmt: skip
+    if old is None:
+        return
+    was = table_sink.config.location_for_messages(*old)
+    now = table_sink.config.location_for_messages(shape.schema, shape.table)
+    name = f"{shape.schema}.{shape.table}"
+    raise SinkError(
+        f"lake: source table {name} is {old[0]}.{old[1]} renamed (the same table, OID "
+        f"{shape.oid}): this sink wrote its rows to {was}, and its changes from now on would "
+        f"start {now} with only the rows they touch",
+        f"move the lake table to {now} (Iceberg: rename it in the catalog; Delta: move its "
+        f"directory) and `walstream resume {sink}`; or `walstream resume {sink}` to start it "
+        f"anew and `walstream backfill {sink} --table {name}` to fill it",
+        retryable=False,
+    )
 
 
 def write_or_pause(
