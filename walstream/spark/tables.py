@@ -241,20 +241,30 @@ def _changelog_files(
 
 
 def renamed(sources: LakeSources | None, sink: str, table_sink: TableSink, shape: Any) -> None:
-    """SinkError (the sink pauses) when `sink` wrote the source table of `shape` under
-    another name: renamed, its changes would start a lake table of their own."""
-    old = None if sources is None else sources.renamed_from(
+    """SinkError (the sink pauses) when the source table of `shape` is not the one `sink`
+    wrote under its name, or was written under another (`LakeSources.changed`)."""
+    change = None if sources is None else sources.changed(
         sink, shape.oid, shape.schema, shape.table
     )  # fmt: skip
-    if old is None:
+    if change is None:
         return
-    was = table_sink.config.location_for_messages(*old)
-    now = table_sink.config.location_for_messages(shape.schema, shape.table)
     name = f"{shape.schema}.{shape.table}"
+    now = table_sink.config.location_for_messages(shape.schema, shape.table)
+    if change.what == "recreated":
+        raise SinkError(
+            f"lake: source table {name} is a new table (OID {shape.oid}): this sink wrote "
+            f"another table under that name (OID {change.old_oid}, since dropped or renamed), "
+            f"and {now} still holds its rows, which no change of the new table will delete",
+            f"empty or remove {now} and `walstream resume {sink}`, then `walstream backfill "
+            f"{sink} --table {name}` for the rows it has already; or `walstream resume {sink}` "
+            "to write into it as it is",
+            retryable=False,
+        )
+    was = table_sink.config.location_for_messages(*change.was)
     raise SinkError(
-        f"lake: source table {name} is {old[0]}.{old[1]} renamed (the same table, OID "
-        f"{shape.oid}): this sink wrote its rows to {was}, and its changes from now on would "
-        f"start {now} with only the rows they touch",
+        f"lake: source table {name} is {change.was[0]}.{change.was[1]} renamed (the same "
+        f"table, OID {shape.oid}): this sink wrote its rows to {was}, and its changes from "
+        f"now on would start {now} with only the rows they touch",
         f"move the lake table to {now} (Iceberg: rename it in the catalog; Delta: move its "
         f"directory) and `walstream resume {sink}`; or `walstream resume {sink}` to start it "
         f"anew and `walstream backfill {sink} --table {name}` to fill it",

@@ -3,15 +3,16 @@
 A change row names its table, not its OID, so a source table renamed from `t` to `u`
 shows as changes of `u`, whose lake table does not exist yet: written as they come,
 they would start a new lake table holding only the rows changed since, while `t`'s
-lake table keeps the rest. The lake writer (`spark/tables.py`) asks `renamed_from`
-before it writes a table: when the sink last wrote this OID under another name, the
-sink pauses, saying so and what to do. The new name is recorded then, so after
-`walstream resume` the sink goes on (into the lake table the operator moved there, or a
-new one to backfill).
+lake table keeps the rest. And a table dropped and created again under its name would
+write into the lake table that still holds the dropped one's rows (a DROP sends no
+deletes). The lake writer (`spark/tables.py`) asks `changed` before it writes a table
+(once per table and process): either pauses the sink, saying so and what to do. The
+table is recorded as it is now, so after `walstream resume` the sink goes on.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
@@ -34,9 +35,10 @@ class LakeSources(Store):
             ).format(self.table)
         ]
 
-    def renamed_from(self, sink: str, oid: int, schema: str, table: str) -> tuple[str, str] | None:
-        """The name the source table `oid` had when `sink` last wrote it, when another than
-        `schema.table`; records `schema.table` as its name from now on."""
+    def changed(self, sink: str, oid: int, schema: str, table: str) -> Change | None:
+        """What became of the source table `schema.table` (OID `oid`) since `sink` last
+        wrote it: renamed from another name, or a new table under a name the sink wrote
+        for a dropped one; None when nothing did. Records it as it is now."""
         key = (sink, oid, schema, table)
         if not oid or key in self._known:
             return None
@@ -46,10 +48,17 @@ class LakeSources(Store):
         with self.transaction():
             rows: list[Any] = self._exec(
                 sql.SQL(
-                    "SELECT table_schema, table_name FROM {} WHERE sink = %s AND source_oid = %s "
-                    "FOR UPDATE"
+                    "SELECT source_oid, table_schema, table_name FROM {} WHERE sink = %s AND "
+                    "(source_oid = %s OR (table_schema = %s AND table_name = %s)) FOR UPDATE"
                 ).format(self.table),
-                (sink, oid),
+                (sink, oid, schema, table),
+            )
+            self._exec(  # a name is one table's: the dropped one's row goes
+                sql.SQL(
+                    "DELETE FROM {} WHERE sink = %s AND table_schema = %s AND table_name = %s "
+                    "AND source_oid <> %s"
+                ).format(self.table),
+                (sink, schema, table, oid),
             )
             self._exec(
                 sql.SQL(
@@ -60,5 +69,21 @@ class LakeSources(Store):
                 (sink, oid, schema, table),
             )
         self._known.add(key)
-        old = (rows[0][0], rows[0][1]) if rows else None
-        return old if old is not None and old != (schema, table) else None
+        for old_oid, old_schema, old_table in rows:
+            if old_oid == oid and (old_schema, old_table) != (schema, table):
+                return Change("renamed", (old_schema, old_table), int(old_oid))
+        for old_oid, _, _ in rows:
+            if old_oid != oid:
+                return Change("recreated", (schema, table), int(old_oid))
+        return None
+
+
+@dataclass(frozen=True)
+class Change:
+    """`renamed`: the table had the name `was`; `recreated`: the sink wrote another table
+    (OID `old_oid`, since dropped or renamed away) under this name. That one's record is
+    gone then: if it was renamed and its new name comes later, that rename is not seen."""
+
+    what: str
+    was: tuple[str, str]
+    old_oid: int
