@@ -93,7 +93,7 @@ def write_tables(
     `empty`: the batch is known to hold no changes (only backfill rows, if any): no job.
     `stage`: a directory for files the executors write (a changelog table's, see
     `lake_files.py`); without it every table's rows come to the driver. `sources`: where
-    a renamed source table is noticed before its first write (`renamed` stops the batch).
+    a renamed or re-created source table is noticed before its first write (`renamed`).
     """
     import pyarrow as pa
 
