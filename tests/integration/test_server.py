@@ -108,7 +108,9 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
         (source,) = h["sources"]
         assert source["status"] == "ok", source
         assert source["streaming"] and source["slot_active"] and source["role"] == "leader"
-        assert source["lag_bytes"] is not None and source["retained_wal_bytes"] is not None
+        # caught up: the slot lags by the few heartbeats since, and holds at least that
+        assert 0 <= source["lag_bytes"] < 1 << 20, source
+        assert source["lag_bytes"] <= source["retained_wal_bytes"] < 64 << 20, source
         assert source["ingested"] >= 200
         assert sink(h, "files")["status"] == "ok" and sink(h, "files")["reasons"] == []
         picky = sink(h, "picky")
@@ -125,8 +127,10 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
         assert sample(m, "walstream_parked_messages", sink="picky") == 0
         ingested = sample(m, "walstream_changes_ingested_total", source="app")
         assert ingested is not None and ingested >= 200
-        assert sample(m, "walstream_replication_lag_bytes", source="app") is not None
-        assert sample(m, "walstream_slot_retained_wal_bytes", source="app") is not None
+        lag = sample(m, "walstream_replication_lag_bytes", source="app")
+        retained = sample(m, "walstream_slot_retained_wal_bytes", source="app")
+        assert lag is not None and retained is not None
+        assert 0 <= lag < 1 << 20 and lag <= retained < 64 << 20, (lag, retained)
         assert sample(m, "walstream_sink_status", sink="picky", status="warning") == 1
         assert sample(m, "walstream_sink_status", sink="files", status="ok") == 1
         batches = sample(m, "walstream_batch_duration_seconds_count", source="app")

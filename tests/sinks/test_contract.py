@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,6 +127,17 @@ def test_a_destination_that_is_down_is_retryable(harness: Harness) -> None:
 
 
 def test_test_connection_passes_against_the_running_server(harness: Harness) -> None:
-    sink_for(
-        TypeAdapter(Destination).validate_python(harness.destination(unique("probe")))
-    ).test_connection()
+    sink = sink_for(TypeAdapter(Destination).validate_python(harness.destination(unique("probe"))))
+    assert sink.test_connection() is None  # it raises SinkError when it cannot reach it
+
+
+def test_a_file_destination_that_cannot_be_written_fails_test_connection(tmp_path: Path) -> None:
+    """The file sink's counterpart of a server that is down: a path it cannot create."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    dest = {"type": "file", "path": str(blocker / "out")}
+    with pytest.raises(SinkError) as err:
+        sink_for(TypeAdapter(Destination).validate_python(dest)).test_connection()
+    assert not err.value.retryable
+    assert err.value.problem.startswith(f"cannot write to {blocker / 'out'}: ")
+    assert err.value.fix == "choose a writable directory for destination.path"
