@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 from decimal import Decimal
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,35 @@ from walstream.runtime import Runtime
 from walstream.testing import wait_until
 
 pytestmark = [pytest.mark.spark]
+
+
+class DeltaRun:
+    """`walstream run`'s runtime with one Delta sink `lake` (table path `tmp_path/delta/{table}`)
+    on publication `pub`, and its parking lot (pauses)."""
+
+    def __init__(self, spark: Any, db: Any, tmp_path: Path, pub: str, **sink: Any) -> None:
+        slot = unique("slot")
+        db.slots.append(slot)
+        self.delta = tmp_path / "delta"
+        cfg = parse_config(run_config(db, tmp_path, slot, pub, [
+            {"name": "lake", "source": "app", **sink,
+             "destination": {"type": "delta", "path": str(self.delta / "{table}")}},
+        ]))  # fmt: skip
+        self.runtime = Runtime(cfg, spark=spark).start()
+        self.lot = ParkingLot(cfg.state_dsn)
+
+    def delivered(self, n: int) -> bool:
+        self.runtime.poll()
+        return bool((p := self.runtime.progress().get("lake")) and p.delivered >= n)
+
+    def wait_delivered(self, n: int) -> None:
+        wait_until(lambda: self.delivered(n), 120, interval=0.2,
+                   message=lambda: f"{self.runtime.progress()}")  # fmt: skip
+
+    def wait_paused(self) -> str:
+        """The pause's reason, once the sink pauses."""
+        wait_until(lambda: "lake" in self.lot.paused(), 120, message="the sink was not paused")
+        return self.lot.paused()["lake"] or ""
 
 
 def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
@@ -130,35 +161,23 @@ def test_a_table_renamed_before_its_changes_are_written_pauses_instead_of_leavin
     under the old name are not dropped (the sink writes the publication's tables, which no
     longer include that name); the sink pauses, saying what happened and what to do."""
     db.execute("CREATE TABLE r (id int PRIMARY KEY, a int)")
-    pub = db.create_publication("r")
-    slot = unique("slot")
-    db.slots.append(slot)
-    cfg = parse_config(run_config(db, tmp_path, slot, pub, [
-        {"name": "lake", "source": "app",
-         "destination": {"type": "delta", "path": str(tmp_path / "delta" / "{table}")}},
-    ]))  # fmt: skip
-    runtime = Runtime(cfg, spark=spark).start()
-    lot = ParkingLot(cfg.state_dsn)
+    run = DeltaRun(spark, db, tmp_path, db.create_publication("r"))
     try:
         db.execute("INSERT INTO r VALUES (1, 1)")
-        wait_until(
-            lambda: runtime.poll() or ((p := runtime.progress().get("lake")) and p.delivered),
-            120, interval=0.2, message=lambda: f"{runtime.progress()}",
-        )  # fmt: skip
-        lot.set_paused("lake", True, "behind")  # the sink falls behind the rename
+        run.wait_delivered(1)
+        run.lot.set_paused("lake", True, "behind")  # the sink falls behind the rename
         db.execute("INSERT INTO r VALUES (2, 2)")
         db.execute("ALTER TABLE r RENAME TO r2")
         db.execute("INSERT INTO r2 VALUES (3, 3)")
-        lot.set_paused("lake", False)
-        wait_until(lambda: "lake" in lot.paused(), 120, message="the sink was not paused")
+        run.lot.set_paused("lake", False)
+        reason = run.wait_paused()
     finally:
-        runtime.stop()
-    reason = lot.paused()["lake"] or ""
+        run.runtime.stop()
     assert "the batch has a change of public.r (" in reason
     assert "no longer has under that name (renamed or dropped since)" in reason
     assert "walstream backfill SINK --table SCHEMA.NEW" in reason
-    assert [(r["id"], r["a"]) for r in delta_rows(tmp_path / "delta" / "r")] == [(1, 1)]
-    assert not (tmp_path / "delta" / "r2").exists()  # nothing of the batch was written
+    assert [(r["id"], r["a"]) for r in delta_rows(run.delta / "r")] == [(1, 1)]
+    assert not (run.delta / "r2").exists()  # nothing of the batch was written
 
 
 def test_a_renamed_table_pauses_the_sink_before_a_new_lake_table_starts_without_its_rows(
@@ -169,33 +188,19 @@ def test_a_renamed_table_pauses_the_sink_before_a_new_lake_table_starts_without_
     the table by its OID and pauses, naming both lake tables and both ways on; resumed, it
     goes on into the new name's table."""
     db.execute("CREATE TABLE q (id int PRIMARY KEY, a int)")
-    pub = db.create_publication("q")
-    slot = unique("slot")
-    db.slots.append(slot)
-    delta = tmp_path / "delta"
-    cfg = parse_config(run_config(db, tmp_path, slot, pub, [
-        {"name": "lake", "source": "app",
-         "destination": {"type": "delta", "path": str(delta / "{table}")}},
-    ]))  # fmt: skip
-    runtime = Runtime(cfg, spark=spark).start()
-    lot = ParkingLot(cfg.state_dsn)
-
-    def delivered(n: int) -> bool:
-        runtime.poll()
-        return bool((p := runtime.progress().get("lake")) and p.delivered >= n)
-
+    run = DeltaRun(spark, db, tmp_path, db.create_publication("q"))
+    delta = run.delta
     try:
         db.execute("INSERT INTO q VALUES (1, 1), (2, 2)")
-        wait_until(lambda: delivered(2), 120, interval=0.2, message=lambda: f"{runtime.progress()}")
+        run.wait_delivered(2)
         db.execute("ALTER TABLE q RENAME TO q2")
         db.execute("UPDATE q2 SET a = 20 WHERE id = 2")
-        wait_until(lambda: "lake" in lot.paused(), 120, message="the sink was not paused")
-        reason = lot.paused()["lake"] or ""
+        reason = run.wait_paused()
         assert not (delta / "q2").exists()
-        lot.set_paused("lake", False)  # resume: start the new name's table anew
-        wait_until(lambda: delivered(3), 120, interval=0.2, message=lambda: f"{runtime.progress()}")
+        run.lot.set_paused("lake", False)  # resume: start the new name's table anew
+        run.wait_delivered(3)
     finally:
-        runtime.stop()
+        run.runtime.stop()
     oid = db.execute("SELECT 'public.q2'::regclass::oid::int8")[0][0]
     assert (f"lake: source table public.q2 is public.q renamed (the same table, OID {oid}): "
             f"this sink wrote its rows to {delta / 'q'}, and its changes from now on would "
@@ -213,36 +218,23 @@ def test_a_table_dropped_and_created_again_pauses_the_sink_before_mixing_their_r
     written into them; resumed (after emptying the lake table, as the reason says), it
     goes on."""
     db.execute("CREATE TABLE d (id int PRIMARY KEY, a int)")
-    pub = db.create_publication()  # FOR ALL TABLES: the new d is in it too
-    slot = unique("slot")
-    db.slots.append(slot)
-    delta = tmp_path / "delta"
-    cfg = parse_config(run_config(db, tmp_path, slot, pub, [
-        {"name": "lake", "source": "app", "tables": ["public.d"],
-         "destination": {"type": "delta", "path": str(delta / "{table}")}},
-    ]))  # fmt: skip
-    runtime = Runtime(cfg, spark=spark).start()
-    lot = ParkingLot(cfg.state_dsn)
-
-    def delivered(n: int) -> bool:
-        runtime.poll()
-        return bool((p := runtime.progress().get("lake")) and p.delivered >= n)
-
+    # FOR ALL TABLES: the new d is in it too
+    run = DeltaRun(spark, db, tmp_path, db.create_publication(), tables=["public.d"])
+    delta = run.delta
     try:
         db.execute("INSERT INTO d VALUES (1, 1), (2, 2)")
-        wait_until(lambda: delivered(2), 120, interval=0.2, message=lambda: f"{runtime.progress()}")
+        run.wait_delivered(2)
         old = db.execute("SELECT 'public.d'::regclass::oid::int8")[0][0]
         db.execute("DROP TABLE d")
         db.execute("CREATE TABLE d (id int PRIMARY KEY, a int)")
         db.execute("INSERT INTO d VALUES (7, 7)")
-        wait_until(lambda: "lake" in lot.paused(), 120, message="the sink was not paused")
-        reason = lot.paused()["lake"] or ""
+        reason = run.wait_paused()
         assert sorted((r["id"], r["a"]) for r in delta_rows(delta / "d")) == [(1, 1), (2, 2)]
         shutil.rmtree(delta / "d")  # what the reason says: empty or remove it, then resume
-        lot.set_paused("lake", False)
-        wait_until(lambda: delivered(3), 120, interval=0.2, message=lambda: f"{runtime.progress()}")
+        run.lot.set_paused("lake", False)
+        run.wait_delivered(3)
     finally:
-        runtime.stop()
+        run.runtime.stop()
     new = db.execute("SELECT 'public.d'::regclass::oid::int8")[0][0]
     assert (f"lake: source table public.d is a new table (OID {new}): this sink wrote another "
             f"table under that name (OID {old}, since dropped or renamed), and {delta / 'd'} "

@@ -30,10 +30,9 @@ def remove_partial_writes(checkpoint: str) -> list[Path]:
     Call it only while no query uses the checkpoint. Remote checkpoints (hdfs://,
     s3a://) are left alone. Returns the files removed.
     """
-    url = urlparse(checkpoint)
-    if url.scheme not in ("", "file"):
+    if is_remote(checkpoint):
         return []
-    root = Path(url.path if url.scheme else checkpoint)
+    root = _local_root(checkpoint)
     removed = []
     for log_dir in (root / "offsets", root / "commits"):
         if not log_dir.is_dir():
@@ -48,6 +47,12 @@ def remove_partial_writes(checkpoint: str) -> list[Path]:
             checkpoint, len(removed), ", ".join(f.name for f in removed),
         )  # fmt: skip
     return removed
+
+
+def _local_root(checkpoint: str) -> Path:
+    """A local checkpoint's directory (a path, or a file: URI)."""
+    url = urlparse(checkpoint)
+    return Path(url.path if url.scheme else checkpoint)
 
 
 def is_remote(checkpoint: str) -> bool:
@@ -83,8 +88,7 @@ def committed_lsn(checkpoint: str, spark: Any | None = None) -> int | None:
 
 def _local(checkpoint: str) -> str | None:
     """The offset-log entry of the last committed batch (None: none committed)."""
-    url = urlparse(checkpoint)
-    root = Path(url.path if url.scheme else checkpoint)
+    root = _local_root(checkpoint)
     try:
         batches = [int(f.name) for f in (root / "commits").iterdir() if f.name.isdigit()]
     except FileNotFoundError:
