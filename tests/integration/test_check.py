@@ -152,3 +152,6 @@ def test_the_server_version_and_what_it_enables(db):
     assert work_mem.level == "ok"
     assert work_mem.message.startswith(f"{db.execute('SHOW logical_decoding_work_mem')[0][0]}: ")
     assert "max_buffer_bytes" in work_mem.message
+    streamed = by_subject(check_database(db.dsn, streaming=True))["logical_decoding_work_mem"]
+    assert "streams a transaction with more changes than that while it runs" in streamed.message
+    assert "spill_dir" in streamed.message

@@ -391,12 +391,15 @@ def _rss_of_stream_readers() -> dict[int, int]:
     return out
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["at-commit", "streamed"])
 def test_a_transaction_much_larger_than_the_buffer_is_delivered_without_holding_it(
-    spark, db, tmp_path
+    spark, db, tmp_path, streaming
 ):
     """One transaction of ~80 MB (10,000 rows of 8 KB) through an 8 MiB read-ahead buffer:
     it arrives in order, exactly once, in many batches that end inside the transaction,
-    and the process that reads the slot never holds more than a small part of it."""
+    and the process that reads the slot never holds more than a small part of it. Streamed
+    (`streaming`, Postgres sending it from its first MB on), it waits on walstream's disk
+    for its commit, not in memory."""
     import threading
 
     from walstream.testing import wait_until
@@ -406,14 +409,18 @@ def test_a_transaction_much_larger_than_the_buffer_is_delivered_without_holding_
     pub = db.create_publication("t")
     slot = db.create_slot()
     batches: list[list[tuple[int, int]]] = []
+    options = dict(dsn=db.dsn, slot=slot, publication=pub, maxBufferBytes=str(8 << 20),
+                   maxChangesPerBatch="500")  # fmt: skip
+    if streaming:
+        db.execute(f"ALTER DATABASE {db.name} SET logical_decoding_work_mem = '1MB'")
+        options |= dict(streaming="true", spillDir=str(tmp_path))
 
     def keep_keys(batch, batch_id):  # only (pk, lsn): the test's own memory stays small
         rows = batch.orderBy("lsn", "seq").select("pk", "lsn").collect()
         batches.append([(int(r.pk[0]), r.lsn) for r in rows])
 
     reader = spark.readStream.format("walstream")
-    for k, v in dict(dsn=db.dsn, slot=slot, publication=pub, maxBufferBytes=str(8 << 20),
-                     maxChangesPerBatch="500").items():  # fmt: skip
+    for k, v in options.items():
         reader = reader.option(k, v)
     query = (
         reader.load().writeStream.foreachBatch(keep_keys)
@@ -456,3 +463,8 @@ def test_a_transaction_much_larger_than_the_buffer_is_delivered_without_holding_
     print(f"stream reader RSS growth (MB): {growth_mb}")
     # Holding the transaction would take >80 MB in the reader; the buffer is 8 MiB.
     assert max(growth_mb.values()) < 40, growth_mb
+    if streaming:  # it was streamed: the server did not hold it until the commit
+        (streamed,) = db.execute(
+            "SELECT stream_bytes FROM pg_stat_replication_slots WHERE slot_name = %s", (slot,)
+        )[0]
+        assert streamed > 50 << 20

@@ -121,3 +121,17 @@ def test_slot_in_use_by_another_connection(spark, tmp_path, db):
     finally:
         holder.terminate()
         holder.wait(10)
+
+
+def test_streaming_options_are_checked_before_anything_is_read(spark, tmp_path, db):
+    text = failure(spark, tmp_path, dsn=db.dsn, streaming="yes")
+    assert "option \"streaming\" is 'yes'; it must be true or false" in text
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pub = db.create_publication("t")
+    slot = unique("slot")
+    db.slots.append(slot)
+    missing = tmp_path / "no-such-dir"
+    text = failure(spark, tmp_path, dsn=db.dsn, slot=slot, publication=pub, streaming="true",
+                   spillDir=str(missing))  # fmt: skip
+    assert f"cannot spool in-progress transactions under {missing}" in text
+    assert "set the source's spill_dir to a writable local directory" in text

@@ -108,6 +108,7 @@ def check_config(path: Path) -> list[Finding]:
             src.tables,
             src.primary,
             src.publication_options,
+            src.streaming,
         ):
             findings.append(Finding(f.level, f"source {src.name}: {f.subject}", f.message, f.fix))
     for name, problem in check_destinations(cfg):

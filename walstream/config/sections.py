@@ -108,6 +108,11 @@ class SourceConfig(Model):
     publish_via_partition_root: bool = False
     #: Stored generated columns are sent (PostgreSQL 18+; before, they never are).
     publish_generated_columns: bool = False
+    #: Postgres streams a transaction larger than its `logical_decoding_work_mem` while it
+    #: runs (protocol 2); walstream spools it under `spill_dir` (None: the system's
+    #: temporary directory) and delivers it once it commits, drops it if it aborts.
+    streaming: bool = False
+    spill_dir: str | None = None
     heartbeat_interval: Duration = 5.0
     max_changes_per_batch: int = Field(50_000, ge=1)
     #: Raw WAL bytes per Spark task. None: `task_bytes` picks (one task per batch on a

@@ -6,6 +6,10 @@ Spark has committed a cursor (`commit`); only then is the commit LSN of the last
 transaction entirely at or below that cursor confirmed to Postgres. When the buffer
 is full the thread stops reading (the WAL stays in Postgres) but keeps sending status
 updates so the walsender does not time out.
+
+With `streaming`, Postgres sends a large transaction while it runs (protocol 2); the
+capture keeps it in a spool (`spool.py`) and, at its Stream Commit, feeds it into the
+buffer as if it had arrived whole: same positions, same bound on the buffer.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 import psycopg2
@@ -25,6 +30,7 @@ from walstream.errors import ConnectionFailed, WalstreamError
 from walstream.postgres import pgoutput as po
 from walstream.postgres.decoder import ANNOTATIONS_PREFIX, RelationInfo
 from walstream.postgres.replication import replication_connection, start_options
+from walstream.postgres.spool import Replay, Spools
 from walstream.postgres.wal_buffer import (
     Cursor,
     Txn,
@@ -39,6 +45,8 @@ HEARTBEAT_PREFIX = "walstream:heartbeat"
 _BEGIN = struct.Struct("!qqI")
 _COMMIT = struct.Struct("!bqqq")
 _OID = struct.Struct("!I")
+#: Messages of a committed streamed transaction fed into the buffer per loop turn.
+_REPLAY_STEP = 2000
 
 
 class Capture:
@@ -57,6 +65,8 @@ class Capture:
         connect_retries: int = 20,
         internal_schema: str | None = None,
         source: str | None = None,
+        streaming: bool = False,
+        spill_dir: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.source = source or slot  # for errors
@@ -86,12 +96,18 @@ class Capture:
         self._skipping = False
         self._streaming = False
         self._parser = po.PgOutputParser()
+        #: `streaming`: in-progress transactions (in memory up to a quarter of the buffer's
+        #: bound together, then on disk under `spill_dir`), and the one being fed in.
+        self.spools = Spools(max_buffer_bytes // 4, spill_dir) if streaming else None
+        self._replay: Replay | None = None
         self.thread = threading.Thread(
             target=self._run, name=f"walstream-capture-{slot}", daemon=True
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Capture:
+        if self.spools is not None:
+            self.spools.check()
         self.thread.start()
         return self
 
@@ -149,7 +165,13 @@ class Capture:
             cur = conn.cursor()
             try:
                 cur.start_replication(
-                    slot_name=self.slot, decode=False, options=start_options(self.publication)
+                    slot_name=self.slot,
+                    decode=False,
+                    options=start_options(
+                        self.publication,
+                        proto_version=2 if self.spools is not None else 1,
+                        streaming=self.spools is not None,
+                    ),
                 )
             except Exception as exc:
                 self._raise_if_lost()  # invalidated or dropped: retrying cannot help
@@ -162,6 +184,9 @@ class Capture:
                 self.buffer.drop_partial()
             self._current = None
             self._skipping = False
+            self._end_replay()
+            if self.spools is not None:
+                self.spools.clear()
             self._parser = po.PgOutputParser()
             self._streaming = True
             self._sent_lsn = 0  # tell the new walsender where we are
@@ -201,6 +226,9 @@ class Capture:
                 with self.cond:  # full: wait for Spark to commit, keep the connection alive
                     self.cond.wait(0.2)
                 continue
+            if self._replay is not None:  # a streamed transaction committed: feed it in first
+                self._feed_replay()
+                continue
             msg = cur.read_message()
             if msg is None:
                 select.select([cur], [], [], 0.2)
@@ -213,6 +241,12 @@ class Capture:
     # -- ingest ----------------------------------------------------------------------------------
     def _ingest(self, raw: bytes) -> None:
         kind = raw[:1]
+        if self.spools is not None:  # in-progress transactions (protocol 2)
+            if kind == b"c":
+                self._replay = self.spools.commit(raw)  # fed in before the next message
+                return
+            if self.spools.receive(raw):
+                return
         if kind == b"B":
             lsn, ts, xid = _BEGIN.unpack_from(raw, 1)
             with self.cond:  # None: a transaction we hold already, resent after a reconnect
@@ -249,6 +283,23 @@ class Capture:
         with self.cond:
             if self.buffer.add(txn, raw, self.relations):
                 self.cond.notify_all()
+
+    def _feed_replay(self) -> None:
+        """Feed the committed streamed transaction into the buffer, a step at a time, until
+        it is in or the buffer is full (the loop waits for Spark then, as for any message)."""
+        assert self._replay is not None
+        self.last_message_at = time.monotonic()
+        for raw in islice(self._replay, _REPLAY_STEP):
+            self._ingest(raw)
+            if self.buffered_bytes >= self.max_buffer_bytes and not self._overdraw:
+                return
+        if self._replay.done:
+            self._end_replay()
+
+    def _end_replay(self) -> None:
+        if self._replay is not None:
+            self._replay.close()
+            self._replay = None
 
     def _relation(self, raw: bytes) -> None:
         rel = self._parser.parse(raw)

@@ -30,17 +30,18 @@ def check_database(
     tables: Sequence[str] = (),
     primary: str | None = None,
     options: PublicationOptions = NO_OPTIONS,
+    streaming: bool = False,
 ) -> list[Finding]:
     """Run every setup check; never raises for a database problem, returns findings.
     `primary`: the source's primary_dsn (when `dsn` may be a standby); `options`: what it
-    asks of its publication."""
+    asks of its publication; `streaming`: whether it streams in-progress transactions."""
     try:
         conn = connect(dsn, autocommit=True, connect_timeout=10)
     except ConnectionFailed as exc:
         return [Finding("error", "connection", exc.problem, exc.fix)]
     with conn:
         out: list[Finding] = []
-        out += _server(conn)
+        out += _server(conn, streaming)
         out += standby_findings(conn, primary)
         out += _role(conn)
         out += capacity_findings(conn, slot)
@@ -62,7 +63,7 @@ def check_database(
         return out
 
 
-def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
+def _server(conn: psycopg.Connection[Any], streaming: bool = False) -> list[Finding]:
     out: list[Finding] = []
     version = int(fetch_rows(conn, "SHOW server_version_num")[0][0])
     human = fetch_rows(conn, "SHOW server_version")[0][0]
@@ -88,10 +89,16 @@ def _server(conn: psycopg.Connection[Any]) -> list[Finding]:
                            f"{keep}: a slot holding more WAL than that is invalidated "
                            "(walstream warns in /health as it gets close)"))  # fmt: skip
     work_mem = fetch_rows(conn, "SHOW logical_decoding_work_mem")[0][0]
-    out.append(Finding("ok", "logical_decoding_work_mem",
-                       f"{work_mem}: the server decodes a transaction larger than that through "
-                       "its own disk (pg_replslot) and sends it when it commits; walstream "
-                       "takes it in batches, within the source's max_buffer_bytes"))  # fmt: skip
+    if streaming:
+        large = (f"{work_mem}: the server streams a transaction with more changes than that "
+                 "while it runs (streaming: true); walstream spools it on its own disk "
+                 "(spill_dir) and delivers it when it commits")  # fmt: skip
+    else:
+        large = (f"{work_mem}: the server decodes a transaction larger than that through its "
+                 "own disk (pg_replslot) and sends it when it commits; walstream takes it in "
+                 "batches, within the source's max_buffer_bytes (streaming: true moves that "
+                 "spill to walstream's disk)")  # fmt: skip
+    out.append(Finding("ok", "logical_decoding_work_mem", large))
     wal_level = fetch_rows(conn, "SHOW wal_level")[0][0]
     if wal_level != "logical":
         out.append(

@@ -95,6 +95,10 @@ def start_query(
         reader = reader.option("publishGeneratedColumns", "true")
     if s.primary is not None:
         reader = reader.option("primaryDsn", s.primary)
+    if s.streaming:
+        reader = reader.option("streaming", "true")
+        if s.spill_dir is not None:
+            reader = reader.option("spillDir", s.spill_dir)
     if config.state_dsn in (s.dsn.get_secret_value(), s.writes_dsn):  # walstream's state is here
         reader = reader.option("internalSchema", config.state.schema_)
     interval = config.spark.trigger_interval

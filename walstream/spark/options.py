@@ -32,6 +32,10 @@ class SourceOptions:
     #: What the publication walstream creates publishes (partitions as their root,
     #: generated columns).
     publication_options: PublicationOptions = NO_OPTIONS
+    #: Ask Postgres to stream transactions while they run (protocol 2) and spool them
+    #: under `spill_dir` (None: the system's temporary directory) until they commit.
+    streaming: bool = False
+    spill_dir: str | None = None
 
     @property
     def writes_dsn(self) -> str:
@@ -71,6 +75,8 @@ class SourceOptions:
             publication_options=PublicationOptions(
                 _flag(opts, "publishviapartitionroot"), _flag(opts, "publishgeneratedcolumns")
             ),
+            streaming=_flag(opts, "streaming"),
+            spill_dir=opts.get("spilldir", "").strip() or None,
         )
 
 
@@ -83,6 +89,7 @@ _NAMES = {
     "replaytimeout": "replayTimeout",
     "publishviapartitionroot": "publishViaPartitionRoot",
     "publishgeneratedcolumns": "publishGeneratedColumns",
+    "streaming": "streaming",
 }
 
 

@@ -195,6 +195,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             o.dsn, o.slot, o.publication, floor,
             primary_keys=meta.primary_keys, max_buffer_bytes=o.max_buffer_bytes,
             internal_schema=o.internal_schema, source=o.name,
+            streaming=o.streaming, spill_dir=o.spill_dir,
         ).start()  # fmt: skip
         heartbeat = (
             Heartbeat(o.writes_dsn, o.slot, o.heartbeat_interval).start()
