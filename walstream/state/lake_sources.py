@@ -8,6 +8,10 @@ write into the lake table that still holds the dropped one's rows (a DROP sends 
 deletes). The lake writer (`spark/tables.py`) asks `changed` before it writes a table
 (once per table and process): either pauses the sink, saying so and what to do. The
 table is recorded as it is now, so after `walstream resume` the sink goes on.
+
+A name taken by another table marks the earlier table's record `superseded`, not
+deleted: when that table shows up under its new name later (renamed away, then a new
+table created under the old name), its rename is still seen.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ class LakeSources(Store):
                 "CREATE TABLE IF NOT EXISTS {} (sink text, source_oid bigint, "
                 "table_schema text NOT NULL, table_name text NOT NULL, "
                 "PRIMARY KEY (sink, source_oid))"
-            ).format(self.table)
+            ).format(self.table),
+            sql.SQL(  # books made before superseded existed
+                "ALTER TABLE {} ADD COLUMN IF NOT EXISTS superseded boolean NOT NULL DEFAULT false"
+            ).format(self.table),
         ]
 
     def changed(self, sink: str, oid: int, schema: str, table: str) -> Change | None:
@@ -49,14 +56,15 @@ class LakeSources(Store):
             rows: list[Any] = self._exec(
                 sql.SQL(
                     "SELECT source_oid, table_schema, table_name FROM {} WHERE sink = %s AND "
-                    "(source_oid = %s OR (table_schema = %s AND table_name = %s)) FOR UPDATE"
+                    "(source_oid = %s OR (table_schema = %s AND table_name = %s AND NOT "
+                    "superseded)) FOR UPDATE"
                 ).format(self.table),
                 (sink, oid, schema, table),
             )
-            self._exec(  # a name is one table's: the dropped one's row goes
+            self._exec(  # a name is one table's: the earlier one's record no longer holds it
                 sql.SQL(
-                    "DELETE FROM {} WHERE sink = %s AND table_schema = %s AND table_name = %s "
-                    "AND source_oid <> %s"
+                    "UPDATE {} SET superseded = true WHERE sink = %s AND table_schema = %s "
+                    "AND table_name = %s AND source_oid <> %s"
                 ).format(self.table),
                 (sink, schema, table, oid),
             )
@@ -64,7 +72,8 @@ class LakeSources(Store):
                 sql.SQL(
                     "INSERT INTO {} (sink, source_oid, table_schema, table_name) "
                     "VALUES (%s, %s, %s, %s) ON CONFLICT (sink, source_oid) DO UPDATE SET "
-                    "table_schema = EXCLUDED.table_schema, table_name = EXCLUDED.table_name"
+                    "table_schema = EXCLUDED.table_schema, table_name = EXCLUDED.table_name, "
+                    "superseded = false"
                 ).format(self.table),
                 (sink, oid, schema, table),
             )
@@ -81,8 +90,7 @@ class LakeSources(Store):
 @dataclass(frozen=True)
 class Change:
     """`renamed`: the table had the name `was`; `recreated`: the sink wrote another table
-    (OID `old_oid`, since dropped or renamed away) under this name. That one's record is
-    gone then: if it was renamed and its new name comes later, that rename is not seen."""
+    (OID `old_oid`, since dropped or renamed away) under this name."""
 
     what: str
     was: tuple[str, str]
