@@ -77,12 +77,15 @@ def _standard(port: int) -> bool:
     return _port_open(port) and os.environ.get("WALSTREAM_TEST_OWN_SERVERS") != "1"
 
 
-def redis_server() -> Service:
-    if _standard(6379):
+def redis_server(own: bool = False, workdir: Path | None = None, *extra: str) -> Service:
+    """A Redis on a free port (a standard one already running, unless `own`: a test that
+    changes the server's settings needs its own). `workdir`: its directory (and dump)."""
+    if not own and workdir is None and _standard(6379):
         return Service("redis", 6379)
-    port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="walstream-redis-"))
+    port = free_port()
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="walstream-redis-"))
     argv = [_binary("redis-server", "redis-server"), "--port", str(port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+            "--save", "", "--appendonly", "no", "--dir", str(workdir), *extra]  # fmt: skip
     return _start("redis", argv, port, workdir)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
@@ -155,3 +156,52 @@ def test_the_server_version_and_what_it_enables(db):
     streamed = by_subject(check_database(db.dsn, streaming=True))["logical_decoding_work_mem"]
     assert "streams a transaction with more changes than that while it runs" in streamed.message
     assert "spill_dir" in streamed.message
+
+
+def test_replica_identity_nothing_is_an_error_that_names_the_fix(db):
+    db.execute("CREATE TABLE n (id int PRIMARY KEY, v text)")
+    db.execute("ALTER TABLE n REPLICA IDENTITY NOTHING")
+    f = by_subject(check_database(db.dsn, tables=["public.n"]))["table public.n"]
+    assert f.level == "error" and "REPLICA IDENTITY NOTHING" in f.message
+    assert f.fix == 'ALTER TABLE "public"."n" REPLICA IDENTITY FULL; (or DEFAULT)'
+
+
+def test_the_dsn_may_come_from_walstream_dsn(db, monkeypatch):
+    monkeypatch.setenv("WALSTREAM_DSN", db.dsn)
+    result = runner.invoke(app, ["check"])
+    assert result.exit_code == 0, result.output
+    assert "wal_level" in result.output and "logical" in result.output
+    monkeypatch.delenv("WALSTREAM_DSN")
+    result = runner.invoke(app, ["check"])
+    assert result.exit_code == 2 and "give --dsn (or WALSTREAM_DSN)" in result.output
+
+
+def test_no_free_slot_or_wal_sender_is_an_error_for_a_new_slot_only():
+    from walstream.postgres.embedded import EmbeddedPostgres
+    from walstream.postgres.replication import replication_connection, start_options
+    from walstream.testing import wait_until
+
+    settings = {"max_replication_slots": "2", "max_wal_senders": "1"}
+    with EmbeddedPostgres(settings=settings) as server:
+        dsn = server.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE PUBLICATION p FOR ALL TABLES")
+            for name in ("one", "two"):
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+        full = by_subject(check_database(dsn, "three"))["replication slots"]
+        assert full.level == "error" and full.message == "all 2 replication slots are in use"
+        assert "max_replication_slots" in full.fix
+        kept = by_subject(check_database(dsn, "one"))["replication slots"]  # it has its slot
+        assert kept.level == "warning" and kept.message == "only 0 of 2 replication slots free"
+        # The one WAL sender busy streaming a slot: a new source could not connect.
+        stream = replication_connection(dsn)
+        try:
+            stream.cursor().start_replication(slot_name="one", decode=False,
+                                              options=start_options("p"))  # fmt: skip
+            wait_until(lambda: "wal senders" in by_subject(check_database(dsn, "one")), 30,
+                       message="the WAL sender never showed as busy")  # fmt: skip
+            busy = by_subject(check_database(dsn, "one"))["wal senders"]
+        finally:
+            stream.close()
+        assert busy.level == "error" and busy.message == "all 1 WAL senders are busy"
+        assert busy.fix == "raise max_wal_senders and restart PostgreSQL"

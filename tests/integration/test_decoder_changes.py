@@ -162,6 +162,19 @@ def test_logical_messages_inside_and_outside_transactions(accounts):
     assert seen[1][3] is not None and seen[1][3].lsn == rows[1].lsn
 
 
+def test_annotations_that_are_not_json_pass_on_as_a_json_string_with_a_warning(accounts, caplog):
+    db = accounts
+    pub, slot = db.create_publication("accounts"), db.create_slot()
+    with db.conn.transaction():
+        db.execute("SELECT pg_logical_emit_message(true, 'walstream:annotations', 'ticket 42 {')")
+        db.execute("INSERT INTO accounts VALUES (20, 'annotated', 0)")
+    with caplog.at_level("WARNING", logger="walstream.postgres.decoder"):
+        rows = decode_all(db, slot, pub)
+    assert [(r.pk, r.annotations) for r in rows] == [(["20"], '"ticket 42 {"')]
+    assert J(rows[0].annotations) == "ticket 42 {"  # valid JSON: a string, nothing dropped
+    assert "transaction annotations are not JSON" in caplog.text
+
+
 @pytest.mark.parametrize("mode", ["proto1", "proto2-streamed"])
 def test_hundred_thousand_row_transaction(db, mode):
     db.execute("CREATE TABLE big (id int PRIMARY KEY, payload text)")

@@ -4,8 +4,10 @@ the OpenAPI spec."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from walstream.config import load_config
 from walstream.runtime import Runtime
 from walstream.sinks.file import read_messages
 from walstream.testing import supervised, wait_until
+from walstream.version import __version__
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -89,6 +92,7 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
     runtime = Runtime(cfg, spark=spark).start()
     assert runtime.server is not None
     url = runtime.server.url
+    started = datetime.now(UTC)
     with supervised(runtime):
         insert(db, table, range(0, 100))
         insert(db, table, range(100, 200))
@@ -117,6 +121,17 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
         assert picky["status"] == "warning"
         assert picky["reasons"] == ["1 dead letter(s): retry or discard them"]
         assert h["status"] == "warning"
+        assert h["health"] == "degraded"  # a dead letter needs a look; nothing is down
+        assert h["version"] == __version__
+        assert 0 < h["uptime_seconds"] < (datetime.now(UTC) - started).total_seconds() + 1
+        # The commit time of the newest change delivered: one of the inserts above.
+        newest = datetime.fromisoformat(source["last_event_at"])
+        assert started - timedelta(seconds=1) <= newest <= datetime.now(UTC), source
+        assert (
+            0
+            <= source["last_event_age_seconds"]
+            <= (datetime.now(UTC) - newest).total_seconds() + 1
+        )
 
         m = metrics(url)
         assert sample(m, "walstream_messages_delivered_total", sink="files") == 200
@@ -187,6 +202,7 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
             == 404
         )
         wait_until(lambda: sink(health(url), "picky")["status"] == "ok", 10)
+        assert health(url)["health"] == "healthy"
 
         # A backfill through the API: started, followed to done, every row read once.
         r = httpx.post(f"{url}/api/backfills", json={"sink": "files"}, headers=AUTH)
@@ -213,6 +229,16 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert "files" in out.stdout and "picky" in out.stdout and "leader" in out.stdout
+        assert f"walstream {__version__} at {url}: healthy" in out.stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "walstream.cli", "status", "--url", url, "--json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        shown = json.loads(out.stdout)
+        assert shown["health"] == "healthy" and [s["name"] for s in shown["sinks"]] == [
+            "files", "picky",
+        ]  # fmt: skip
 
         # schemathesis: generated calls over the OpenAPI spec find no server error.
         run = subprocess.run(
@@ -222,4 +248,43 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+        # The slot is dropped under the running source: changes are gone, and /health
+        # says so with 503; `walstream status` exits 1.
+        slot = cfg.sources[0].slot_name
+        wait_until(lambda: drop_slot(db, slot), 60, message=f"slot {slot} stays in use")
+        wait_until(lambda: httpx.get(f"{url}/health", timeout=10).status_code == 503, 120,
+                   message=lambda: f"health: {health(url)}")  # fmt: skip
+        h = health(url)
+        assert h["health"] == "unhealthy" and h["status"] == "error"
+        assert h["sources"][0]["status"] == "error"
+        out = subprocess.run(
+            [sys.executable, "-m", "walstream.cli", "status", "--url", url],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert f"at {url}: unhealthy" in out.stdout
     assert len(read_messages(tmp_path / "files")) >= 260
+    # Nothing answers any more: exit 2, saying how to start it.
+    out = subprocess.run(
+        [sys.executable, "-m", "walstream.cli", "status", "--url", url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "start `walstream run`" in out.stderr, out.stderr
+
+
+def drop_slot(db: Any, slot: str) -> bool:
+    """Stop the slot's walsender and drop the slot; False while it is in use again."""
+    import psycopg
+
+    db.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+        "WHERE slot_name = %s AND active",
+        (slot,),
+    )
+    try:
+        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    except psycopg.errors.ObjectInUse:
+        return False
+    db.slots.remove(slot)
+    return True

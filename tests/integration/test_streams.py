@@ -1,9 +1,11 @@
-"""Pull subscriptions: two source databases feed one stream; consumers pull it over HTTP.
+"""Pull subscriptions: two source databases feed one stream; consumers pull it over HTTP
+and over gRPC (the PullerService).
 
 A consumer that leaves and resumes with its saved marker gets every message once in
 per-source order (also while the sources write); a consumer group is shared by two
 consumers; a consumer far behind with coalesce=true ends in the sources' state; SSE
-streams the same messages; a marker past retention gets 410 and counts a gap.
+streams the same messages, and so does gRPC's Subscribe (resumed, in a group, coalesced);
+a marker past retention gets 410 (gRPC: OUT_OF_RANGE) and counts a gap.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import threading
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import yaml
@@ -20,6 +23,7 @@ from tests.integration.test_server import metrics, sample
 from walstream.client import Gap, StreamMessage, subscribe
 from walstream.config import load_config
 from walstream.runtime import Runtime
+from walstream.server.puller import puller_pb2, puller_pb2_grpc
 from walstream.testing import supervised, wait_until
 
 pytestmark = [pytest.mark.spark]
@@ -66,7 +70,7 @@ def test_two_sources_one_stream_resume_groups_coalesce_sse_and_gaps(spark, db, o
     brief = {"type": "stream", "stream": "brief", "token": TOKEN, "retention": "1s"}
     path = tmp_path / "walstream.yaml"
     path.write_text(yaml.safe_dump({
-        "server": {"port": 0},
+        "server": {"port": 0, "grpc_port": 0},
         "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
         "sources": [{"name": "east", "dsn": db.dsn}, {"name": "west", "dsn": other_db.dsn}],
         "sinks": [
@@ -200,7 +204,32 @@ def test_two_sources_one_stream_resume_groups_coalesce_sse_and_gaps(spark, db, o
         now = httpx.get(base, params={"after": start, "limit": 80}, headers=AUTH).json()
         assert events == now["messages"]
 
-        # 5. Retention: the brief stream deleted what is over 1s old; a marker from before
+        # 5. gRPC's PullerService, through its generated client: the same messages from
+        # the same marker, resumed from an event's progress, in a group, coalesced.
+        assert runtime.server.grpc is not None
+        with grpc.insecure_channel(runtime.server.grpc.target) as channel:
+            puller = Puller(puller_pb2_grpc.PullerServiceStub(channel))
+            pulled = puller.pull(40, after=start)
+            pulled += puller.pull(40, after=pulled[-1].progress)
+            assert [as_http(e) for e in pulled] == now["messages"]
+            reply = puller.stub.Ack(
+                puller_pb2.AckRequest(stream="changes", consumer_id="g", progress=pulled[9].progress),
+                metadata=puller.auth,
+            )  # fmt: skip
+            assert reply.progress == pulled[9].progress
+            assert [as_http(e) for e in puller.pull(5, consumer_id="g")] == now["messages"][10:15]
+            collapsed = puller.pull(len(page["messages"]), after=start, coalesce_on_catch_up=True)
+            assert [as_http(e) for e in collapsed] == page["messages"]
+            for request, metadata, code, text in [
+                ({"after": start}, [], grpc.StatusCode.UNAUTHENTICATED, "consumer token"),
+                ({"stream": "nope"}, None, grpc.StatusCode.NOT_FOUND, "no stream named 'nope'"),
+                ({"after": "garbage"}, None, grpc.StatusCode.INVALID_ARGUMENT, "progress marker"),
+            ]:
+                with pytest.raises(grpc.RpcError) as err:
+                    puller.pull(1, metadata=metadata, **request)
+                assert err.value.code() == code and text in err.value.details(), err.value
+
+        # 6. Retention: the brief stream deleted what is over 1s old; a marker from before
         # is a gap (410), counted in the metrics.
         def expired() -> bool:
             # east's brief sink may not have made a batch visible yet: no position, not yet
@@ -217,6 +246,51 @@ def test_two_sources_one_stream_resume_groups_coalesce_sse_and_gaps(spark, db, o
         with pytest.raises(Gap, match="deleted by the stream's retention"):
             next(iter(sub))
         sub.close()
+        with grpc.insecure_channel(runtime.server.grpc.target) as channel:
+            puller = Puller(puller_pb2_grpc.PullerServiceStub(channel))
+            with pytest.raises(grpc.RpcError) as err:
+                puller.pull(1, stream="brief", after=brief_head)
+            assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
+            assert "deleted by the stream's retention" in err.value.details()
+            assert "fix: rebuild the consumer's state" in err.value.details()
+        assert sample(metrics(url), "walstream_stream_gaps_total", stream="brief") == 2.0
+
+
+class Puller:
+    """The PullerService's generated client, with the consumer token."""
+
+    def __init__(self, stub: Any) -> None:
+        self.stub = stub
+        self.auth = [("authorization", f"Bearer {TOKEN}")]
+
+    def pull(self, n: int, metadata: Any = None, **request: Any) -> list[Any]:
+        """The first `n` events of a subscription (then it is cancelled)."""
+        request.setdefault("stream", "changes")
+        call = self.stub.Subscribe(
+            puller_pb2.SubscribeRequest(**request),
+            metadata=self.auth if metadata is None else metadata,
+            timeout=60,
+        )
+        out = []
+        for e in call:
+            out.append(e)
+            if len(out) == n:
+                break
+        call.cancel()
+        return out
+
+
+def as_http(e: Any) -> dict[str, Any]:
+    """An event as the HTTP API shows the same message."""
+    m = {
+        "source": e.source, "table": e.table, "action": e.action,
+        "key": e.key if e.HasField("key") else None, "lsn": e.lsn, "seq": e.seq,
+        "idempotency_key": e.idempotency_key, "progress": e.progress,
+    }  # fmt: skip
+    if e.coalesced:
+        m["coalesced"] = e.coalesced
+    m["message"] = json.loads(e.message) if e.message else None
+    return m
 
 
 def test_open_reads_are_bounded_and_markers_and_acks_are_checked(spark, db, tmp_path):

@@ -133,3 +133,38 @@ def test_one_message_per_request_in_order_per_group_at_concurrency_8(rx: Webhook
         by_group[v["group"]].append(v["n"])
     assert by_group == {g: list(range(20)) for g in range(16)}
     assert len(rx.connections) <= 8  # keep-alive: connections are reused
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH"])
+def test_the_configured_method_and_headers_are_sent_and_kept_out_of_errors(
+    rx: WebhookReceiver, method: str
+) -> None:
+    sent = workload(1, 3)
+    headers = {"Authorization": "Bearer hook-secret-42", "X-Tenant": "acme"}
+    run_batch({"type": "webhook", "url": rx.url(), "method": method, "headers": headers}, sent)
+    assert [r.method for r in rx.requests] == [method] * 3
+    assert [r.body for r in rx.requests] == [m.value for m in sent]
+    for r in rx.requests:
+        assert r.headers["authorization"] == "Bearer hook-secret-42"
+        assert r.headers["x-tenant"] == "acme"
+    rx.answer = lambda path: 500
+    with pytest.raises(SinkError) as err:
+        run_batch({"type": "webhook", "url": rx.url(), "method": method, "headers": headers,
+                   "retry_timeout": 0}, sent)  # fmt: skip
+    assert "hook-secret-42" not in str(err.value)  # a header's value is a secret
+
+
+def test_425_is_retried_and_a_retry_after_date_is_honoured(rx: WebhookReceiver) -> None:
+    from email.utils import formatdate
+    from time import time
+
+    rx.answer = lambda path: 425
+    rx.retry_after = formatdate(time() + 120, usegmt=True)  # an HTTP date, two minutes on
+    with pytest.raises(SinkError) as err:
+        run_batch({"type": "webhook", "url": rx.url(), "retry_timeout": 0}, workload(1, 1))
+    assert err.value.retryable and not err.value.pause
+    assert err.value.retry_after is not None and 110 <= err.value.retry_after <= 120
+    rx.retry_after = formatdate(time() - 60, usegmt=True)  # a date already past: at once
+    with pytest.raises(SinkError) as err:
+        run_batch({"type": "webhook", "url": rx.url(), "retry_timeout": 0}, workload(1, 1))
+    assert err.value.retry_after == 0.0

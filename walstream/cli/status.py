@@ -26,8 +26,9 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print /health's JSON as it is.")] = False,
 ) -> None:
     """What a running `walstream run` reports at /health: each source and sink, its
-    status (ok, warning, error, paused, standby) and why. Exits 1 when something is in
-    error, 2 when the server cannot be reached."""
+    status (ok, warning, error, paused, standby) and why, and over all of them whether
+    walstream is healthy, degraded (a warning, a paused sink) or unhealthy (an error).
+    Exits 1 when unhealthy, 2 when the server cannot be reached."""
     import json
 
     import httpx
@@ -57,7 +58,13 @@ def status(
         def badge(s: str) -> str:
             return f"[{STYLE.get(s, 'white')}]{s}[/]"
 
-        console.print(f"walstream at {escape(url)}: {badge(data['status'])}")
+        health = data.get("health", data["status"])
+        up = data.get("uptime_seconds")
+        console.print(
+            f"walstream {escape(str(data.get('version', '')))} at {escape(url)}: "
+            f"{badge(health)} ({data['status']}"
+            + (f", up {_seconds(up)})" if up is not None else ")")
+        )
         t = Table(title="sources", title_justify="left")
         for col in ("source", "status", "role", "slot lag", "WAL kept", "last report", "ingested",
                     "why"):  # fmt: skip

@@ -44,6 +44,10 @@ class ServerConfig(Model):
     #: Open long-polls and SSE subscriptions, at most, per stream and per client address.
     max_stream_connections: int = Field(200, ge=1)
     max_client_connections: int = Field(16, ge=1)
+    #: The gRPC PullerService (`pip install 'walstream[grpc]'`) on this port of `host`,
+    #: beside the HTTP API: the same streams, markers and consumer tokens. 0: any free
+    #: port. Unset: off.
+    grpc_port: int | None = Field(None, ge=0, le=65535)
 
     def api_token(self) -> str | None:
         return token_from(self.token, "WALSTREAM_API_TOKEN")

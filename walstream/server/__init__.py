@@ -1,4 +1,5 @@
-"""The HTTP server `walstream run` starts (uvicorn in a thread): /health, /metrics, /api, /."""
+"""The HTTP server `walstream run` starts (uvicorn in a thread): /health, /metrics, /api, /;
+and, with `server.grpc_port`, the gRPC PullerService beside it (`puller/`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from walstream.errors import SetupError
 if TYPE_CHECKING:
     from walstream.server.metrics import Metrics
     from walstream.server.monitor import Monitor
+    from walstream.server.puller.service import GrpcServer
     from walstream.server.status import Control
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,11 @@ class Server:
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, name="walstream-http", daemon=True)
         self.port = cfg.port
+        self.grpc: GrpcServer | None = None
+        if cfg.grpc_port is not None:
+            from walstream.server.puller.service import GrpcServer
+
+            self.grpc = GrpcServer(control, metrics)
 
     def start(self, timeout: float = 15.0) -> Server:
         self.thread.start()
@@ -52,6 +59,8 @@ class Server:
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
         log.warning("serving /health, /metrics, /api and the console at %s", self.url)
+        if self.grpc is not None:
+            self.grpc.start()
         return self
 
     @property
@@ -61,6 +70,8 @@ class Server:
         return f"http://{host}:{self.port}"
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.grpc is not None:
+            self.grpc.stop()
         self.server.should_exit = True
         if self.thread.is_alive():
             self.thread.join(timeout)

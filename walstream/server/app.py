@@ -30,6 +30,7 @@ from walstream.delivery.parking import DEAD, PARKED, Parked
 from walstream.errors import WalstreamError
 from walstream.secrets import scrub_json
 from walstream.server.answers import backfill_json, check_bearer, parked_json, problem
+from walstream.server.stream_reader import StreamProblem
 
 if TYPE_CHECKING:
     from walstream.server.metrics import Metrics
@@ -157,6 +158,11 @@ def create_app(control: Control, monitor: Monitor, metrics: Metrics) -> FastAPI:
     @app.exception_handler(WalstreamError)
     async def _walstream_error(request: Request, exc: WalstreamError) -> JSONResponse:
         return JSONResponse({"detail": {"problem": exc.problem, "fix": exc.fix}}, status_code=400)
+
+    @app.exception_handler(StreamProblem)
+    async def _stream_problem(request: Request, exc: StreamProblem) -> JSONResponse:
+        detail = {"problem": exc.problem, "fix": exc.fix} if exc.fix else {"problem": exc.problem}
+        return JSONResponse({"detail": detail}, status_code=exc.status)
 
     # -- health and metrics ---------------------------------------------------------------
     @app.get("/health", tags=["health"],

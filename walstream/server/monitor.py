@@ -6,6 +6,10 @@ last failure), the state database (parked messages, dead letters, pauses) and th
 source databases (the slot: active or not, how far behind, how much WAL it holds;
 the replication connection's last status report).
 
+Over all of them, `/health` says `healthy` (every one ok, or standby), `degraded`
+(something needs a look: a warning, a paused sink) or `unhealthy` (an error; answered
+with 503), with walstream's version and uptime.
+
 A reason that quotes an error (which may quote row values: a key, a refused value)
 has a public form naming only the error's kind: `/health` shows that one to anyone,
 `/api/sources` and `/api/sinks` the whole text to token holders.
@@ -100,6 +104,10 @@ class SlotState:
         return retention_warning(self.wal_status, self.safe_wal_bytes, self.retained_wal_bytes)
 
 
+HEALTHY, DEGRADED, UNHEALTHY = "healthy", "degraded", "unhealthy"
+_HEALTH = {OK: HEALTHY, STANDBY: HEALTHY, PAUSED: DEGRADED, WARNING: DEGRADED, ERROR: UNHEALTHY}
+
+
 @dataclass
 class Snapshot:
     """One look at everything, shared by /health, /metrics and the console."""
@@ -107,14 +115,24 @@ class Snapshot:
     at: float
     sources: list[dict[str, Any]] = field(default_factory=list)
     sinks: list[dict[str, Any]] = field(default_factory=list)
+    uptime: float = 0.0  # seconds since the process's monitor started
 
     @property
     def status(self) -> str:
         return worst([s["status"] for s in self.sources + self.sinks])
 
+    @property
+    def health(self) -> str:
+        return _HEALTH[self.status]
+
     def as_json(self, detail: bool = False) -> dict[str, Any]:
         """`detail`: the errors' whole text (for token holders); else only their kinds."""
+        from walstream.version import __version__
+
         return {
+            "health": self.health,
+            "version": __version__,
+            "uptime_seconds": round(self.uptime, 1),
             "status": self.status,
             "sources": self.source_list(detail),
             "sinks": self.sink_list(detail),
@@ -155,6 +173,7 @@ class Monitor:
         self.control = control
         self.ttl = ttl
         self._last: Snapshot | None = None
+        self._started = time.monotonic()
 
     def snapshot(self, fresh: bool = False) -> Snapshot:
         last = self._last
@@ -166,7 +185,7 @@ class Monitor:
 
     def _build(self) -> Snapshot:
         rt = self.control
-        snap = Snapshot(time.monotonic())
+        snap = Snapshot(time.monotonic(), uptime=time.monotonic() - self._started)
         counts: dict[str, dict[str, int]] = {}
         paused: dict[str, str | None] = {}
         state_error: Reason | None = None
@@ -190,6 +209,7 @@ class Monitor:
             snap.sources.append(source)
             if sq.last_error and sq.failed:
                 failing[sq.name] = sq
+        sink_source = {sink.name: sink.source for sink in rt.config.sinks}
         for sink in rt.config.sinks:
             p = progress.get(sink.name)
             c = counts.get(sink.name, {})
@@ -243,6 +263,11 @@ class Monitor:
                     _age(p.last_committed_us / 1e6) if p and p.last_committed_us else None
                 ),
             })  # fmt: skip
+        for source in snap.sources:  # the newest change any of its sinks delivered
+            newest = max((p.last_committed_us for name, p in progress.items()
+                          if sink_source.get(name) == source["name"]), default=0)  # fmt: skip
+            source["last_event_at"] = _iso(newest) if newest else None
+            source["last_event_age_seconds"] = _age(newest / 1e6) if newest else None
         return snap
 
     def _source(self, sq: SourceStatus) -> dict[str, Any]:
@@ -325,6 +350,13 @@ class Monitor:
                 else None
             ),
         }
+
+
+def _iso(epoch_us: int) -> str:
+    """A commit time (µs since the Unix epoch) as ISO 8601 UTC."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(epoch_us / 1e6, UTC).isoformat(timespec="milliseconds")
 
 
 def _age(epoch_seconds: float) -> float:

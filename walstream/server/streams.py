@@ -21,22 +21,19 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from walstream.fields import parse_duration
 from walstream.server.answers import check_bearer, problem
 from walstream.server.connections import Connections
-from walstream.sinks.stream import StreamDestination
+from walstream.server.stream_reader import Delivered, StreamReader
 from walstream.state.streams import version
 from walstream.streams import markers
-from walstream.streams.coalesce import coalesce, rewrite
-from walstream.streams.markers import BadMarker, Cursor
-from walstream.streams.store import Ahead, Expired, Page
+from walstream.streams.markers import Cursor
 
 if TYPE_CHECKING:
-    from walstream.config import SinkConfig
     from walstream.server.metrics import Metrics
     from walstream.server.status import Control
 
@@ -67,152 +64,37 @@ class Ack(BaseModel):
 def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
 
     router = APIRouter(prefix="/v1/streams", tags=["streams"])
-    streams = control.config.streams()
+    reader = StreamReader(control, metrics)
+    streams = reader.streams
     server = control.config.server
     connections = Connections(server.max_stream_connections, server.max_client_connections)
 
     def client(request: Request) -> str:
         return request.client.host if request.client is not None else "?"
 
-    def feeding(name: str) -> list[SinkConfig]:
-        if name not in streams:
-            raise problem(
-                404, f"no stream named {name!r}",
-                f"streams are: {', '.join(streams) or 'none (add a sink with type: stream)'}",
-            )  # fmt: skip
-        return streams[name]
-
-    def sources(name: str) -> set[str]:
-        return {s.source for s in feeding(name)}
-
-    def settings(name: str) -> StreamDestination:
-        dest = feeding(name)[0].destination
-        assert isinstance(dest, StreamDestination)
-        return dest
-
     def consumer(request: Request, name: StreamName) -> None:
-        token = settings(name).consumer_token()
-        if token is None:
-            raise problem(
-                403, f"stream {name} has no consumer token: its read API is off",
-                "set destination.token of its sinks (or WALSTREAM_STREAMS_TOKEN) and restart",
-            )  # fmt: skip
-        check_bearer(request, token, "consumer token")
+        check_bearer(request, reader.token(name), "consumer token")
 
     Consumer = Depends(consumer)
 
-    def store() -> Any:
-        if control.streams is None:
-            raise problem(503, "walstream is starting", "try again in a moment")
-        return control.streams
-
-    def head(name: str) -> dict[str, Cursor]:
-        return {s: p.visible for s, p in store().positions(name).items()}
-
-    def start(name: str, after: str | None) -> dict[str, Cursor]:
-        """Where a read starts: a marker's positions, a group's checkpoint, or now."""
-        if not after:
-            return head(name)
-        if after.startswith("group:"):
-            group = after.removeprefix("group:")
-            if not group or len(group) > 200:
-                raise problem(400, "after=group:<name> needs a group name (1-200 characters)")
-            return store().group(name, group, head(name))
-        try:
-            return markers.decode(name, after, sources(name))
-        except BadMarker as exc:
-            raise problem(
-                400, f"after: {exc}", "pass a `progress` value this stream returned"
-            ) from None
-
-    def gone(name: str, exc: Expired | Ahead) -> HTTPException:
-        metrics.stream_gaps.labels(name).inc()
-        if isinstance(exc, Expired):
-            return problem(
-                410,
-                f"the consumer has a gap: messages of source {exc.source} after its position "
-                f"{exc.at[0]}:{exc.at[1]} were deleted by the stream's retention (through "
-                f"{exc.expired[0]}:{exc.expired[1]})",
-                "rebuild the consumer's state from the source (e.g. a backfill to this stream), "
-                "then read from now (no after)",
-            )
-        return problem(
-            410,
-            f"the position {exc.at[0]}:{exc.at[1]} of source {exc.source} is past what the "
-            f"stream holds ({exc.visible[0]}:{exc.visible[1]}): the stream was reset or the "
-            "marker is from another deployment",
-            "rebuild the consumer's state, then read from now (no after)",
-        )
-
     def fetch(name: str, at: dict[str, Cursor], limit: int, coalescing: bool) -> tuple[bytes, int]:
         """The response body for messages after `at`, and how many messages it holds."""
-        sinks = feeding(name)
-        dest = settings(name)
-        formats = {s.source: (s.format if s.transform is None else "custom") for s in sinks}
-        threshold = dest.catch_up_threshold
-        try:
-            page: Page = store().read(
-                name, [s.source for s in sinks], at, limit,
-                count_up_to=threshold + 1 if coalescing else None,
-            )  # fmt: skip
-        except (Expired, Ahead) as exc:
-            raise gone(name, exc) from None
-        positions = dict(at)
-        progress = []
-        for m in page.messages:
-            positions[m.source] = m.cursor
-            progress.append(markers.encode(name, positions))
-        final = markers.encode(name, positions)
-        collapse = coalescing and page.behind is not None and page.behind > threshold
-        parts = []
-        if collapse:
-            for e in coalesce(page.messages):
-                m = page.messages[e.last]
-                value = m.value
-                if value is not None and e.action != m.action:
-                    value = rewrite(value, formats.get(m.source, "custom"), e.action, m.action)
-                parts.append(_message(m, e.action, value, progress[e.last], e.count))
-        else:
-            parts = [
-                _message(m, m.action, m.value, p, None)
-                for m, p in zip(page.messages, progress, strict=True)
-            ]
-        metrics.stream_served.labels(name).inc(len(parts))
+        page = reader.read(name, at, limit, coalescing)
+        parts = [_message(m) for m in page.messages]
         body = (
-            '{"messages":[' + ",".join(parts) + f'],"progress":{json.dumps(final)},'
-            f'"coalesced":{json.dumps(collapse)},"behind":{json.dumps(page.behind)}}}'
+            '{"messages":[' + ",".join(parts) + f'],"progress":{json.dumps(page.progress)},'
+            f'"coalesced":{json.dumps(page.coalesced)},"behind":{json.dumps(page.behind)}}}'
         )
         return body.encode(), len(parts)
 
     # -- listing ---------------------------------------------------------------------------
-    def describe(name: str) -> dict[str, Any]:
-        dest = settings(name)
-        count, size, oldest = store().stats(name)
-        positions = store().positions(name)
-        return {
-            "name": name,
-            "sources": [s.source for s in feeding(name)],
-            "sinks": [s.name for s in feeding(name)],
-            "retention_seconds": dest.retention, "max_bytes": dest.max_bytes,
-            "catch_up_threshold": dest.catch_up_threshold,
-            "messages": count, "bytes": size,
-            "oldest_age_seconds": round(time.time() - oldest, 3) if oldest else None,
-            "head": markers.encode(name, {s: p.visible for s, p in positions.items()}),
-            "positions": {
-                s: {"visible": list(p.visible), "expired": list(p.expired)}
-                for s, p in positions.items()
-            },
-            "reads_enabled": dest.consumer_token() is not None,
-        }  # fmt: skip
-
     @router.get("", summary="Streams with their sources and what they keep")
     def list_streams() -> list[dict[str, Any]]:
-        return [describe(n) for n in streams]
+        return [reader.describe(n) for n in streams]
 
     @router.get("/{name}", summary="One stream: sources, kept messages, head marker")
     def get_stream(name: StreamName) -> dict[str, Any]:
-        feeding(name)
-        return describe(name)
+        return reader.describe(name)
 
     # -- reading -----------------------------------------------------------------------------
     @router.get(
@@ -237,7 +119,7 @@ def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
         seconds = _wait_seconds(wait)
         release = connections.open(name, client(request))
         try:
-            at = await anyio.to_thread.run_sync(start, name, after)
+            at = await anyio.to_thread.run_sync(reader.start, name, after)
             deadline = time.monotonic() + seconds
             while True:
                 seen = version()
@@ -266,7 +148,7 @@ def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
 
         release = connections.open(name, client(request))
         try:
-            at = await anyio.to_thread.run_sync(start, name, last_event_id or after)
+            at = await anyio.to_thread.run_sync(reader.start, name, last_event_id or after)
             # A position the stream no longer holds is an HTTP error before the events start.
             await anyio.to_thread.run_sync(fetch, name, at, 1, False)
         except BaseException:
@@ -312,43 +194,27 @@ def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
     @router.get("/{name}/groups/{group}", dependencies=[Consumer],
                 summary="A consumer group's checkpoint (a new group starts now)")  # fmt: skip
     def get_group(name: StreamName, group: GroupName) -> dict[str, Any]:
-        at = store().group(name, group, head(name))
+        at = reader.start(name, None, group)
         return {"stream": name, "group": group, "progress": markers.encode(name, at)}
 
     @router.post("/{name}/groups/{group}/ack", dependencies=[Consumer],
                  summary="Store a consumer group's progress (per source it never goes back)")  # fmt: skip
     def ack(name: StreamName, group: GroupName, body: Ack) -> dict[str, Any]:
-        try:
-            at = markers.decode(name, body.progress, sources(name))
-        except BadMarker as exc:
-            raise problem(
-                400, f"progress: {exc}", "pass a `progress` value this stream returned"
-            ) from None
-        visible = head(name)
-        for source, cursor in sorted(at.items()):
-            if cursor > visible.get(source, markers.START):
-                shown = visible.get(source, markers.START)
-                raise problem(
-                    400,
-                    f"progress: the position {cursor[0]}:{cursor[1]} of source {source} is past "
-                    f"what the stream has made visible ({shown[0]}:{shown[1]})",
-                    "ack only a `progress` value this stream returned",
-                )
-        stored = store().ack(name, group, at)
+        stored = reader.ack(name, group, body.progress)
         return {"stream": name, "group": group, "progress": markers.encode(name, stored)}
 
     return router
 
 
-def _message(m: Any, action: str, value: str | None, progress: str, count: int | None) -> str:
+def _message(m: Delivered) -> str:
     head = {
-        "source": m.source, "table": m.table, "action": action, "key": m.key,
-        "lsn": m.lsn, "seq": m.seq, "idempotency_key": m.idempotency_key, "progress": progress,
+        "source": m.source, "table": m.table, "action": m.action, "key": m.key,
+        "lsn": m.lsn, "seq": m.seq, "idempotency_key": m.idempotency_key, "progress": m.progress,
     }  # fmt: skip
-    if count is not None:
-        head["coalesced"] = count
+    if m.coalesced is not None:
+        head["coalesced"] = m.coalesced
     text = json.dumps(head, ensure_ascii=False, separators=(",", ":"))
-    return text[:-1] + f',"message":{value if value is not None else "null"}}}'
+    return text[:-1] + f',"message":{m.value if m.value is not None else "null"}}}'
 
 
 def _wait_seconds(wait: str) -> float:

@@ -42,6 +42,16 @@ _CLIENTS: Clients[Any] = Clients()
 
 #: Replies that say Redis could take the command later (memory, replicas, loading).
 _TRANSIENT = ("OOM", "BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "NOREPLICAS")
+#: redis-py turns these replies into their own classes and drops the code from the text.
+_CODE_OF = {"OutOfMemoryError": "OOM", "ReadOnlyError": "READONLY", "BusyLoadingError": "LOADING",
+            "TryAgainError": "TRYAGAIN", "MasterDownError": "MASTERDOWN"}  # fmt: skip
+
+
+def _reply(err: Exception) -> str:
+    """An error reply as Redis sent it: its code first."""
+    text = str(err)
+    code = _CODE_OF.get(type(err).__name__)
+    return f"{code} {text}" if code and not text.startswith(code) else text
 
 
 def _redis() -> Any:
@@ -89,9 +99,14 @@ class RedisStreamSink(Sink):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Some commands may have been applied before the connection broke: none is
             # known to be delivered, so a retry can add entries twice (see the docstring).
+            # LOADING comes this way too (redis-py counts it as a connection error).
+            loading = isinstance(exc, redis.exceptions.BusyLoadingError)
             raise SinkError(
-                f"Redis: {type(exc).__name__}: {exc} on {url_for_messages(self.url, 6379)}",
-                "check that Redis is up and reachable at destination.url",
+                f"Redis: {_reply(exc) if loading else f'{type(exc).__name__}: {exc}'} on "
+                f"{url_for_messages(self.url, 6379)}",
+                "Redis is reading its data back after a restart; walstream retries"
+                if loading
+                else "check that Redis is up and reachable at destination.url",
                 retryable=True,
             ) from exc
         failed = {i: r for i, r in enumerate(replies) if isinstance(r, Exception)}
@@ -99,7 +114,7 @@ class RedisStreamSink(Sink):
             return
         first = min(failed)
         err = failed[first]
-        text = str(err)
+        text = _reply(err)
         transient = text.startswith(_TRANSIENT)
         stream = messages[first].route or self.config.stream
         fix = (
