@@ -14,6 +14,7 @@ and `deliver` waits for its chunk there.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -56,12 +57,19 @@ class NatsDestination(DestinationSettings):
         return self
 
 
+log = logging.getLogger(__name__)
+
 #: Connections live on the shared loop; only its thread reads or writes them.
 _CONNECTIONS: Clients[Any] = Clients()
 _STREAMS_READY: set[tuple[Any, ...]] = set()
 
 #: JetStream API error codes that a retry cannot fix (wrong stream, too large, ...).
 _FATAL_CODES = {10060, 10054, 10055, 10026}
+
+
+def _headers(m: Message) -> dict[str, str]:
+    return {"Nats-Msg-Id": m.idempotency_key, "walstream-table": m.table,
+            "walstream-action": m.action}  # fmt: skip
 
 
 def _nats() -> Any:
@@ -103,19 +111,35 @@ class NatsSink(Sink):
             return nc
         nats = _nats()
         c = self.config
+        seen: list[Exception] = []  # what the server said while connecting
+
+        async def on_error(exc: Exception) -> None:
+            seen.append(exc)
+            log.debug("NATS: %s: %s", type(exc).__name__, exc)
+
         try:
             nc = await nats.connect(
                 servers=self.servers, user=c.user,
                 password=c.password.get_secret_value() if c.password else None,
                 token=c.token.get_secret_value() if c.token else None,
                 connect_timeout=c.timeout, allow_reconnect=True, max_reconnect_attempts=3,
-                reconnect_time_wait=0.5,
+                reconnect_time_wait=0.5, error_cb=on_error,
             )  # fmt: skip
         except Exception as exc:
+            # A refused login comes as an error per attempt, then NoServersError.
+            denied = [e for e in [exc, *seen] if isinstance(e, nats.errors.AuthorizationError)
+                      or "authorization violation" in str(e).lower()]  # fmt: skip
+            if denied:
+                raise SinkError(
+                    f"NATS: authorization failed on {servers_for_messages(c.servers)}: {denied[0]}",
+                    "put the right destination.user and password (or token); the server "
+                    "refuses these",
+                    retryable=False,
+                ) from exc
             raise SinkError(
                 f"NATS: cannot connect to {servers_for_messages(c.servers)}: {type(exc).__name__}: {exc}",
                 "check destination.servers (and user/password/token) and that NATS is up",
-                retryable=not isinstance(exc, nats.errors.AuthorizationError),
+                retryable=True,
             ) from exc
         _CONNECTIONS.put(self.key, nc)
         return nc
@@ -133,26 +157,35 @@ class NatsSink(Sink):
         _STREAMS_READY.add(ready)
 
     async def _publish(self, messages: Sequence[Message]) -> list[Any]:
+        """Each message's acknowledgement (or exception), in order. A message larger than
+        the server takes is not sent, nor is any after it: theirs is a MaxPayloadError."""
         nc = await self._connection()
         js = nc.jetstream(timeout=self.config.timeout)
         await self._ensure_stream(js)
         default = self.config.subject
         futures = []
-        for m in messages:
-            headers = {
-                "Nats-Msg-Id": m.idempotency_key,
-                "walstream-table": m.table,
-                "walstream-action": m.action,
-            }
+        too_large: list[Any] = []
+        for i, m in enumerate(messages):
+            if len(m.value or b"") > nc.max_payload:
+                too_large = [_nats().errors.MaxPayloadError()] * (len(messages) - i)
+                break
             futures.append(
                 await js.publish_async(
-                    m.route or default, m.value or b"", headers=headers, stream=self.config.stream
+                    m.route or default, m.value or b"", headers=_headers(m),
+                    stream=self.config.stream,
                 )
-            )
+            )  # fmt: skip
         await nc.flush(self.config.timeout)
-        return await asyncio.gather(
+        acks = await asyncio.gather(
             *(asyncio.wait_for(f, self.config.timeout) for f in futures), return_exceptions=True
         )
+        return [*acks, *too_large]
+
+    async def _publish_one(self, m: Message) -> Any:
+        nc = await self._connection()
+        js = nc.jetstream(timeout=self.config.timeout)
+        return await js.publish(m.route or self.config.subject, m.value or b"",
+                                headers=_headers(m), stream=self.config.stream)  # fmt: skip
 
     # -- the contract ------------------------------------------------------------------------
     def deliver(self, messages: Sequence[Message]) -> None:
@@ -165,6 +198,20 @@ class NatsSink(Sink):
         except Exception as exc:  # connection lost before all were sent: none known delivered
             raise self._error(exc, messages[0], frozenset()) from exc
         failed = {i: a for i, a in enumerate(acks) if isinstance(a, BaseException)}
+        if failed and isinstance(failed[min(failed)], TimeoutError):
+            # nats-py (2.16) never resolves publish_async's future when JetStream refuses
+            # the message (wrong expected stream, ...): it looks like a timeout. Publish the
+            # first one again, waiting for its answer (the same Nats-Msg-Id: JetStream keeps
+            # one copy), to learn why.
+            first = min(failed)
+            try:
+                self._run(self._publish_one(messages[first]), self.config.timeout * 2 + 5)
+            except SinkError:
+                raise
+            except Exception as exc:
+                failed[first] = exc
+            else:
+                del failed[first]
         if failed:
             first = min(failed)
             delivered = frozenset(range(len(messages))) - failed.keys()
