@@ -92,8 +92,10 @@ class TansuBroker:
     accepted but read_committed still sees aborted records.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, authentication: bool = False) -> None:
         self.port = port or free_port()
+        #: Clients must log in (SASL SCRAM); it knows no users, so every login is refused.
+        self.authentication = authentication
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir = Path(tempfile.mkdtemp(prefix="walstream-tansu-"))
         self.log_file = self._dir / "tansu.log"
@@ -111,6 +113,7 @@ class TansuBroker:
                 "--listener-url", url,
                 "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/",
+                *(["--authentication"] if self.authentication else []),
             ],
             stdout=log, stderr=subprocess.STDOUT, cwd=self._dir,
         )  # fmt: skip

@@ -20,7 +20,9 @@ from walstream.testing import TansuBroker
 pytestmark = pytest.mark.kafka
 
 
-def kafka_sink(bootstrap: str, topic: str, **producer: Any) -> KafkaSink:
+def kafka_sink(
+    bootstrap: str, topic: str, create_topics: bool = True, **producer: Any
+) -> KafkaSink:
     cfg = parse_config(
         {
             "sources": [{"name": "app", "dsn": "postgresql://u@127.0.0.1:1/db"}],
@@ -29,7 +31,7 @@ def kafka_sink(bootstrap: str, topic: str, **producer: Any) -> KafkaSink:
                     "name": "k", "source": "app",
                     "destination": {
                         "type": "kafka", "bootstrap_servers": bootstrap, "topic": topic,
-                        "create_topics": True, "producer": producer,
+                        "create_topics": create_topics, "producer": producer,
                     },
                 }
             ],
@@ -109,3 +111,49 @@ def test_a_hung_broker_fails_every_report_retryably_and_a_retry_delivers_all() -
         assert set(keys) == {b"k0", b"k1", b"k2"}
         k2 = [m.value() for m in got if m.key() == b"k2"]
         assert k2[-2:] == [b'{"n":2}', None]  # the tombstone after its delete, last
+
+
+def test_the_headers_name_the_change_and_its_position(kafka: TansuBroker) -> None:
+    topic = unique("headers")
+    sink = kafka_sink(kafka.bootstrap_servers, topic)
+    sink.deliver([Message(0x1A2B3C4D5E, 7, b'{"n":1}', b"k1", table="public.t", action="update")])
+    (got,) = consume_all(kafka.bootstrap_servers, topic, at_least=1)
+    assert [(k, v.decode()) for k, v in got.headers()] == [
+        ("idempotency-key", idempotency_key(0x1A2B3C4D5E, 7)),
+        ("walstream-lsn", "1A/2B3C4D5E"),
+        ("walstream-table", "public.t"),
+    ]
+
+
+def test_an_unknown_topic_without_create_topics_is_an_error_at_check(kafka: TansuBroker) -> None:
+    """`walstream check` probes each sink: a missing topic it may not create is an error
+    that a retry cannot fix. (tansu, like a Kafka with auto.create.topics.enable, makes a
+    topic on the first message to it, so delivery itself cannot show it here.)"""
+    topic = unique("absent")
+    sink = kafka_sink(kafka.bootstrap_servers, topic, create_topics=False)
+    with pytest.raises(SinkError) as info:
+        sink.test_connection()
+    err = info.value
+    assert not err.retryable
+    assert err.problem == f"Kafka: topic {topic!r} does not exist on {kafka.bootstrap_servers}"
+    assert err.fix == "create it, or set destination.create_topics: true"
+    kafka_sink(kafka.bootstrap_servers, topic, create_topics=True).test_connection()  # no error
+
+
+def test_a_refused_login_is_not_retried_and_says_to_check_the_credentials() -> None:
+    broker = TansuBroker(authentication=True).start()  # knows no users: refuses every login
+    try:
+        sink = kafka_sink(
+            broker.bootstrap_servers, unique("locked"),
+            **{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+               "sasl.username": "walstream", "sasl.password": "kafka-secret-3",
+               "message.timeout.ms": 4000},
+        )  # fmt: skip
+        with pytest.raises(SinkError) as info:
+            sink.deliver([message(0)])
+    finally:
+        broker.stop()
+    err = info.value
+    assert not err.retryable, err
+    assert "AUTHENTICATION" in err.problem and "SASL" in err.problem
+    assert "check the SASL credentials" in err.fix and "kafka-secret-3" not in str(err)

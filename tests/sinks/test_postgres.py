@@ -341,3 +341,29 @@ def test_two_sources_into_one_target_table_is_a_config_error(db, other_db, targe
     with pytest.raises(ConfigError, match=r"which sink mirror already fills from public\.users"):
         sink.deliver(messages([theirs]))
     assert table_text(target, "copy.users", set()) == [{"id": "1", "name": "a"}]
+
+
+def test_create_tables_false_never_creates_and_fills_the_table_made_by_hand(db, target) -> None:
+    db.execute("CREATE TABLE notes (id int PRIMARY KEY, body text)")
+    slot, pub = db.create_slot(), db.create_publication("notes")
+    db.execute("INSERT INTO notes VALUES (1, 'one'), (2, 'two')")
+    db.execute("UPDATE notes SET body = 'uno' WHERE id = 1")
+    rows = changes(db, slot, pub)
+    with pytest.raises(SinkError) as err:
+        apply(db, target, rows, create_tables=False)
+    e = err.value
+    assert not e.retryable and e.delivered == frozenset()
+    assert e.problem == (
+        'Postgres mirror: public.notes refused a change: table "public"."notes" '
+        "does not exist in the target (3 of 3 changes)"
+    )
+    assert e.fix == (
+        "create it, or set destination.create_tables: true; then `walstream dead-letters retry`"
+    )
+    with connect(target, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('public.notes')").fetchone()[0] is None
+        conn.execute("CREATE TABLE notes (id int PRIMARY KEY, body text, extra text DEFAULT 'x')")
+    apply(db, target, rows, create_tables=False)
+    assert table_text(target, "notes", set()) == [
+        {"id": "1", "body": "uno", "extra": "x"}, {"id": "2", "body": "two", "extra": "x"},
+    ]  # fmt: skip

@@ -90,15 +90,46 @@ def _kafka() -> Any:
     return optional_import("confluent_kafka", "confluent-kafka (the Kafka sink)", "kafka")
 
 
+#: A producer's last refused login (its error_cb hears it): librdkafka only lets the
+#: messages time out, and this says why (see `_cause`).
+_LOGIN_REFUSED: dict[int, Any] = {}
+
+
 def producer_for(settings: dict[str, Any]) -> Any:
     """One producer per settings per worker process: connections and metadata are reused."""
     key = tuple(sorted((k, str(v)) for k, v in settings.items()))
-    return _PRODUCERS.get(key, lambda: _kafka().Producer({**settings, "logger": LIBRDKAFKA_LOG}))
+
+    def make() -> Any:
+        E = _kafka().KafkaError
+        refused: list[Any] = []
+
+        def on_error(err: Any) -> None:
+            if err.code() in (E._AUTHENTICATION, E.SASL_AUTHENTICATION_FAILED):
+                refused[:] = [err]
+            LIBRDKAFKA_LOG.warning("%s", err.str())
+
+        producer = _kafka().Producer({**settings, "logger": LIBRDKAFKA_LOG, "error_cb": on_error})
+        _LOGIN_REFUSED[id(producer)] = refused
+        return producer
+
+    return _PRODUCERS.get(key, make)
+
+
+def _cause(producer: Any, err: Any) -> Any:
+    """The refused login behind a message that timed out or a broker that seemed
+    unreachable, if there was one; else `err`."""
+    E = _kafka().KafkaError
+    if err.code() not in (E._MSG_TIMED_OUT, E._TIMED_OUT, E._TRANSPORT):
+        return err
+    producer.poll(0)  # serves the error callbacks queued meanwhile
+    refused = _LOGIN_REFUSED.get(id(producer))
+    return refused[0] if refused else err
 
 
 def _forget(producer: Any) -> None:
     with _LOCK:
         _TOPICS.pop(id(producer), None)
+        _LOGIN_REFUSED.pop(id(producer), None)
     _PRODUCERS.forget(lambda _, p: p is producer)
 
 
@@ -230,11 +261,13 @@ class KafkaSink(Sink):
         SinkError whose `delivered` holds the indices acknowledged when any failed.
         `locate(failed)` maps failed reports to indices."""
         kafka = _kafka()
+        producer = producer_for(self.settings)
         try:
-            producer = producer_for(self.settings)
             self._ensure_topics(producer, set(topics))
         except kafka.KafkaException as exc:
-            raise self._error(exc.args[0], self.config.topic, frozenset()) from exc
+            raise self._error(
+                _cause(producer, exc.args[0]), self.config.topic, frozenset()
+            ) from exc
         # One callback for the whole chunk (a closure per message costs more than the
         # produce call's Python side); a failed report is traced back to its index
         # through the idempotency-key header, only on that (rare) path.
@@ -279,7 +312,7 @@ class KafkaSink(Sink):
             errors.update(locate(failed))
         if errors:
             first = min(errors)
-            err = errors[first]
+            err = _cause(producer, errors[first])
             if err.fatal() or err.code() in _reset_codes():
                 _forget(producer)  # the retry gets a new producer (and producer id)
             with _LOCK:  # a deleted topic is looked up (and created) again on the retry

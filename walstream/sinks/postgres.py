@@ -255,6 +255,8 @@ class PostgresSink(Sink):
                         )
                         if isinstance(exc, RenamePending):
                             table, fixes[i] = exc.table, exc.fix
+                        elif isinstance(exc, SinkError) and exc.fix:  # e.g. no target table
+                            fixes[i] = f"{exc.fix}; then `walstream dead-letters retry`"
                         key = row_key(table.pk, c.get("record") or {}) if table else None
                         book.refused(key, (c["schema"], c["table"]), m.cursor)
             mirror_book.save(conn, self.book_schema, self.name, book)
