@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from datetime import timedelta
 
 from psycopg import sql
 
 from walstream.state.store import Store
 
 Cursor = tuple[int, int]  # (lsn, seq)
-_TICK = timedelta(microseconds=1)
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS {messages} (
@@ -129,33 +127,30 @@ class StreamTables(Store):
         _bump()
 
     def expire(self, stream: str, retention: float, max_bytes: int) -> int:
-        """Delete what is past `retention` or over `max_bytes` (oldest first), per source
-        a prefix of its messages; remember the last deleted cursor. Returns rows deleted."""
+        """Delete what is past `retention` or over `max_bytes` (the oldest first: the newest
+        messages that fit stay), per source a prefix of its visible messages; remember the
+        last deleted cursor. Returns rows deleted."""
         conn = self._conn()
         deleted = 0
         with conn.transaction():
             cutoff = conn.execute(
                 "SELECT now() - make_interval(secs => %s)", (retention,)
             ).fetchone()[0]  # type: ignore[index]
-            total = conn.execute(
-                sql.SQL("SELECT coalesce(sum(bytes), 0) FROM {} WHERE stream = %s").format(
-                    self.messages
-                ),
-                (stream,),
-            ).fetchone()[0]  # type: ignore[index]
-            if total > max_bytes:  # the newest messages that fit; everything older goes
-                row = conn.execute(
+            # Per source, the newest message that does not fit in max_bytes (newest first:
+            # within a source that order is its cursor order, so what goes is a prefix).
+            over = {
+                source: (lsn, seq)
+                for source, lsn, seq in conn.execute(
                     sql.SQL(
-                        """SELECT stored_at FROM (
-                             SELECT stored_at, sum(bytes) OVER (ORDER BY stored_at DESC,
+                        """SELECT DISTINCT ON (source) source, lsn, seq FROM (
+                             SELECT source, lsn, seq, sum(bytes) OVER (ORDER BY stored_at DESC,
                                source, lsn DESC, seq DESC) AS newer
                              FROM {} WHERE stream = %s) x
-                           WHERE newer > %s ORDER BY stored_at DESC LIMIT 1"""
+                           WHERE newer > %s ORDER BY source, lsn DESC, seq DESC"""
                     ).format(self.messages),
                     (stream, max_bytes),
-                ).fetchone()
-                if row is not None:
-                    cutoff = max(cutoff, row[0] + _TICK)
+                ).fetchall()
+            }
             sources = conn.execute(
                 sql.SQL(
                     "SELECT source, visible_lsn, visible_seq FROM {} WHERE stream = %s FOR UPDATE"
@@ -163,7 +158,7 @@ class StreamTables(Store):
                 (stream,),
             ).fetchall()
             for source, vlsn, vseq in sources:
-                last = conn.execute(
+                old = conn.execute(
                     sql.SQL(
                         "SELECT lsn, seq FROM {} WHERE stream = %s AND source = %s "
                         "AND stored_at < %s AND (lsn, seq) <= (%s, %s) "
@@ -171,8 +166,10 @@ class StreamTables(Store):
                     ).format(self.messages),
                     (stream, source, cutoff, vlsn, vseq),
                 ).fetchone()
-                if last is None:
+                found = [c for c in (old, over.get(source)) if c is not None]
+                if not found:
                     continue
+                last = min(max(tuple(c) for c in found), (vlsn, vseq))  # visible ones only
                 cur = conn.execute(
                     sql.SQL(
                         "DELETE FROM {} WHERE stream = %s AND source = %s AND (lsn, seq) <= (%s, %s)"

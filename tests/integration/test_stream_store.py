@@ -1,0 +1,81 @@
+"""A stream's store against a real state database, without Spark: `max_bytes` retention
+keeps the newest messages that fit and makes older positions a gap; a group's checkpoint
+never goes back, whatever order (or how many at once) its consumers ack in."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from walstream.streams.store import Expired, StreamStore
+
+
+def store(db: Any) -> StreamStore:
+    s = StreamStore(db.dsn, "walstream")
+    s.ensure()
+    return s
+
+
+def fill(s: StreamStore, source: str, n: int, size: int = 100) -> None:
+    """n messages of `size` bytes from `source`, then made visible."""
+    rows = [("changes", source, 1000 + i, 0, "public.t", "insert", str(i), f"ik{i}",
+             "x" * size, size) for i in range(n)]  # fmt: skip
+    s.write(rows)
+    s.make_visible("changes", source, (1000 + n - 1, 0))
+
+
+def test_max_bytes_keeps_the_newest_messages_that_fit_and_older_positions_are_a_gap(db):
+    s = store(db)
+    fill(s, "east", 30)
+    deleted = s.expire("changes", retention=3600, max_bytes=1000)  # room for 10 of 30
+    assert deleted == 20
+    count, size, _ = s.stats("changes")
+    assert (count, size) == (10, 1000)
+    page = s.read("changes", ["east"], {"east": (1019, 0)}, 100)
+    assert [m.lsn for m in page.messages] == list(range(1020, 1030))  # nothing newer lost
+    with pytest.raises(Expired) as gap:
+        s.read("changes", ["east"], {"east": (1005, 0)}, 100)
+    assert gap.value.expired == (1019, 0) and gap.value.at == (1005, 0)
+    assert s.expire("changes", retention=3600, max_bytes=1000) == 0  # within bounds now
+
+
+def test_acks_in_any_order_never_move_a_group_back(db):
+    s = store(db)
+    assert s.ack("changes", "workers", {"east": (1010, 0), "west": (2000, 3)}) == {
+        "east": (1010, 0), "west": (2000, 3),
+    }  # fmt: skip
+    # A slower consumer acks an earlier page, and a marker that knows only one source.
+    assert s.ack("changes", "workers", {"east": (1005, 0), "west": (2001, 0)}) == {
+        "east": (1010, 0), "west": (2001, 0),
+    }  # fmt: skip
+    assert s.ack("changes", "workers", {"east": (1002, 0)}) == {
+        "east": (1010, 0),
+        "west": (2001, 0),
+    }
+    assert s.group("changes", "workers", {}) == {"east": (1010, 0), "west": (2001, 0)}
+
+
+def test_concurrent_consumers_of_one_group_end_at_the_furthest_ack(db):
+    s = store(db)
+    acks = [{"east": (1000 + i, 0)} for i in range(40)]
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def consumer(k: int) -> None:
+        mine = StreamStore(db.dsn, "walstream")  # each its own connection
+        try:
+            barrier.wait()
+            for ack in acks[k::8]:
+                mine.ack("changes", "workers", ack)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consumer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert s.group("changes", "workers", {}) == {"east": (1039, 0)}
