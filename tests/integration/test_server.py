@@ -89,10 +89,10 @@ def test_health_metrics_and_management_api_follow_a_live_stream(spark, db, kafka
     switch = tmp_path / "refusing"
     switch.touch()
     cfg = load_config(write_config(tmp_path, db, kafka, table, switch))
+    started = datetime.now(UTC)
     runtime = Runtime(cfg, spark=spark).start()
     assert runtime.server is not None
     url = runtime.server.url
-    started = datetime.now(UTC)
     with supervised(runtime):
         insert(db, table, range(0, 100))
         insert(db, table, range(100, 200))
