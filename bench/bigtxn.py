@@ -11,8 +11,8 @@ For each mode, in its own process and with its own PostgreSQL:
 3. samples every SAMPLE seconds: resident memory of the driver JVM, of the
    Runtime's Python process and of Spark's Python processes; the bytes the server
    spilled to its own disk (`pg_stat_replication_slots.spill_bytes`) and streamed
-   (`stream_bytes`); the size of walstream's spool files (open, unnamed files of
-   the source's process, read through /proc/<pid>/fd).
+   (`stream_bytes`); the size of walstream's spool files (open, unnamed files in the
+   spill directory, read through /proc/<pid>/fd of the processes below this one).
 
 Prints, per mode: how long the transaction ran, commit → first row delivered,
 commit → last row delivered, peak memory, the server's spill and walstream's spool;
@@ -52,9 +52,11 @@ INSERT = """INSERT INTO accounts_history
             FROM generate_series(%s::bigint, %s::bigint) g"""
 
 
-def spool_bytes() -> int:
-    """Bytes in walstream's spool files (unnamed: found through the processes' open files)."""
+def spool_bytes(spill_dir: Path) -> int:
+    """Bytes in walstream's spool files: unnamed files (O_TMPFILE) in `spill_dir`, found
+    through the open files of this process's descendants."""
     total = 0
+    prefix = str(spill_dir) + "/"
     for pid in _descendants(os.getpid()):
         fds = Path(f"/proc/{pid}/fd")
         try:
@@ -63,7 +65,8 @@ def spool_bytes() -> int:
             continue
         for fd in entries:
             try:
-                if "walstream-txn-" in os.readlink(fd):
+                target = os.readlink(fd)
+                if target.startswith(prefix) and target.endswith("(deleted)"):
                     total += fd.stat().st_size
             except OSError:
                 continue
@@ -81,14 +84,14 @@ class Peaks:
     streamed: int = 0
 
 
-def sample(dsn: str, every: float, peaks: Peaks, stop: threading.Event) -> None:
+def sample(dsn: str, spill_dir: Path, every: float, peaks: Peaks, stop: threading.Event) -> None:
     with connect(dsn, autocommit=True) as conn:
         while not stop.wait(every):
             mem = rss_by_group()
             for g, mb in mem.items():
                 peaks.rss[g] = max(peaks.rss[g], mb)
             peaks.total_rss = max(peaks.total_rss, sum(mem.values()))
-            peaks.spool = max(peaks.spool, spool_bytes())
+            peaks.spool = max(peaks.spool, spool_bytes(spill_dir))
             row = conn.execute(
                 "SELECT spill_bytes, stream_bytes FROM pg_stat_replication_slots"
                 " WHERE slot_name = 'bench'"
@@ -123,7 +126,7 @@ def one(mode: str, rows: int, every: float) -> dict[str, float]:
             )  # fmt: skip
             runtime = Runtime(cfg).start()
             peaks, stop = Peaks(), threading.Event()
-            sampler = threading.Thread(target=sample, args=(dsn, every, peaks, stop))
+            sampler = threading.Thread(target=sample, args=(dsn, work, every, peaks, stop))
             try:
                 with connect(dsn, autocommit=True) as conn:
                     conn.execute(INSERT, (0, 0))

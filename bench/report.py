@@ -35,6 +35,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("kafka", ["--changes", "1000000", "--latency-seconds", "15"]),
     ("sinks", ["--messages", "20000"]),
     ("backlog", ["--changes", "2000000"]),
+    ("bigtxn", ["--rows", "2000000"]),
     ("backfill", ["--rows", "2000000"]),
     ("events", ["--requests", "2000", "--threads", "8"]),
     ("shards", ["--changes", "500000"]),
