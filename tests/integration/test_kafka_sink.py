@@ -157,3 +157,24 @@ def test_a_refused_login_is_not_retried_and_says_to_check_the_credentials() -> N
     assert not err.retryable, err
     assert "AUTHENTICATION" in err.problem and "SASL" in err.problem
     assert "check the SASL credentials" in err.fix and "kafka-secret-3" not in str(err)
+
+
+def test_librdkafka_says_each_line_at_most_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    """A broker that is down makes librdkafka repeat its connection error every few
+    milliseconds; walstream's log gets each line once (the SinkError says the rest)."""
+    from walstream.postgres.embedded import free_port
+
+    sink = kafka_sink(
+        f"127.0.0.1:{free_port()}", unique("down"), create_topics=False,
+        **{"message.timeout.ms": 3000, "reconnect.backoff.ms": 10,
+           "reconnect.backoff.max.ms": 20},
+    )  # fmt: skip
+    with (
+        caplog.at_level("DEBUG", logger="walstream.kafka.librdkafka"),
+        pytest.raises(SinkError) as info,
+    ):
+        sink.deliver([message(0)])
+    assert info.value.retryable
+    lines = [r.getMessage() for r in caplog.records if r.name == "walstream.kafka.librdkafka"]
+    assert any("Connection refused" in line for line in lines), lines
+    assert len(lines) == len(set(lines)), lines

@@ -77,3 +77,22 @@ def test_missing_config_file_says_how_to_get_one(tmp_path):
     )  # fmt: skip
     assert out.returncode == 2
     assert f"config file {tmp_path / 'nope.yaml'} does not exist" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("transform", "problem"),
+    [
+        ("nosuch_module_xyz:fn", "No module named 'nosuch_module_xyz'"),
+        ("json:no_such_function", "module 'json' has no attribute 'no_such_function'"),
+        ("json:__name__", "transform 'json:__name__' is not a function"),
+    ],
+    ids=["no-module", "no-function", "not-callable"],
+)
+def test_a_transform_that_cannot_be_imported_exits_2_before_anything_starts(
+    tmp_path, transform, problem
+):
+    out = run(tmp_path, sink(transform=transform))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "error: sink files: " in out.stderr and problem in out.stderr
+    assert "nothing was started" in out.stderr and "Traceback" not in out.stderr
+    assert "starting Spark" not in out.stdout
