@@ -14,39 +14,20 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.serving import StoreOnly
 from walstream.client import subscribe
-from walstream.config import Plan, parse_config
+from walstream.config import parse_config
 from walstream.server import Server
 from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
 from walstream.streams.store import StreamStore
 
 TOKEN = "pull-token-5"
-
-
-@dataclass
-class StoreOnly:
-    """What the server reads from walstream run, minus the Spark pipeline (see `Control`)."""
-
-    config: Plan
-    streams: StreamStore | None
-    secrets: set[str] = field(default_factory=set)
-    parking: Any = None
-    backfills: Any = None
-    outbox: Any = None
-    rates: dict[str, float] = field(default_factory=dict)
-
-    def sources(self) -> list[Any]:
-        return []
-
-    def progress(self) -> dict[str, Any]:
-        return {}
 
 
 @pytest.fixture

@@ -1,0 +1,85 @@
+"""What the management API shows, on a real server over a real state database, without
+Spark (the test parks messages as a batch would): `/api/parked` and `/api/dead-letters`
+list them with their errors, `/api/sinks/{name}` counts them and says why it is not ok."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.serving import StoreOnly
+from walstream.config import parse_config
+from walstream.delivery.parking import DEAD, PARKED, ParkingLot
+from walstream.server import Server
+from walstream.server.metrics import Metrics
+from walstream.server.monitor import Monitor
+from walstream.sinks.base import Message
+
+TOKEN = "api-token-8"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def api(db: Any) -> Iterator[tuple[str, ParkingLot]]:
+    cfg = parse_config({
+        "server": {"port": 0, "token": TOKEN},
+        "sources": [{"name": "app", "dsn": db.dsn}],
+        "sinks": [{"name": "hook", "source": "app",
+                   "destination": {"type": "webhook", "url": "http://127.0.0.1:9/h"}}],
+    })  # fmt: skip
+    lot = ParkingLot(db.dsn, "walstream")
+    lot.ensure()
+    control = StoreOnly(cfg, parking=lot)
+    server = Server(control, Monitor(control, ttl=0), Metrics()).start()  # type: ignore[arg-type]
+    try:
+        yield server.url, lot
+    finally:
+        server.stop()
+
+
+def message(n: int, key: str) -> Message:
+    return Message(0x9000 + n * 64, n, json.dumps({"id": key, "n": n}).encode(), key.encode(),
+                   None, "public.orders", "update", group=f"public\x1forders\x1f{key}")  # fmt: skip
+
+
+def test_parked_messages_and_dead_letters_as_the_api_lists_and_counts_them(api):
+    url, lot = api
+    lot.park("hook", [
+        (message(1, "7"), PARKED, "webhook answered 503", 1, 30.0),
+        (message(2, "7"), PARKED, None, 0, None),
+        (message(3, "9"), DEAD, "webhook answered 400", 1, None),
+    ])  # fmt: skip
+    parked = httpx.get(f"{url}/api/parked", params={"sink": "hook"}, headers=AUTH).json()
+    assert parked["total"] == 2
+    first, second = parked["items"]
+    assert (first["sink"], first["status"], first["group"]) == (
+        "hook",
+        "parked",
+        "public\x1forders\x1f7",
+    )
+    assert (first["lsn"], first["seq"], first["table"], first["action"]) == (
+        0x9000 + 64, 1, "public.orders", "update",
+    )  # fmt: skip
+    assert first["attempts"] == 1 and first["last_error"] == "webhook answered 503"
+    assert first["next_attempt_at"] is not None
+    assert (second["seq"], second["attempts"], second["last_error"]) == (2, 0, None)
+    assert "message" not in first  # the list holds no row values
+    dead = httpx.get(f"{url}/api/dead-letters", headers=AUTH).json()
+    assert [(d["seq"], d["status"], d["last_error"]) for d in dead["items"]] == [
+        (3, "dead", "webhook answered 400"),
+    ]
+    shown = httpx.get(f"{url}/api/dead-letters/{dead['items'][0]['id']}", headers=AUTH).json()
+    assert json.loads(shown["message"]) == {"id": "9", "n": 3} and shown["key"] == "9"
+    sink = httpx.get(f"{url}/api/sinks/hook", headers=AUTH).json()
+    assert (sink["name"], sink["source"], sink["type"]) == ("hook", "app", "webhook")
+    assert (sink["status"], sink["parked"], sink["dead_letters"]) == ("warning", 2, 1)
+    assert sink["reasons"] == [
+        "2 parked message(s) waiting for a retry",
+        "1 dead letter(s): retry or discard them",
+    ]
+    assert httpx.get(f"{url}/api/sinks/nope", headers=AUTH).status_code == 404
+    assert httpx.get(f"{url}/api/parked").status_code == 401  # row data: a token's
