@@ -24,6 +24,7 @@ from tests.servers import (
     redis_server,
 )
 from walstream.postgres.embedded import free_port
+from walstream.sinks.base import SinkContext
 from walstream.sinks.registry import sink_types
 from walstream.testing import TansuBroker, wait_until
 
@@ -40,6 +41,11 @@ class Harness:
     name: str
     dedupes = False  # the destination drops a replayed message by its idempotency key
     state_only = False  # the destination keeps each row's latest state, not every message
+    context: SinkContext | None = None  # what the config's plan resolves the sink with
+
+    def unreachable_context(self) -> SinkContext | None:
+        """The context of `unreachable()`'s destination."""
+        return self.context
 
     def prepare(self, route: str, messages: list[Any]) -> list[Any]:
         """The messages as this sink takes them (the same, except for the mirror)."""
@@ -340,6 +346,44 @@ def receiver() -> Iterator[WebhookReceiver]:
     rx.stop()
 
 
+class StreamHarness(Harness):
+    """Pull subscriptions' sink: messages kept in the state database (`stream_messages`)."""
+
+    name, dedupes = "stream", True  # a replayed batch writes nothing twice (ON CONFLICT)
+
+    def __init__(self, db: Any) -> None:
+        from walstream.state.streams import StreamTables
+
+        self.db = db
+        self.context = SinkContext("app", db.dsn, db.dsn, "walstream")
+        StreamTables(db.dsn, "walstream").ensure()  # walstream run makes them at start
+
+    def destination(self, route: str) -> dict[str, Any]:
+        return {"type": "stream", "stream": route.replace("_", "-")}
+
+    def _read(self, route: str) -> list[Got]:
+        rows = (
+            self.db.execute(
+                "SELECT ikey, value FROM walstream.stream_messages WHERE stream = %s "
+                "ORDER BY lsn, seq",
+                (route.replace("_", "-"),),
+            )
+            if self.db.execute("SELECT to_regclass('walstream.stream_messages')")[0][0]
+            else []
+        )
+        return [Got(k, v.encode()) for k, v in rows]
+
+    def refusing(self, route: str) -> tuple[dict[str, Any], bytes]:
+        return self.destination(route), b'"a NUL byte: \x00"'  # text cannot hold it
+
+    def unreachable(self) -> dict[str, Any]:
+        return self.destination("down")
+
+    def unreachable_context(self) -> SinkContext:
+        dsn = f"postgresql://postgres@127.0.0.1:{free_port()}/x?connect_timeout=2"
+        return SinkContext("app", dsn, dsn, "walstream")
+
+
 #: How to make each sink's harness, by destination type. The contract suite runs for every
 #: registered sink type (walstream.sinks.registry) but those below: a new sink fails here
 #: until it has a harness.
@@ -357,11 +401,11 @@ HARNESSES: dict[str, Callable[[Any, Path], Harness]] = {
     "postgres": lambda request, tmp_path: PostgresHarness(
         request.getfixturevalue("db"), request.getfixturevalue("target")
     ),
+    "stream": lambda request, tmp_path: StreamHarness(request.getfixturevalue("db")),
 }
-#: Not run through the contract suite: a wrapper of the others (tests/integration/test_chaos.py),
-#: the pull subscriptions' store (tests/integration/test_streams.py), and the lake sinks, which
-#: write tables, not messages (tests/integration/test_lake*.py).
-NOT_CONTRACTED = {"faulty", "stream", "delta", "iceberg"}
+#: Not run through the contract suite: a wrapper of the others (tests/integration/test_chaos.py)
+#: and the lake sinks, which write tables, not messages (tests/integration/test_lake*.py).
+NOT_CONTRACTED = {"faulty", "delta", "iceberg"}
 SINKS = sorted(set(sink_types()) - NOT_CONTRACTED)
 
 

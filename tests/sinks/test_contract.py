@@ -25,7 +25,7 @@ from tests.sinks.conftest import Harness, values
 from walstream.change import idempotency_key
 from walstream.config import Destination
 from walstream.errors import SinkError
-from walstream.sinks.base import BatchInfo, Message
+from walstream.sinks.base import BatchInfo, Message, SinkContext
 from walstream.sinks.registry import sink_for
 
 GROUPS, PER_GROUP, CHUNK = 6, 100, 150
@@ -44,9 +44,19 @@ def workload(groups: int = GROUPS, per_group: int = PER_GROUP) -> list[Message]:
     return out
 
 
-def run_batch(dest: dict[str, Any], messages: list[Message], batch_id: int = 1) -> None:
+def make_sink(dest: dict[str, Any], context: SinkContext | None = None) -> Any:
+    """The sink for `dest`, resolved for `context` as the config's plan does (the stream
+    sink needs it: its state database)."""
+    settings = TypeAdapter(Destination).validate_python(dest)
+    return sink_for(settings.resolved(context) if context is not None else settings)
+
+
+def run_batch(
+    dest: dict[str, Any], messages: list[Message], batch_id: int = 1,
+    context: SinkContext | None = None,
+) -> None:  # fmt: skip
     """What a Spark task does with a sink: begin, deliver chunk by chunk, finish, close."""
-    sink = sink_for(TypeAdapter(Destination).validate_python(dest))
+    sink = make_sink(dest, context)
     sink.prepare_batch("contract", batch_id, 1)
     sink.begin(BatchInfo("contract", batch_id, 0, 1))
     try:
@@ -60,7 +70,7 @@ def run_batch(dest: dict[str, Any], messages: list[Message], batch_id: int = 1) 
 def test_a_group_arrives_in_order_with_its_idempotency_keys(harness: Harness) -> None:
     route = unique("contract")
     sent = harness.prepare(route, workload())
-    run_batch(harness.destination(route), sent)
+    run_batch(harness.destination(route), sent, context=harness.context)
     if harness.state_only:  # each group's row holds its last change; the cursor the last key
         got = harness.read(route, GROUPS)
         assert [json.loads(g.value) for g in got] == [
@@ -84,10 +94,10 @@ def test_a_replayed_batch_is_dropped_where_the_system_can_dedupe(harness: Harnes
     route = unique("replay")
     sent = harness.prepare(route, workload(3, 20))
     dest = harness.destination(route)
-    run_batch(dest, sent)
-    run_batch(dest, sent)  # the same batch again, as after a crash before Spark's commit
+    run_batch(dest, sent, context=harness.context)
+    run_batch(dest, sent, context=harness.context)  # again, as after a crash before the commit
     if harness.state_only:  # and an older slice after it: no row moves backwards
-        run_batch(dest, sent[:5])
+        run_batch(dest, sent[:5], context=harness.context)
         assert values(harness.read(route, 3)) == [{"group": g, "n": 19} for g in range(3)]
     elif harness.dedupes:
         got = harness.read(route, len(sent))
@@ -107,7 +117,7 @@ def test_a_message_refused_for_good_is_not_retryable(harness: Harness) -> None:
     dest, bad = harness.refusing(route)
     good = workload(1, 1)[0]
     with pytest.raises(SinkError) as err:
-        run_batch(dest, [good._replace(value=bad, lsn=good.lsn + 1)])
+        run_batch(dest, [good._replace(value=bad, lsn=good.lsn + 1)], context=harness.context)
     assert err.value.retryable is False, err.value
     assert err.value.fix, "every error says what to do"
     print(f"{harness.name}: {err.value}")
@@ -119,15 +129,15 @@ def test_a_destination_that_is_down_is_retryable(harness: Harness) -> None:
         pytest.skip("a file sink has no server")
     dest = harness.unreachable()
     with pytest.raises(SinkError) as err:
-        run_batch(dest, workload(1, 3))
+        run_batch(dest, workload(1, 3), context=harness.unreachable_context())
     assert err.value.retryable is True, err.value
     print(f"{harness.name}: {err.value}")
     with pytest.raises(SinkError):
-        sink_for(TypeAdapter(Destination).validate_python(dest)).test_connection()
+        make_sink(dest, harness.unreachable_context()).test_connection()
 
 
 def test_test_connection_passes_against_the_running_server(harness: Harness) -> None:
-    sink = sink_for(TypeAdapter(Destination).validate_python(harness.destination(unique("probe"))))
+    sink = make_sink(harness.destination(unique("probe")), harness.context)
     assert sink.test_connection() is None  # it raises SinkError when it cannot reach it
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 import psycopg
 from pydantic import Field, PrivateAttr, SecretStr
 
-from walstream.errors import SinkError
+from walstream.errors import ConnectionFailed, SinkError
 from walstream.fields import Duration, Size, token_from
 from walstream.sinks.base import DestinationSettings, Message, Sink, SinkContext
 from walstream.sinks.registry import register
@@ -98,6 +98,10 @@ class StreamSink(Sink):
     def _write(self, rows: list[Row]) -> None:
         try:
             self.store.write(rows)
+        except ConnectionFailed as exc:  # the state database is down: the batch waits
+            raise SinkError(
+                f"stream {self.stream}: {exc.problem}", exc.fix, retryable=True
+            ) from exc
         except psycopg.Error as exc:
             raise SinkError(
                 f"stream {self.stream}: cannot keep messages in the state database: "
