@@ -49,6 +49,8 @@ class RabbitMqDestination(DestinationSettings):
 #: (url) -> (connection, channel); a closed channel is reopened on the next chunk. Used
 #: on the shared loop's thread only.
 _CHANNELS: Clients[tuple[Any, Any]] = Clients()
+#: (channel id, exchange) declared already (on the shared loop's thread only).
+_DECLARED: set[tuple[int, str]] = set()
 
 
 def _aiormq() -> Any:
@@ -71,7 +73,7 @@ class RabbitMqSink(Sink):
         ch: Any
         conn, ch = _CHANNELS.find(self.url) or (None, None)
         if ch is not None and not ch.is_closed and not conn.is_closed:
-            return ch
+            return await self._declared(ch)
         if conn is None or conn.is_closed:
             try:
                 conn = await asyncio.wait_for(aiormq.connect(self.url), self.config.timeout)
@@ -88,10 +90,16 @@ class RabbitMqSink(Sink):
                     retryable=True,
                 ) from exc
         ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
-        kind = self.config.declare_exchange
-        if kind and self.config.exchange:
-            await ch.exchange_declare(self.config.exchange, exchange_type=kind, durable=True)
         _CHANNELS.put(self.url, (conn, ch))
+        return await self._declared(ch)
+
+    async def _declared(self, ch: Any) -> Any:
+        """`ch`, once this sink's exchange is declared on it (`declare_exchange`). The
+        channel is shared by every sink of the URL: each declares its own exchange."""
+        kind, exchange = self.config.declare_exchange, self.config.exchange
+        if kind and exchange and (id(ch), exchange) not in _DECLARED:
+            await ch.exchange_declare(exchange, exchange_type=kind, durable=True)
+            _DECLARED.add((id(ch), exchange))
         return ch
 
     async def _publish(self, messages: Sequence[Message]) -> list[Any]:
