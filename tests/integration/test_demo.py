@@ -69,3 +69,53 @@ def test_server_home_falls_back_when_root_hands_the_server_to_a_user_who_cannot_
         assert server_home(open_dir / "postgres") == open_dir / "postgres"
     finally:
         open_dir.rmdir()
+
+
+PLAIN_USER = "walstream-demo"
+
+
+def _plain_user() -> str:
+    """An unprivileged account to run the demo as (made once; root only)."""
+    import pwd
+    import subprocess
+
+    try:
+        pwd.getpwnam(PLAIN_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        PLAIN_USER], check=True, capture_output=True)  # fmt: skip
+    return PLAIN_USER
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as root and as another user needs root")
+@pytest.mark.parametrize("as_user", ["root", "plain"])
+def test_walstream_demo_runs_as_a_command_as_root_and_as_a_plain_user(home, as_user):
+    """The README's first command as a newcomer types it: its own process, exit 0, every
+    change delivered once; as root (the server runs as another user) and as a plain one."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "walstream.cli", "demo", "--seconds", "6", "--rate", "200"]
+    env = {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"}
+    if as_user == "plain":
+        user = _plain_user()
+        shutil.chown(home, user)
+        cmd = ["runuser", "-u", user, "--", *cmd]
+        probe = subprocess.run([*cmd[:4], sys.executable, "-c", "import walstream"],
+                               capture_output=True, text=True)  # fmt: skip
+        if probe.returncode != 0:  # e.g. a pyenv Python under /root (a Debian one is not)
+            pytest.skip(f"{user} cannot run this Python: {probe.stderr.strip()[-200:]}")
+    out = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ok = [line for line in out.stdout.splitlines() if line.startswith("ok: ")]
+    assert ok, out.stdout[-3000:]
+    import re
+
+    found = re.match(r"ok: ([\d,]+) changes written, ([\d,]+) delivered this run", ok[0])
+    assert found, ok[0]
+    written, delivered = (int(g.replace(",", "")) for g in found.groups())
+    assert written > 300 and delivered == written
+    messages = [json.loads(m) for m in read_messages(home / ".walstream" / "demo" / "out")]
+    keys = [m["metadata"]["idempotency_key"] for m in messages]
+    assert len(keys) == written and len(set(keys)) == len(keys)  # each change once
