@@ -94,6 +94,7 @@ def test_broker_down_at_start_and_hung_mid_stream(spark, db, tmp_path):
         assert broker.bootstrap_servers in sq.last_error, sq.last_error
         assert "check that the brokers" in sq.last_error, sq.last_error
         assert runtime.progress().get("k") is None or runtime.progress()["k"].delivered == 0
+        assert restarts(runtime) == sq.restarts >= 1  # counted in /metrics as they happen
 
         broker.start()  # the broker comes up: the run resumes by itself
         wait_until(delivered(500), 180, interval=0.5, message=lambda: f"{runtime.progress()}")
@@ -110,6 +111,7 @@ def test_broker_down_at_start_and_hung_mid_stream(spark, db, tmp_path):
                 message="the run did not report the hung broker",
             )  # fmt: skip
             assert "Kafka" in sq.last_error, sq.last_error
+            assert restarts(runtime) == sq.restarts > failures_before
         finally:
             broker.proc.send_signal(signal.SIGCONT)
         wait_until(delivered(1000), 180, interval=0.5, message=lambda: f"{runtime.progress()}")
@@ -141,3 +143,16 @@ def test_broker_down_at_start_and_hung_mid_stream(spark, db, tmp_path):
     for c in expected:
         want[",".join(c.pk).encode()].append((c.lsn, c.seq))
     assert per_key == want
+
+
+def restarts(runtime: Any) -> float:
+    """`walstream_query_restarts_total` of source app, as /metrics renders it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(runtime.metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == "walstream_query_restarts_total" and sample.labels == {
+                "source": "app"
+            }:
+                return sample.value
+    raise AssertionError("walstream_query_restarts_total{source=app} is not in /metrics")
