@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -16,6 +18,8 @@ from walstream.change import parse_lsn
 from walstream.postgres.embedded import EmbeddedPostgres, wheel_pg_bin
 from walstream.postgres.replication import RawMessage, connect, drop_slot, read_messages
 from walstream.testing import TansuBroker
+
+T = TypeVar("T")
 
 # Every `walstream run` a test starts (in this process or as a subprocess) serves its API
 # on a free port: never the default 8376 a real walstream on this machine may hold.
@@ -72,6 +76,19 @@ def server_for(request: pytest.FixtureRequest, pg: EmbeddedPostgres) -> Embedded
 
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def at_once(n: int, fn: Callable[[int], T]) -> list[T]:
+    """`fn(k)` for k in range(n), in n threads released together; their results in order
+    (the first exception in any is raised here)."""
+    barrier = threading.Barrier(n)
+
+    def run(k: int) -> T:
+        barrier.wait(60)
+        return fn(k)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(run, range(n)))
 
 
 @dataclass

@@ -4,9 +4,9 @@ keys with them) and nothing else."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from tests.conftest import at_once
 from walstream.state.outbox import Outbox
 
 
@@ -18,22 +18,11 @@ def outbox(db: Any) -> Outbox:
 
 def test_concurrent_repeats_of_one_idempotency_key_make_one_event(db):
     box = outbox(db)
-    barrier = threading.Barrier(12)
-    answers: list[Any] = []
-    lock = threading.Lock()
-
-    def post(n: int) -> None:
-        mine = Outbox(db.dsn, "walstream")  # each request its own connection
-        barrier.wait()
-        got = mine.publish("order.paid", {"order": 7, "try": n}, "order-7", "pay-7")
-        with lock:
-            answers.append(got)
-
-    threads = [threading.Thread(target=post, args=(n,)) for n in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    answers = at_once(  # each request on a connection of its own (one per thread)
+        12, lambda n: Outbox(db.dsn, "walstream").publish(
+            "order.paid", {"order": 7, "try": n}, "order-7", "pay-7"
+        )
+    )  # fmt: skip
     assert len(answers) == 12
     assert len({a.id for a in answers}) == 1  # every request got the one event's id
     assert sorted(a.duplicate for a in answers) == [False] + [True] * 11

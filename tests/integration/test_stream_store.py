@@ -4,11 +4,11 @@ never goes back, whatever order (or how many at once) its consumers ack in."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
+from tests.conftest import at_once
 from walstream.streams.store import Expired, StreamStore
 
 
@@ -60,22 +60,11 @@ def test_acks_in_any_order_never_move_a_group_back(db):
 def test_concurrent_consumers_of_one_group_end_at_the_furthest_ack(db):
     s = store(db)
     acks = [{"east": (1000 + i, 0)} for i in range(40)]
-    barrier = threading.Barrier(8)
-    errors: list[BaseException] = []
 
-    def consumer(k: int) -> None:
-        mine = StreamStore(db.dsn, "walstream")  # each its own connection
-        try:
-            barrier.wait()
-            for ack in acks[k::8]:
-                mine.ack("changes", "workers", ack)
-        except BaseException as exc:
-            errors.append(exc)
+    def consumer(k: int) -> None:  # each on a connection of its own (one per thread)
+        mine = StreamStore(db.dsn, "walstream")
+        for ack in acks[k::8]:
+            mine.ack("changes", "workers", ack)
 
-    threads = [threading.Thread(target=consumer, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == []
+    at_once(8, consumer)  # an error in any consumer is raised here
     assert s.group("changes", "workers", {}) == {"east": (1039, 0)}
