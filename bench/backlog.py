@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.results import figure
-from bench.stream import TABLE
+from bench.stream import with_slot, write
 from walstream.config import parse_config
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
@@ -190,13 +190,7 @@ def write_backlog(dsn: str, changes: int, big: int | None = None) -> None:
             end = done + rows
             while done < end:
                 n = min(per_txn, end - done)
-                conn.execute(
-                    """INSERT INTO accounts_history
-                       SELECT g, g %% 100000, g %% 10, g %% 100, (g %% 9999) - 5000, now(),
-                              'f', 'n' || g
-                       FROM generate_series(%s::bigint, %s::bigint) g""",
-                    (done + 1, done + n),
-                )
+                write(conn, done + 1, n, n)  # one transaction of n rows
                 done += n
                 if done >= next_report:
                     rate = done / (time.perf_counter() - t0)
@@ -233,9 +227,7 @@ def main() -> None:
         ) as pg:
             dsn = pg.dsn()
             with connect(dsn, autocommit=True) as conn:
-                conn.execute(TABLE)
-                conn.execute("CREATE PUBLICATION bench FOR TABLE accounts_history")
-                conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
+                with_slot(conn)
             write_backlog(dsn, args.changes, args.big)
             with connect(dsn, autocommit=True) as conn:
                 wal = conn.execute(

@@ -40,16 +40,13 @@ from pathlib import Path
 
 from bench.backlog import GROUPS, _descendants, rss_by_group
 from bench.results import figure
-from bench.stream import TABLE
+from bench.stream import with_slot, write
 from walstream.config import parse_config
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
 from walstream.runtime import Runtime
 
 MODES = ("at-commit", "streamed")
-INSERT = """INSERT INTO accounts_history
-            SELECT g, g %% 100000, g %% 10, g %% 100, (g %% 9999) - 5000, now(), 'f', 'n' || g
-            FROM generate_series(%s::bigint, %s::bigint) g"""
 
 
 def spool_bytes(spill_dir: Path) -> int:
@@ -109,9 +106,7 @@ def one(mode: str, rows: int, every: float) -> dict[str, float]:
         ) as pg:
             dsn = pg.dsn()
             with connect(dsn, autocommit=True) as conn:
-                conn.execute(TABLE)
-                conn.execute("CREATE PUBLICATION bench FOR TABLE accounts_history")
-                conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
+                with_slot(conn)
             source = {"name": "bench", "dsn": dsn, "slot": "bench", "publication": "bench"}
             if mode == "streamed":
                 source |= {"streaming": True, "spill_dir": str(work)}
@@ -129,12 +124,12 @@ def one(mode: str, rows: int, every: float) -> dict[str, float]:
             sampler = threading.Thread(target=sample, args=(dsn, work, every, peaks, stop))
             try:
                 with connect(dsn, autocommit=True) as conn:
-                    conn.execute(INSERT, (0, 0))
+                    write(conn, 0, 1, 1)
                 wait_delivered(runtime, 1, 300)
                 sampler.start()
                 t0 = time.monotonic()
                 with connect(dsn, autocommit=True) as conn:
-                    conn.execute(INSERT, (1, rows))
+                    write(conn, 1, rows, rows)  # one INSERT ... SELECT: one transaction
                 committed = time.monotonic()
                 print(f"  {mode}: the transaction of {rows:,} rows ran {committed - t0:.1f}s",
                       flush=True)  # fmt: skip

@@ -35,6 +35,14 @@ CREATE TABLE accounts_history (
 """
 
 
+def with_slot(conn) -> None:
+    """TABLE, the publication `bench` of it and the slot `bench` (pgoutput) that holds every
+    change written after this."""
+    conn.execute(TABLE)
+    conn.execute("CREATE PUBLICATION bench FOR TABLE accounts_history")
+    conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
+
+
 def write(conn, start: int, rows: int, per_txn: int) -> None:
     for first in range(start, start + rows, per_txn):
         conn.execute(
