@@ -42,8 +42,6 @@ from walstream.postgres.wal_buffer import (
 log = logging.getLogger(__name__)
 
 HEARTBEAT_PREFIX = "walstream:heartbeat"
-_BEGIN = struct.Struct("!qqI")
-_COMMIT = struct.Struct("!bqqq")
 _OID = struct.Struct("!I")
 #: Messages of a committed streamed transaction fed into the buffer per loop turn.
 _REPLAY_STEP = 2000
@@ -248,7 +246,7 @@ class Capture:
             if self.spools.receive(raw):
                 return
         if kind == b"B":
-            lsn, ts, xid = _BEGIN.unpack_from(raw, 1)
+            lsn, ts, xid = po.BEGIN_BODY.unpack_from(raw, 1)
             with self.cond:  # None: a transaction we hold already, resent after a reconnect
                 self._current = self.buffer.begin(lsn, xid, ts, self.relations)
             self._skipping = self._current is None
@@ -263,7 +261,7 @@ class Capture:
         if kind == b"C":
             if txn is not None:
                 with self.cond:
-                    self.buffer.complete(txn, _COMMIT.unpack_from(raw, 1)[2])
+                    self.buffer.complete(txn, po.COMMIT_BODY.unpack_from(raw, 1)[2])
                     self.cond.notify_all()
             self._current = None
             return

@@ -17,9 +17,10 @@ _I8 = struct.Struct("!q")
 _I32 = struct.Struct("!i")
 _U32 = struct.Struct("!I")
 _I16 = struct.Struct("!h")
-_BEGIN = struct.Struct("!qqI")  # final lsn, commit ts, xid
-_COMMIT = struct.Struct("!bqqq")  # flags, commit lsn, end lsn, ts
-_STREAM_COMMIT = struct.Struct("!Ibqqq")
+#: The fields after the kind byte (the capture and the spool read and write them too).
+BEGIN_BODY = struct.Struct("!qqI")  # final lsn, commit ts, xid
+COMMIT_BODY = struct.Struct("!bqqq")  # flags, commit lsn, end lsn, ts
+STREAM_COMMIT_BODY = struct.Struct("!Ibqqq")  # xid, then as Commit
 _MSG_HEAD = struct.Struct("!bq")  # flags, lsn
 
 NULL = None
@@ -222,10 +223,10 @@ class PgOutputParser:
     def _parse(self, buf: bytes) -> PgOutputMessage:
         kind = buf[0:1]
         if kind == b"B":
-            lsn, ts, xid = _BEGIN.unpack_from(buf, 1)
+            lsn, ts, xid = BEGIN_BODY.unpack_from(buf, 1)
             return Begin(lsn, ts, xid)
         if kind == b"C":
-            flags, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(buf, 1)
+            flags, commit_lsn, end_lsn, ts = COMMIT_BODY.unpack_from(buf, 1)
             return Commit(flags, commit_lsn, end_lsn, ts)
         if kind == b"I":
             xid, pos = self._xid(buf, 1)
@@ -302,7 +303,7 @@ class PgOutputParser:
             self.stream_xid = None
             return StreamStop()
         if kind == b"c":
-            xid, flags, commit_lsn, end_lsn, ts = _STREAM_COMMIT.unpack_from(buf, 1)
+            xid, flags, commit_lsn, end_lsn, ts = STREAM_COMMIT_BODY.unpack_from(buf, 1)
             return StreamCommit(xid, flags, commit_lsn, end_lsn, ts)
         if kind == b"A":
             xid, subxid = struct.unpack_from("!II", buf, 1)

@@ -24,13 +24,11 @@ from itertools import chain
 from typing import IO
 
 from walstream.errors import SetupError
+from walstream.postgres.pgoutput import BEGIN_BODY, COMMIT_BODY, STREAM_COMMIT_BODY
 
 _LEN = struct.Struct("!I")
 _STREAM_START = struct.Struct("!Ib")
 _STREAM_ABORT = struct.Struct("!II")
-_STREAM_COMMIT = struct.Struct("!Ibqqq")
-_BEGIN = struct.Struct("!qqI")
-_COMMIT = struct.Struct("!bqqq")
 #: Message kinds that carry the (sub)transaction's xid inside a streamed block.
 WITH_XID = frozenset(b"IUDTRYM")
 
@@ -226,12 +224,12 @@ class Spools:
 
     def commit(self, raw: bytes) -> Replay:
         """Stream Commit: the transaction, as Begin, its messages and Commit."""
-        xid, flags, commit_lsn, end_lsn, ts = _STREAM_COMMIT.unpack_from(raw, 1)
+        xid, flags, commit_lsn, end_lsn, ts = STREAM_COMMIT_BODY.unpack_from(raw, 1)
         spool = self.open.pop(xid, None)
         if spool is not None:
             self._memory -= spool.memory_bytes
-        begin = b"B" + _BEGIN.pack(commit_lsn, ts, xid)
-        return Replay(begin, spool, b"C" + _COMMIT.pack(flags, commit_lsn, end_lsn, ts))
+        begin = b"B" + BEGIN_BODY.pack(commit_lsn, ts, xid)
+        return Replay(begin, spool, b"C" + COMMIT_BODY.pack(flags, commit_lsn, end_lsn, ts))
 
     def _discard(self, xid: int) -> None:
         spool = self.open.pop(xid)
