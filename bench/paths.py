@@ -44,7 +44,7 @@ from walstream.spark.session import build_spark
 from walstream.spark.source import WalstreamDataSource, WalstreamStreamReader
 
 #: The columns of `delivery` (walstream.spark.expressions.delivery_columns for Kafka).
-DELIVERY = [c for c in CHANGE_COLUMNS if c not in ("pk", "unchanged_toast")]
+DELIVERY = [c for c in CHANGE_COLUMNS if c not in ("pk", "unchanged_toast", "table_oid")]
 PATHS = ("jvm", "delivery", "all", "raw")
 
 

@@ -105,7 +105,9 @@ class ChangeRow(NamedTuple):
 
     `committed_at_us` is microseconds since the Unix epoch (UTC); the Spark
     column is a timestamp. `unchanged_toast` lists columns left out of `record`
-    because Postgres did not send their (unchanged, TOASTed) value. `backfill` is
+    because Postgres did not send their (unchanged, TOASTed) value. `table_oid` is the
+    source table's OID (pgoutput's relation id): the same table under a new name keeps
+    it, a new table under an old name has another; None on watermarks. `backfill` is
     the backfill's id on rows a backfill read (action `read`), else None; it is not
     a column of the stream's schema (the pipeline adds it where backfill rows join).
     """
@@ -123,6 +125,7 @@ class ChangeRow(NamedTuple):
     old: str | None
     annotations: str | None
     unchanged_toast: list[str] | None
+    table_oid: int | None = None
     backfill: int | None = None
 
     @property
@@ -140,7 +143,7 @@ ACTIONS = ("insert", "update", "delete", "truncate", "read")
 CHANGE_SCHEMA_DDL = (
     "source STRING, lsn BIGINT, seq INT, xid BIGINT, committed_at TIMESTAMP, action STRING, "
     "schema STRING, table STRING, pk ARRAY<STRING>, record STRING, old STRING, "
-    "annotations STRING, unchanged_toast ARRAY<STRING>"
+    "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT"
 )
 
 CHANGE_COLUMNS = tuple(c.split()[0] for c in CHANGE_SCHEMA_DDL.split(", "))
@@ -174,5 +177,6 @@ def spark_schema() -> Any:
             StructField("old", s, True),
             StructField("annotations", s, True),
             StructField("unchanged_toast", ArrayType(s, False), True),
+            StructField("table_oid", LongType(), True),
         ]
     )

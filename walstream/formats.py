@@ -98,11 +98,13 @@ def record(c: ChangeRow) -> str:
 
 def mirror(c: ChangeRow) -> str:
     """What the Postgres mirror sink needs of a change: the row, the old key or row (a
-    changed key), which unchanged TOAST values were not sent."""
+    changed key), which unchanged TOAST values were not sent, the source table's OID."""
     toast = json.dumps(c.unchanged_toast) if c.unchanged_toast else "null"
+    oid = c.table_oid if c.table_oid is not None else "null"
     return (
         f'{{"action":"{c.action}","schema":{_str(c.schema)},"table":{_str(c.table)},'
-        f'"record":{c.record or "null"},"old":{c.old or "null"},"unchanged_toast":{toast}}}'
+        f'"oid":{oid},"record":{c.record or "null"},"old":{c.old or "null"},'
+        f'"unchanged_toast":{toast}}}'
     )
 
 

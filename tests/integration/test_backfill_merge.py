@@ -40,7 +40,7 @@ def stage(merge: BackfillMerge, chunk: int, ids: range) -> None:
 def emit(chunk: int, low: int, high: int) -> _Emit:
     """Chunk `chunk` of backfill 7, its window (low, high) in LSNs, both marks in BATCH."""
     return _Emit(
-        _Target("files", "public", "t", ("id",)),
+        _Target("files", "public", "t", ("id",), 4242),
         Mark(7, chunk, 1, "low", low, 0, BATCH), Mark(7, chunk, 1, "high", high, 0, BATCH),
         committed_us=1_700_000_000_000_000,
     )  # fmt: skip
@@ -63,8 +63,9 @@ def placed(spark: Any, tmp_path: Path, emits: list[_Emit], changes: list[tuple[A
     placed = merge._rows(spark, inside, em, emits)
     assert placed is not None
     rows, _ = placed
-    got = rows.selectExpr("lsn", "seq", "record", "action", "_sink").collect()
+    got = rows.selectExpr("lsn", "seq", "record", "action", "_sink", "table_oid").collect()
     assert {r._sink for r in got} <= {"files"}
+    assert {r.table_oid for r in got} <= {4242}  # the backfilled table's OID
     return sorted((r.lsn, r.seq, json.loads(r.record)["id"], r.action) for r in got)
 
 

@@ -231,3 +231,26 @@ def _md5(s: str) -> str:
     import hashlib
 
     return hashlib.md5(s.encode()).hexdigest()
+
+
+def test_each_change_carries_its_tables_oid_which_a_rename_keeps(accounts):
+    """`table_oid`: a renamed table keeps it (fast and full decoding paths alike: insert,
+    update, delete, truncate), a table created again under the name has another."""
+    db = accounts
+    pub, slot = db.create_publication(), db.create_slot()
+    (first,) = db.execute("SELECT 'accounts'::regclass::oid::int8")[0]
+    db.execute("INSERT INTO accounts VALUES (3, 'cy', 30)")
+    db.execute("ALTER TABLE accounts RENAME TO ledger")
+    db.execute("UPDATE ledger SET balance = 0 WHERE id = 3")
+    db.execute("DELETE FROM ledger WHERE id = 1")
+    db.execute("TRUNCATE ledger")
+    db.execute("DROP TABLE ledger")
+    db.execute("CREATE TABLE ledger (id int PRIMARY KEY)")
+    db.execute("INSERT INTO ledger VALUES (1)")
+    (second,) = db.execute("SELECT 'ledger'::regclass::oid::int8")[0]
+    rows = decode_all(db, slot, pub)
+    assert second != first
+    assert [(r.table, r.action, r.table_oid) for r in rows] == [
+        ("accounts", "insert", first), ("ledger", "update", first),
+        ("ledger", "delete", first), ("ledger", "truncate", first), ("ledger", "insert", second),
+    ]  # fmt: skip

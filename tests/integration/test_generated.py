@@ -150,3 +150,8 @@ def test_a_backfill_reads_the_columns_the_stream_sends(
                   for r in mirrored) == want  # fmt: skip
     lake = sorted((r["id"], r["a"], r["b"]) for r in delta_rows(tmp_path / "delta" / "g"))
     assert lake == want
+    # each backfill knows its table's OID (its rows carry it: the mirror's claim)
+    (oid,) = db.execute("SELECT 'public.g'::regclass::oid::int8")[0]
+    assert (
+        store._run("SELECT table_oid FROM {backfills} WHERE id = ANY(%s)", (ids,)) == [(oid,)] * 3
+    )

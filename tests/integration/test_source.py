@@ -26,6 +26,7 @@ COLUMNS = (
     "old",
     "annotations",
     "unchanged_toast",
+    "table_oid",
 )
 
 
@@ -86,6 +87,9 @@ def test_every_action_end_to_end_equals_the_decoder(spark, db, tmp_path):
     assert json.loads(rows[5].old) == {"sku": "a", "qty": 1}
     assert json.loads(rows[7].record)["note"] == "added column"
     assert all(r.committed_at is not None for r in rows)
+    oids = dict(db.execute("SELECT relname, oid::int8 FROM pg_class WHERE relname IN "
+                           "('orders', 'items')"))  # fmt: skip
+    assert [r.table_oid for r in rows] == [oids[r.table] for r in rows]
 
 
 def test_admission_control_splits_a_large_transaction_over_batches(spark, db, tmp_path):

@@ -312,6 +312,82 @@ def test_a_renamed_source_table_renames_its_target_in_the_next_batch(db, target)
     assert table_text(target, "public.u", set()) == table_text(db.dsn, "public.u", set())
 
 
+def test_a_swapped_table_never_mixes_its_rows_into_the_target_of_the_name(db, target) -> None:
+    """Blue/green: t is renamed to t_old and t_new to t in one transaction. Each change
+    carries its table's OID, so the first change of the new t moves the target t (the
+    old table's rows) to t_old, after the old t's changes from before the swap; the new
+    t's target follows its rename in the next batch. Without the OIDs, the new t's rows
+    went into the target holding the old t's (a worker had t's definition cached)."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    db.execute("CREATE TABLE t_new (id int PRIMARY KEY, n int)")
+    pub, slot = db.create_publication(), db.create_slot()
+    db.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 3) g")
+    db.execute("INSERT INTO t_new VALUES (1, 100), (7, 700)")
+    first = changes(db, slot, pub)
+    apply(db, target, first, batch=1)
+    old_oid, new_oid = (
+        db.execute(f"SELECT '{t}'::regclass::oid::int8")[0][0] for t in ["t", "t_new"]
+    )
+    assert {(r.table, r.table_oid) for r in first} == {("t", old_oid), ("t_new", new_oid)}
+
+    db.execute("UPDATE t SET n = 20 WHERE id = 2")  # the old t, before the swap
+    with connect(db.dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("ALTER TABLE t RENAME TO t_old")
+        conn.execute("ALTER TABLE t_new RENAME TO t")
+    db.execute("INSERT INTO t VALUES (8, 800)")  # the new t
+    db.execute("UPDATE t_old SET n = 30 WHERE id = 3")  # the old t, renamed
+    swap = changes(db, slot, pub)[len(first) :]
+    assert [(r.table, r.table_oid, r.action) for r in swap] == [
+        ("t", old_oid, "update"), ("t", new_oid, "insert"), ("t_old", old_oid, "update"),
+    ]  # fmt: skip
+    with pytest.raises(SinkError) as err:  # the new t's target is renamed in the next batch
+        apply(db, target, swap, batch=2)
+    assert err.value.delivered == {0, 2}
+    assert "public.t is the table this sink mirrors into public.t_new, renamed" in err.value.problem
+    assert table_text(target, "public.t_old", set()) == [
+        {"id": "1", "n": "1"}, {"id": "2", "n": "20"}, {"id": "3", "n": "30"},
+    ]  # fmt: skip
+    with connect(target, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('public.t')").fetchone()[0] is None
+
+    db.execute("INSERT INTO t VALUES (9, 900)")
+    apply(db, target, changes(db, slot, pub)[len(first) + len(swap) :], batch=3)
+    apply(db, target, swap[1:2], batch=-1)  # the refused change, retried
+    for table in ("public.t", "public.t_old"):
+        assert table_text(target, table, set()) == table_text(db.dsn, table, set())
+    assert [r["id"] for r in table_text(target, "public.t", set())] == ["1", "7", "8", "9"]
+    with connect(target, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('public.t_new')").fetchone()[0] is None
+        claims = conn.execute("SELECT target_table, source_table, source_oid "
+                              "FROM walstream.mirror_tables ORDER BY 1").fetchall()  # fmt: skip
+        assert claims == [("t", "public.t", new_oid), ("t_old", "public.t_old", old_oid)]
+
+
+def test_a_table_dropped_and_created_again_gets_a_target_of_its_own(db, target) -> None:
+    """The target of a dropped table keeps its rows as `<name>_dropped_<oid>`; the new
+    table under the name starts its own. The dropped table's last changes still apply
+    (a fresh worker reads their definition from the target, the source has none)."""
+    db.execute("CREATE TABLE d (id int PRIMARY KEY, v int)")
+    pub, slot = db.create_publication(), db.create_slot()
+    db.execute("INSERT INTO d VALUES (1, 1), (2, 2)")
+    first = changes(db, slot, pub)
+    apply(db, target, first, batch=1)
+    old_oid = first[0].table_oid
+    db.execute("UPDATE d SET v = 10 WHERE id = 1")
+    db.execute("DROP TABLE d")
+    db.execute("CREATE TABLE d (id int PRIMARY KEY, v int)")  # the same columns
+    db.execute("INSERT INTO d VALUES (1, 100), (5, 500)")
+    postgres_sink._TABLES.clear()  # another worker process: nothing cached
+    apply(db, target, changes(db, slot, pub)[len(first) :], batch=2)
+    assert table_text(target, "public.d", set()) == [
+        {"id": "1", "v": "100"},
+        {"id": "5", "v": "500"},
+    ]
+    assert table_text(target, f"public.d_dropped_{old_oid}", set()) == [
+        {"id": "1", "v": "10"}, {"id": "2", "v": "2"},
+    ]  # fmt: skip
+
+
 def test_two_sources_into_one_target_table_is_a_config_error(db, other_db, target) -> None:
     """Cached and claimed by the target table, not the source's name: two source tables
     that would land in one target table (two databases' public.users, or public.users

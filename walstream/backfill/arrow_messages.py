@@ -47,7 +47,7 @@ class ReadTemplate:
         """The template, or None when the format does not hold each value once as it is
         (then Spark formats the rows)."""
         row = ChangeRow(source, lsn, _SEQ, None, committed_us, "read", schema, table, [_PK],
-                        _RECORD, None, None, None, backfill)  # fmt: skip
+                        _RECORD, None, None, None, backfill=backfill)  # fmt: skip
         text = formatter(fmt, sink=sink, db=db)(row)
         markers = {"record": _RECORD, "seq": str(_SEQ),
                    "ikey": read_idempotency_key(backfill, [_PK])}  # fmt: skip

@@ -154,7 +154,7 @@ class Coordinator:
             log.error("backfill %d of %s to sink %s: %s", b.id, b.qualified, b.sink, exc)
             self.store.fail(b.id, f"{exc.problem} — fix: {exc.fix}" if exc.fix else exc.problem)
             return
-        self.store.start(b.id, estimate, prepared.table.pk)
+        self.store.start(b.id, estimate, prepared.table.pk, prepared.table.oid)
         log.warning(
             "backfill %d: %s to sink %s, about %s rows%s",
             b.id, b.qualified, b.sink, f"{estimate:,}" if estimate is not None else "?",

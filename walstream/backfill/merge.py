@@ -100,6 +100,7 @@ class _Target:
     schema: str
     table: str
     key_columns: tuple[str, ...]
+    oid: int | None = None  # the source table's OID when the backfill started
 
     @property
     def table_id(self) -> tuple[str, str]:
@@ -264,9 +265,10 @@ class BackfillMerge:
     def _targets(self, running: dict[int, tuple[str, str, str]]) -> dict[int, _Target]:
         keys = self.store.key_columns(list(running))
         return {
-            id_: _Target(sink, schema, table, tuple(keys.get(id_, [])))
+            id_: _Target(sink, schema, table, tuple(keys.get(id_, ([], None))[0]),
+                         keys.get(id_, ([], None))[1])
             for id_, (sink, schema, table) in running.items()
-        }
+        }  # fmt: skip
 
     def _inside(
         self, spark: Any, keys: Any, emits: list[_Emit], query_id: str, batch_id: int
@@ -277,9 +279,11 @@ class BackfillMerge:
 
         em = spark.createDataFrame(
             [(e.high.backfill, e.high.chunk, e.target.sink, e.target.schema, e.target.table,
-              e.low.lsn, e.low.seq, e.high.lsn, e.high.seq, e.committed_us) for e in emits],
+              e.target.oid, e.low.lsn, e.low.seq, e.high.lsn, e.high.seq, e.committed_us)
+             for e in emits],
             "backfill BIGINT, chunk INT, _sink STRING, _schema STRING, _table STRING, "
-            "low_lsn BIGINT, low_seq INT, high_lsn BIGINT, high_seq INT, committed_us BIGINT",
+            "_oid BIGINT, low_lsn BIGINT, low_seq INT, high_lsn BIGINT, high_seq INT, "
+            "committed_us BIGINT",
         )  # fmt: skip
         em = F.broadcast(em)
         first = min(e.low.batch for e in emits)
@@ -380,6 +384,7 @@ class BackfillMerge:
             "CAST(NULL AS STRING) AS old",
             "CAST(NULL AS STRING) AS annotations",
             "CAST(NULL AS ARRAY<STRING>) AS unchanged_toast",
+            "`_oid` AS table_oid",
             "backfill",
             "_sink",
         ), found

@@ -81,6 +81,10 @@ class BackfillStore(Store):
                  created_at timestamptz NOT NULL DEFAULT now(),
                  started_at timestamptz, finished_at timestamptz)"""
             ).format(**self.tables),
+            # the source table's OID when the backfill started (books made before it: NULL)
+            sql.SQL("ALTER TABLE {backfills} ADD COLUMN IF NOT EXISTS table_oid bigint").format(
+                **self.tables
+            ),
             sql.SQL(
                 """CREATE TABLE IF NOT EXISTS {chunks} (
                  backfill bigint NOT NULL REFERENCES {backfills} ON DELETE CASCADE,
@@ -171,17 +175,22 @@ class BackfillStore(Store):
     def has_any(self, sink: str) -> bool:
         return bool(self._run("SELECT 1 FROM {backfills} WHERE sink = %s LIMIT 1", (sink,)))
 
-    def start(self, id_: int, rows_estimated: int | None, key_columns: Sequence[str]) -> None:
+    def start(
+        self, id_: int, rows_estimated: int | None, key_columns: Sequence[str], table_oid: int = 0
+    ) -> None:
         self._run(
             "UPDATE {backfills} SET status = 'running', started_at = coalesce(started_at, now()), "
-            "rows_estimated = coalesce(%s, rows_estimated), key_columns = %s "
-            "WHERE id = %s AND status = 'pending'",
-            (rows_estimated, list(key_columns), id_),
+            "rows_estimated = coalesce(%s, rows_estimated), key_columns = %s, "
+            "table_oid = coalesce(table_oid, nullif(%s, 0)) WHERE id = %s AND status = 'pending'",
+            (rows_estimated, list(key_columns), table_oid, id_),
         )
 
-    def key_columns(self, ids: Sequence[int]) -> dict[int, list[str]]:
-        rows = self._run("SELECT id, key_columns FROM {backfills} WHERE id = ANY(%s)", (list(ids),))
-        return {int(r[0]): list(r[1] or []) for r in rows}
+    def key_columns(self, ids: Sequence[int]) -> dict[int, tuple[list[str], int | None]]:
+        """Per backfill: its table's key columns, and the table's OID (None if unknown)."""
+        rows = self._run(
+            "SELECT id, key_columns, table_oid FROM {backfills} WHERE id = ANY(%s)", (list(ids),)
+        )
+        return {int(r[0]): (list(r[1] or []), r[2]) for r in rows}
 
     def fail(self, id_: int, error: str) -> None:
         self._run(

@@ -34,6 +34,7 @@ class Table:
     pk: list[str]
     pk_types: list[str]  # format_type of each key column
     columns: list[str]
+    oid: int = 0  # the table's OID when it was described
 
     @property
     def ident(self) -> sql.Composed:
@@ -53,7 +54,8 @@ class KeyRange:
 def describe(conn: Any, schema: str, table: str) -> Table:
     """The table's key and columns; a table without a primary key cannot be chunked."""
     row = conn.execute(
-        "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))", (schema, table)
+        "SELECT r, r::oid::int8 FROM to_regclass(format('%%I.%%I', %s::text, %s::text)) r",
+        (schema, table),
     ).fetchone()
     if row is None or row[0] is None:
         raise ConfigError(
@@ -77,7 +79,7 @@ def describe(conn: Any, schema: str, table: str) -> Table:
             f"add one (ALTER TABLE {schema}.{table} ADD PRIMARY KEY (...)), or leave the "
             "table out of the backfill",
         )
-    return Table(schema, table, [k[0] for k in keys], [k[1] for k in keys], cols)
+    return Table(schema, table, [k[0] for k in keys], [k[1] for k in keys], cols, int(row[1]))
 
 
 def _where(where: Predicate | None) -> sql.Composable:

@@ -162,6 +162,7 @@ class ChangeDecoder:
                 None,
                 txn.annotations,
                 omitted,
+                info.oid,
             )
         ]
 
@@ -278,6 +279,7 @@ class ChangeDecoder:
             old,
             txn.annotations,
             omitted,
+            info.oid,
         )
 
     # -- protocol 2 streaming ------------------------------------------------------------------

@@ -17,13 +17,13 @@ SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
        coalesce(nullif(t.typelem, 0), t.oid) AS base, t.typcategory = 'A' AND t.typelem <> 0,
        coalesce(e.typdelim, ','), a.attrelid::bigint
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type e ON e.oid = t.typelem
-WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text))
+WHERE a.attrelid = {rel}
   AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum"""
 _PK = """
 SELECT a.attname FROM pg_index i
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-WHERE i.indrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) AND i.indisprimary
+WHERE i.indrelid = {rel} AND i.indisprimary
 ORDER BY array_position(i.indkey::int2[], a.attnum)"""
 _TYPE = """
 SELECT n.nspname, t.typname, t.typtype, t.typbasetype, format_type(t.typbasetype, t.typtypmod),
@@ -31,16 +31,24 @@ SELECT n.nspname, t.typname, t.typtype, t.typbasetype, format_type(t.typbasetype
 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = %s"""
 
 
-def load_definition(source: Any, schema: str, table: str, target_schema: str) -> TableDef:
-    """The source table's columns, key and user-defined types, as the target will hold them."""
-    rows = source.execute(_COLUMNS, (schema, table)).fetchall()
+_BY_NAME = "to_regclass(format('%%I.%%I', %s::text, %s::text))"
+
+
+def load_definition(
+    source: Any, schema: str, table: str, target_schema: str, oid: int | None = None
+) -> TableDef:
+    """The source table's columns, key and user-defined types, as the target will hold them
+    (in `target_schema`, named `table`): the table named `schema.table`, or the one whose
+    OID is `oid` when given (a change's own table, whatever its name is now)."""
+    rel, args = ("%s::oid", (oid,)) if oid else (_BY_NAME, (schema, table))
+    rows = source.execute(_COLUMNS.format(rel=rel), args).fetchall()
     if not rows:
         raise SinkError(
             f"Postgres mirror: table {schema}.{table} does not exist in the source (any more)",
             "a change of a dropped table cannot be mirrored; discard the dead letter",
             retryable=False,
         )
-    pk = [r[0] for r in source.execute(_PK, (schema, table)).fetchall()]
+    pk = [r[0] for r in source.execute(_PK.format(rel=rel), args).fetchall()]
     if not pk:
         raise SinkError(
             f"Postgres mirror: {schema}.{table} has no primary key, so changes cannot be "

@@ -18,18 +18,31 @@ and applies `u`'s changes. Retrying the dead letters (`walstream dead-letters re
 then applies each one whose row no later change rewrote, and refuses the others as
 superseded, as for any dead letter of the mirror.
 
+A name taken over by another table (each change carries its table's OID): `t` renamed
+away and another table renamed to `t` (a blue/green swap), or `t` dropped and created
+again. The target `t` holds the earlier table's rows, which no change of the new one will
+delete. The first change of the new `t` moves that target out of the way, in its chunk's
+transaction, after every change of the earlier `t` (the chunk's partition holds all
+changes under the name, in WAL order): to the earlier table's new name when it still
+exists (its changes there, refused until then as a pending rename, apply), else to
+`<t>_dropped_<oid>`, kept for you to drop. The new `t` then fills its own target.
+
 Only tables the sink creates (`create_tables: true`) are renamed; with tables you made,
 the changes under the new name go to a target table of that name, as before.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from psycopg import sql
 
 from walstream.errors import SinkError
-from walstream.sinks.mirror_sql import TableDef
+from walstream.sinks.mirror_definitions import load_definition
+from walstream.sinks.mirror_sql import TableDef, ident
+
+log = logging.getLogger(__name__)
 
 Ident = tuple[str, str]
 
@@ -126,3 +139,106 @@ def follow(
         (sink, name),
     )
     return old
+
+
+def swapped(changes: list[Any]) -> bool:
+    """Whether a name in `changes` is two source tables' (the changes carry OIDs): the
+    chunk must be applied change by change, each after the one before (see `evict`)."""
+    names = {(c["schema"], c["table"]) for c in changes}
+    return len({(c["schema"], c["table"], c.get("oid")) for c in changes}) > len(names)
+
+
+def _claimed(conn: Any, schema: str, sink: str, **where: Any) -> tuple[Any, ...] | None:
+    """The claim of `sink` matching `where` (target_schema/target_table, or source_oid):
+    (target schema, target table, source table, source OID), locked for this chunk."""
+    cond = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in where)
+    row = conn.execute(
+        sql.SQL(
+            "SELECT target_schema, target_table, source_table, source_oid FROM {}.mirror_tables "
+            "WHERE sink = %s AND {} FOR UPDATE"
+        ).format(sql.Identifier(schema), cond),
+        (sink, *where.values()),
+    ).fetchone()
+    return tuple(row) if row is not None else None
+
+
+def definition(
+    source: Any, conn: Any, schema: str, sink: str, change: Ident, target_schema: str, oid: int
+) -> TableDef:
+    """The definition of the change's table (`oid`, else by its name `change`), to be
+    held in `target_schema`. A table dropped since: the definition of the target it fills
+    (the target was made from it), when there is one."""
+    try:
+        return load_definition(source, *change, target_schema, oid)
+    except SinkError:
+        claim = _claimed(conn, schema, sink, source_oid=oid) if oid else None
+        if claim is None or not exists(conn, _qualified(claim[0], claim[1])):
+            raise
+        found = load_definition(conn, claim[0], claim[1], target_schema)
+        found.name, found.source_oid = change[1], oid
+        return found
+
+
+def evict(
+    conn: Any, source: Any, schema: str, sink: str, table: TableDef, override: str | None
+) -> None:
+    """When the target of `table` is filled from the source table of its name as it was
+    before another table (another OID) took the name, move it out of the way (see the
+    module's text). `override`: the sink's `schema`, where every target is."""
+    claim = _claimed(conn, schema, sink, target_schema=table.schema, target_table=table.name)
+    name = ".".join(table.filled_by[1:])
+    if claim is None or claim[2] != name or not claim[3] or not table.source_oid:
+        return  # a target of another source table's name: `mirror_book.claim` refuses it
+    if claim[3] == table.source_oid:
+        return
+    old_oid = int(claim[3])
+    now = source.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE c.oid = %s::oid",
+        (old_oid,),
+    ).fetchone()
+    suffix = f"_dropped_{old_oid}"
+    retired = (table.schema, table.name[: 63 - len(suffix)] + suffix)
+    to = retired if now is None else (override or now[0], now[1])
+    if exists(conn, _qualified(*to)):
+        to = retired
+    if exists(conn, _qualified(*to)):
+        raise SinkError(
+            f"Postgres mirror: source table {table.schema}.{table.name} is another table now "
+            f"(OID {table.source_oid}), and its target still holds the rows of the earlier "
+            f"one (OID {old_oid}); walstream would move that target to {to[0]}.{to[1]}, "
+            "which exists",
+            f"rename or drop {table.target} (or {to[0]}.{to[1]}) in the target database",
+            retryable=False,
+        )
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(to[0])))
+    moved = sql.Identifier(table.schema, table.name)
+    if to[0] != table.schema:
+        conn.execute(sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(moved, sql.Identifier(to[0])))
+        moved = sql.Identifier(to[0], table.name)
+    if to[1] != table.name:
+        conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(moved, sql.Identifier(to[1])))
+    s = sql.Identifier(schema)
+    source_name = claim[2] if now is None else f"{now[0]}.{now[1]}"
+    conn.execute(
+        sql.SQL(
+            "UPDATE {}.mirror_tables SET target_schema = %s, target_table = %s, source_table = %s "
+            "WHERE target_schema = %s AND target_table = %s AND sink = %s"
+        ).format(s),
+        (*to, source_name, table.schema, table.name, sink),
+    )
+    conn.execute(  # a rename of the earlier table waiting for this target: it is done
+        sql.SQL("DELETE FROM {}.mirror_renames WHERE sink = %s AND source_table = %s").format(s),
+        (sink, source_name),
+    )
+    log.warning(
+        "Postgres mirror %s: %s.%s is another source table now (OID %d, was %d); its target "
+        "moved to %s.%s%s",
+        sink, table.schema, table.name, table.source_oid, old_oid, *to,
+        " (the earlier table was dropped: drop it when you no longer need it)" if now is None
+        else f", beside the earlier table's new name {now[0]}.{now[1]}",
+    )  # fmt: skip
+
+
+def _qualified(schema: str, table: str) -> str:
+    return f"{ident(schema)}.{ident(table)}"

@@ -48,6 +48,15 @@ class TableDef:
         return f"{ident(self.schema)}.{ident(self.name)}"
 
 
+def missing(table: TableDef, change: Any) -> frozenset[str]:
+    """The table's columns a whole row (insert, update, read) does not carry: the source
+    dropped them, or never sends them (generated columns, a publication's column list)."""
+    if change["action"] not in ("insert", "update", "read"):
+        return frozenset()
+    sent = (change.get("record") or {}).keys() | set(change.get("unchanged_toast") or ())
+    return frozenset(table.columns.keys() - sent)
+
+
 def ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 

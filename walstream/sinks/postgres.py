@@ -42,16 +42,17 @@ from pydantic import Field, PrivateAttr, SecretStr
 
 from walstream.errors import SinkError
 from walstream.fields import Dsn, Duration
-from walstream.sinks import mirror_book, mirror_sql
+from walstream.sinks import mirror_book, mirror_rename, mirror_sql
 from walstream.sinks.base import DestinationSettings, Message, Sink, SinkContext
 from walstream.sinks.clients import Clients
 from walstream.sinks.mirror_book import APPLY, SUPERSEDED, row_key
 from walstream.sinks.mirror_definitions import load_definition
-from walstream.sinks.mirror_rename import RenamePending, exists, follow
+from walstream.sinks.mirror_rename import RenamePending, exists
 from walstream.sinks.mirror_sql import (
     Run,
     TableDef,
     ident,
+    missing,
     operations,
     row_keys,
 )
@@ -102,15 +103,6 @@ _TABLES: dict[tuple[str, str, str], TableDef] = {}
 #: Per target table: the source's columns its changes never carry (generated ones, a
 #: publication's column list), so a row without them is no reason to look again.
 _UNSENT: dict[tuple[str, str, str], frozenset[str]] = {}
-
-
-def _missing(table: TableDef, change: Any) -> frozenset[str]:
-    """The table's columns a whole row (insert, update, read) does not carry: the source
-    dropped them, or never sends them (generated columns, a publication's column list)."""
-    if change["action"] not in ("insert", "update", "read"):
-        return frozenset()
-    sent = (change.get("record") or {}).keys() | set(change.get("unchanged_toast") or ())
-    return frozenset(table.columns.keys() - sent)
 
 
 def _psycopg() -> Any:
@@ -212,7 +204,9 @@ class PostgresSink(Sink):
                     failed[i] = book.superseded_reason((c["schema"], c["table"]), m.cursor)
                 elif verdict == APPLY:
                     todo.append(i)
-            runs = self._runs(conn, messages, changes, todo) if not isolate else None
+            # a name taken over by another table (mirror_rename.evict): change by change
+            one_by_one = isolate or mirror_rename.swapped(changes)
+            runs = None if one_by_one else self._runs(conn, messages, changes, todo)
             if runs is not None:
                 for target, kind, ops in runs:
                     self._statement(conn, target, kind, [c for _, c in ops])
@@ -284,9 +278,8 @@ class PostgresSink(Sink):
         table = self._table(conn, change)
         if not self.config.create_tables:
             return None
-        fresh = load_definition(
-            _connection(self.source_dsn), change["schema"], change["table"], table.schema
-        )
+        source, oid = _connection(self.source_dsn), change.get("oid")
+        fresh = load_definition(source, change["schema"], change["table"], table.schema, oid)
         fresh.filled_by = table.filled_by
         changed = [c for n, c in fresh.columns.items()
                    if n in table.columns and table.columns[n].type_sql != c.type_sql]  # fmt: skip
@@ -318,7 +311,7 @@ class PostgresSink(Sink):
 
     # -- tables and cursors -----------------------------------------------------------------------
     def _table(self, conn: Any, change: Any) -> TableDef:
-        schema, name = change["schema"], change["table"]
+        schema, name, oid = change["schema"], change["table"], change.get("oid") or 0
         target_schema = self.config.schema_ or schema
         key = (self.dsn, target_schema, name)  # where the rows go, not where they come from
         table = _TABLES.get(key)
@@ -327,19 +320,26 @@ class PostgresSink(Sink):
         if (
             table is not None
             and table.filled_by == filled_by
+            and oid in (0, table.source_oid)
             and all(k in table.columns for k in record)
-            and _missing(table, change) <= _UNSENT.get(key, frozenset())
+            and missing(table, change) <= _UNSENT.get(key, frozenset())
         ):
             return table
         source = _connection(self.source_dsn)
-        fresh = load_definition(source, schema, name, target_schema)
+        book, sink = self.book_schema, self.name
+        fresh = mirror_rename.definition(
+            source, conn, book, sink, (schema, name), target_schema, oid
+        )
         fresh.filled_by = filled_by
-        if table is not None and not exists(conn, fresh.target):
-            table = None  # renamed (by another process) or dropped since this one saw it
+        if table is not None and (
+            not exists(conn, fresh.target) or table.source_oid != fresh.source_oid
+        ):  # renamed (by another process) or dropped since this one saw it, or swapped
+            table = None
         if table is None or table.filled_by != filled_by:
             if self.config.create_tables:  # the source renamed it? (mirror_rename.py)
+                mirror_rename.evict(conn, source, book, sink, fresh, self.config.schema_)
                 batch = self.batch.batch_id if hasattr(self, "batch") else -1
-                if old := follow(conn, self.book_schema, self.name, fresh, (schema, name), batch):
+                if old := mirror_rename.follow(conn, book, sink, fresh, (schema, name), batch):
                     _TABLES.pop((self.dsn, *old), None)
             mirror_book.claim(conn, self.book_schema, self.name, (schema, name),
                               (target_schema, name), fresh.source_oid)  # fmt: skip
@@ -358,7 +358,7 @@ class PostgresSink(Sink):
                     conn.execute(f"ALTER TABLE {fresh.target} DROP COLUMN IF EXISTS {ident(name)}")
         _TABLES[key] = fresh
         # the columns the source has but does not send: no reason to look again for them
-        _UNSENT[key] = frozenset(c for c in _missing(fresh, change) if c in fresh.columns)
+        _UNSENT[key] = frozenset(c for c in missing(fresh, change) if c in fresh.columns)
         self._created.append(key)
         return fresh
 

@@ -158,7 +158,7 @@ def arrow_schema() -> Any:
             ("source", s), ("lsn", pa.int64()), ("seq", pa.int32()), ("xid", pa.int64()),
             ("committed_at", pa.timestamp("us", tz="UTC")), ("action", s), ("schema", s),
             ("table", s), ("pk", pa.list_(s)), ("record", s), ("old", s), ("annotations", s),
-            ("unchanged_toast", pa.list_(s)),
+            ("unchanged_toast", pa.list_(s)), ("table_oid", pa.int64()),
         ]
     )  # fmt: skip
 

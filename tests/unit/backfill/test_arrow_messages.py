@@ -38,7 +38,7 @@ def test_messages_equal_the_format_functions(fmt, names):
     want = formatter(fmt, sink="files", db="app db")
     for i, pk in enumerate(PKS):
         row = ChangeRow("src", 900, 4 + 2 * i, None, 1_700_000_000_123_456, "read", schema, table,
-                        pk, RECORDS[i], None, None, None, 7)  # fmt: skip
+                        pk, RECORDS[i], None, None, None, backfill=7)  # fmt: skip
         got, expected = out["_message"][i], want(row)
         if fmt == "debezium":  # the envelope's ts_ms is the time it was formatted
             got, expected = (re.sub(r',"ts_ms":\d+}$', "", m) for m in (got, expected))

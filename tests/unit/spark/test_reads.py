@@ -61,7 +61,7 @@ def test_rows_changed_in_the_window_or_tied_to_the_batch_are_left_out(tmp_path):
     # is another table's. seq = the watermark's seq + 1 + the row's ordinal.
     want = [
         fmt(ChangeRow("app", 900, 3 + i - 1, None, US, "read", "public", "t", [str(i)],
-                      json.dumps({"id": i}), None, None, None, 7)).encode()
+                      json.dumps({"id": i}), None, None, None, backfill=7)).encode()
         for i in (1, 3, 4, 6, 8)
     ]  # fmt: skip
     assert got == want
