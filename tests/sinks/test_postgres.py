@@ -363,6 +363,44 @@ def test_a_swapped_table_never_mixes_its_rows_into_the_target_of_the_name(db, ta
         assert claims == [("t", "public.t", new_oid), ("t_old", "public.t_old", old_oid)]
 
 
+def test_two_tables_that_trade_names_each_keep_their_rows(db, target) -> None:
+    """t and u trade names (through a third). Each name's task (applied here one after
+    the other, as two tasks of a batch may be) moves the target of the table that had
+    the name: t's aside (u's target is still there), u's to t; the next batch moves the
+    one aside to u. No row of one lands in the other's target."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    db.execute("CREATE TABLE u (id int PRIMARY KEY, n int)")
+    pub, slot = db.create_publication(), db.create_slot()
+    db.execute("INSERT INTO t VALUES (1, 1)")
+    db.execute("INSERT INTO u VALUES (1, 100)")
+    seen = changes(db, slot, pub)
+    apply(db, target, seen, batch=1)
+    with connect(db.dsn, autocommit=True) as conn, conn.transaction():
+        for sql in ("t RENAME TO tmp", "u RENAME TO t", "tmp RENAME TO u"):
+            conn.execute(f"ALTER TABLE {sql}")
+    refused = []
+    for batch, (b, a) in enumerate([(200, 2), (300, 3)], start=2):
+        db.execute(f"INSERT INTO t VALUES ({b}, {b})")  # the table that was u
+        db.execute(f"INSERT INTO u VALUES ({a}, {a})")  # the table that was t
+        new = changes(db, slot, pub)[len(seen) :]
+        seen += new
+        for name in ("t", "u"):  # a task per name
+            rows = [r for r in new if r.table == name]
+            try:
+                apply(db, target, rows, batch=batch)
+            except SinkError as exc:
+                assert batch == 2 and "renamed" in exc.problem, exc.problem
+                refused += rows
+    assert [(r.table, json.loads(r.record or "")["id"]) for r in refused] == [("t", 200), ("u", 2)]
+    apply(db, target, refused, batch=-1)  # the dead letters retried
+    for table in ("public.t", "public.u"):
+        assert table_text(target, table, set()) == table_text(db.dsn, table, set())
+    with connect(target, autocommit=True) as conn:
+        names = conn.execute("SELECT target_table, source_table FROM walstream.mirror_tables "
+                             "ORDER BY 1").fetchall()  # fmt: skip
+    assert names == [("t", "public.t"), ("u", "public.u")]
+
+
 def test_a_table_dropped_and_created_again_gets_a_target_of_its_own(db, target) -> None:
     """The target of a dropped table keeps its rows as `<name>_dropped_<oid>`; the new
     table under the name starts its own. The dropped table's last changes still apply

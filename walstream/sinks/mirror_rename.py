@@ -24,8 +24,10 @@ again. The target `t` holds the earlier table's rows, which no change of the new
 delete. The first change of the new `t` moves that target out of the way, in its chunk's
 transaction, after every change of the earlier `t` (the chunk's partition holds all
 changes under the name, in WAL order): to the earlier table's new name when it still
-exists (its changes there, refused until then as a pending rename, apply), else to
-`<t>_dropped_<oid>`, kept for you to drop. The new `t` then fills its own target.
+exists (its changes there, refused until then as a pending rename, apply); to
+`<t>_dropped_<oid>` when it was dropped, kept for you to drop; to `<t>_moved_<oid>` when
+its new name's target is another table's (two tables traded names), until `follow` moves
+it there. The new `t` then fills its own target.
 
 Only tables the sink creates (`create_tables: true`) are renamed; with tables you made,
 the changes under the new name go to a target table of that name, as before.
@@ -171,7 +173,10 @@ def definition(
     try:
         return load_definition(source, *change, target_schema, oid)
     except SinkError:
-        claim = _claimed(conn, schema, sink, source_oid=oid) if oid else None
+        there = "SELECT 1 FROM pg_class WHERE oid = %s::oid"
+        if not oid or source.execute(there, (oid,)).fetchone() is not None:
+            raise  # the table is there (without a key, say): its own error
+        claim = _claimed(conn, schema, sink, source_oid=oid)
         if claim is None or not exists(conn, _qualified(claim[0], claim[1])):
             raise
         found = load_definition(conn, claim[0], claim[1], target_schema)
@@ -197,11 +202,14 @@ def evict(
         "ON n.oid = c.relnamespace WHERE c.oid = %s::oid",
         (old_oid,),
     ).fetchone()
-    suffix = f"_dropped_{old_oid}"
-    retired = (table.schema, table.name[: 63 - len(suffix)] + suffix)
-    to = retired if now is None else (override or now[0], now[1])
-    if exists(conn, _qualified(*to)):
-        to = retired
+    # Beside the earlier table's new name; else (dropped, or that name's target is another
+    # table's) aside, where `follow` finds it when the earlier table shows up by a name
+    # that is free: the claim keeps the name it had.
+    live = None if now is None else (override or now[0], now[1])
+    suffix = f"_{'dropped' if now is None else 'moved'}_{old_oid}"
+    to = live or (table.schema, table.name[: 63 - len(suffix)] + suffix)
+    if live is not None and exists(conn, _qualified(*live)):
+        to = (table.schema, table.name[: 63 - len(suffix)] + suffix)
     if exists(conn, _qualified(*to)):
         raise SinkError(
             f"Postgres mirror: source table {table.schema}.{table.name} is another table now "
@@ -219,7 +227,7 @@ def evict(
     if to[1] != table.name:
         conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(moved, sql.Identifier(to[1])))
     s = sql.Identifier(schema)
-    source_name = claim[2] if now is None else f"{now[0]}.{now[1]}"
+    source_name = f"{now[0]}.{now[1]}" if now is not None and to == live else claim[2]
     conn.execute(
         sql.SQL(
             "UPDATE {}.mirror_tables SET target_schema = %s, target_table = %s, source_table = %s "
@@ -236,7 +244,7 @@ def evict(
         "moved to %s.%s%s",
         sink, table.schema, table.name, table.source_oid, old_oid, *to,
         " (the earlier table was dropped: drop it when you no longer need it)" if now is None
-        else f", beside the earlier table's new name {now[0]}.{now[1]}",
+        else f" (the earlier table is {now[0]}.{now[1]} now)",
     )  # fmt: skip
 
 
