@@ -72,6 +72,26 @@ def test_a_replay_skips_what_the_ledger_recorded(db: TestDatabase, kafka: Any) -
     assert ledger.delivered_through("k", "q", 8, 0, 1) == (1012, 0)
 
 
+def test_a_replay_split_another_way_skips_nothing(db: TestDatabase, kafka: Any) -> None:
+    """The batch was delivered in 1 partition through 1005 before a crash; the restart
+    splits it into 2 (`partitions` changed). A ledger row says nothing of another split's
+    partitions, so each is delivered again in full: duplicates, never a skipped change."""
+    ledger = Ledger(db.dsn, unique("state"))
+    ledger.ensure()
+    topic = unique("ledger")
+    plan = _plan(kafka.bootstrap_servers, topic, ledger)
+    ledger.start_batch("k", "q", 7)
+    ledger.record("k", "q", 7, 0, 1, (1005, 0), 6)
+    assert ledger.start_batch("k", "q", 7) is False  # the restart: a replay
+    replay = BatchPart("q", 7, 2, fresh=False, unblocked=True)
+    for partition, lsns in ((0, range(1000, 1010, 2)), (1, range(1001, 1010, 2))):
+        stats = deliver_partition(replay.apply(plan, first_attempt=True), partition, _rows(lsns))
+        assert (stats.delivered, stats.skipped) == (5, 0)
+        assert ledger.delivered_through("k", "q", 7, partition, 2) == (lsns[-1], 0)
+    got = consume(kafka.bootstrap_servers, topic, 10)
+    assert sorted(int(m.key()) for m in got) == list(range(1000, 1010))
+
+
 def _plan(bootstrap: str, topic: str, ledger: Ledger | None) -> DeliveryPlan:
     cfg = parse_config({
         "sources": [{"name": "app", "dsn": "postgresql:///app", "slot": "s", "publication": "p"}],

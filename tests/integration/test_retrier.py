@@ -30,13 +30,14 @@ def received(rx: WebhookReceiver) -> list[Any]:
 
 
 def setup(
-    db: Any, tmp_path: Path, rx: WebhookReceiver, max_attempts: int = 3
+    db: Any, tmp_path: Path, rx: WebhookReceiver, max_attempts: int = 3, batch_size: int = 1000
 ) -> tuple[Any, ParkingLot, Path]:
     switch = tmp_path / "failing"
     switch.touch()
     cfg = parse_config({
         "sources": [{"name": "app", "dsn": db.dsn}],
         "sinks": [{"name": "files", "source": "app", "max_attempts": max_attempts,
+                   "batch_size": batch_size,
                    "backoff": {"initial": "0.05s", "max": "0.1s"},
                    "destination": {"type": "faulty", "fail_keys": ["1"], "retryable": True,
                                    "while_exists": str(switch),
@@ -93,4 +94,39 @@ def test_a_standby_and_a_paused_sink_retry_nothing(db, tmp_path, rx):
     lot.set_paused("files", False)
     assert Retrier([sink], lot).run_once() == 2
     assert [m["n"] for m in received(rx)] == [0, 1]
+    assert lot.counts().get("files", {PARKED: 0})[PARKED] == 0
+
+
+class Died(BaseException):
+    """The process ends here (kill -9): nothing after it runs, no handler sees it."""
+
+
+def test_dying_between_the_ack_and_the_delete_sends_that_chunk_again_and_no_more(
+    db, tmp_path, rx, monkeypatch
+):
+    """The retrier deletes a chunk's parked rows after the destination took the chunk. Dying
+    in between, the next start sends that chunk again (the same webhook-ids, so the
+    destination can tell), and nothing else twice."""
+    sink, lot, switch = setup(db, tmp_path, rx, max_attempts=100, batch_size=2)
+    switch.unlink()
+    park(lot, [parked("1", n) for n in range(5)])
+    real = ParkingLot.delivered
+    calls = []
+
+    def dies_after_the_first_ack(self: ParkingLot, ids: list[int]) -> None:
+        calls.append(ids)
+        if len(calls) == 2:  # the second chunk was taken; its rows are not deleted
+            raise Died
+        real(self, ids)
+
+    monkeypatch.setattr(ParkingLot, "delivered", dies_after_the_first_ack)
+    with pytest.raises(Died):
+        Retrier([sink], lot).run_once()
+    assert [m["n"] for m in received(rx)] == [0, 1, 2, 3]
+    assert lot.counts()["files"][PARKED] == 3  # the taken chunk is still parked
+    monkeypatch.setattr(ParkingLot, "delivered", real)
+    assert Retrier([sink], lot).run_once() == 3  # the next start
+    assert [m["n"] for m in received(rx)] == [0, 1, 2, 3, 2, 3, 4]
+    ids = [r.headers["webhook-id"] for r in rx.requests]
+    assert ids[2:4] == ids[4:6] and len(set(ids)) == 5  # the repeat: same ids, that chunk only
     assert lot.counts().get("files", {PARKED: 0})[PARKED] == 0
