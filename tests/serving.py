@@ -21,9 +21,10 @@ class StoreOnly:
     backfills: Any = None
     outbox: Any = None
     rates: dict[str, float] = field(default_factory=dict)
+    statuses: list[Any] = field(default_factory=list)  # the sources' SourceStatus
 
     def sources(self) -> list[Any]:
-        return []
+        return self.statuses
 
     def progress(self) -> dict[str, Any]:
         return {}

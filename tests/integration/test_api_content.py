@@ -1,6 +1,7 @@
 """What the management API shows, on a real server over a real state database, without
 Spark (the test parks messages as a batch would): `/api/parked` and `/api/dead-letters`
-list them with their errors, `/api/sinks/{name}` counts them and says why it is not ok."""
+list them with their errors, `/api/sinks/{name}` counts them and says why it is not ok;
+`/api/sources` shows each source's pipeline (as the runtime reports it) and its real slot."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from walstream.delivery.parking import DEAD, PARKED, ParkingLot
 from walstream.server import Server
 from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
+from walstream.server.status import SourceStatus
 from walstream.sinks.base import Message
 
 TOKEN = "api-token-8"
@@ -83,3 +85,71 @@ def test_parked_messages_and_dead_letters_as_the_api_lists_and_counts_them(api):
     ]
     assert httpx.get(f"{url}/api/sinks/nope", headers=AUTH).status_code == 404
     assert httpx.get(f"{url}/api/parked").status_code == 401  # row data: a token's
+
+
+def test_sources_show_their_pipeline_and_their_slot(db):
+    """Three sources on one database: one streaming whose slot nobody reads (WAL piles up
+    behind it) and that restarted once; one whose query stopped on an error and whose slot
+    is gone; one another walstream leads."""
+    slot = db.create_slot()
+    db.execute("CREATE TABLE t (id int)")
+    db.execute("INSERT INTO t SELECT generate_series(1, 20000)")  # WAL behind the slot
+
+    def lag() -> int:
+        return int(db.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+            "FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0][0])  # fmt: skip
+
+    (confirmed,) = db.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    )[0]
+    cfg = parse_config({
+        "server": {"port": 0, "token": TOKEN},
+        "sources": [{"name": n, "dsn": db.dsn, "slot": s}
+                    for n, s in (("app", slot), ("broken", "gone_slot"), ("other", "other_slot"))],
+        "sinks": [{"name": "hook", "source": "app",
+                   "destination": {"type": "webhook", "url": "http://127.0.0.1:9/h"}}],
+    })  # fmt: skip
+    statuses = [
+        SourceStatus("app", slot, db.dsn, streaming=True, failures=1, restarts=1,
+                     last_error="SinkError: the webhook answered 503 for id 42",
+                     last_error_kind="SinkError", ingested=1234, batches=7),
+        SourceStatus("broken", "gone_slot", db.dsn, streaming=False, failed=True,
+                     last_error="SetupError: slot gone_slot was dropped", last_error_kind="SetupError"),
+        SourceStatus("other", "other_slot", db.dsn, leader=False),
+    ]  # fmt: skip
+    control = StoreOnly(cfg, statuses=statuses)
+    server = Server(control, Monitor(control, ttl=0), Metrics()).start()  # type: ignore[arg-type]
+    try:
+        low = lag()
+        got = {s["name"]: s for s in httpx.get(f"{server.url}/api/sources", headers=AUTH).json()}
+        high = lag()
+        assert httpx.get(f"{server.url}/api/sources").status_code == 401  # error texts: a token's
+    finally:
+        server.stop()
+    app, broken, other = got["app"], got["broken"], got["other"]
+    assert (app["status"], app["role"], app["streaming"], app["slot"]) == (
+        "warning",
+        "leader",
+        True,
+        slot,
+    )
+    assert app["reasons"] == [
+        f"replication slot {slot} has no connection",
+        "restarted after 1 failure(s); last: SinkError: the webhook answered 503 for id 42",
+    ]
+    assert app["slot_active"] is False and app["confirmed_lsn"] == confirmed
+    assert low <= app["lag_bytes"] <= high and low > 1_000_000  # the 20,000 rows' WAL, at least
+    assert app["retained_wal_bytes"] >= app["lag_bytes"]
+    assert (app["ingested"], app["batches"], app["failures"]) == (1234, 7, 1)
+    assert app["last_error"] == "SinkError: the webhook answered 503 for id 42"
+    assert (broken["status"], broken["streaming"]) == ("error", False)
+    assert broken["reasons"] == [
+        "not streaming: SetupError: slot gone_slot was dropped",
+        "replication slot gone_slot does not exist",
+    ]
+    assert broken["lag_bytes"] is None and broken["confirmed_lsn"] is None
+    assert (other["status"], other["role"]) == ("standby", "standby")
+    assert other["reasons"] == [
+        "standby: another walstream holds this source; taking over when it stops"
+    ]
