@@ -480,6 +480,36 @@ def test_a_read_cut_short_by_a_crash_is_read_again_and_delivered_once(spark, db,
     assert chunks == [(0, 2, 1), (1, 2, 2), (2, 1, 1)]
 
 
+def test_a_standby_neither_starts_nor_reads_nor_takes_over_a_backfill(db, tmp_path):
+    """High availability: only the process that leads the source reads its backfills. A
+    standby's step starts nothing; at its start it leaves the leader's in-flight reads
+    alone; the process that becomes leader reads those again."""
+    db.execute("CREATE TABLE led (id int PRIMARY KEY)")
+    db.execute("CREATE TABLE led2 (id int PRIMARY KEY)")
+    pub = db.create_publication("led", "led2")
+    cfg = config(db, tmp_path, pub, db.create_slot(), [files("files", tmp_path / "out")])
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    pending, running = (
+        request(cfg, store, "files", [t], chunk_size=10)[0] for t in ("public.led", "public.led2")
+    )
+    store.start(running.id, 40, ["id"])
+    store.add_chunk(running.id, 0, None, ("40",))
+    store.reading(running.id, [0])  # the leader is reading chunk 0
+
+    def chunk_status() -> str:
+        return store._run("SELECT status FROM {chunks} WHERE backfill = %s", (running.id,))[0][0]
+
+    standby = Coordinator(cfg, None, store, parallelism=2, leads=lambda source: False)
+    standby.take_over()
+    assert standby.step() is False  # nothing started, nothing read
+    assert store.get(pending.id).status == "pending"  # type: ignore[union-attr]
+    assert chunk_status() == "reading"
+    leader = Coordinator(cfg, None, store, parallelism=2, leads=lambda source: source == "app")
+    leader.take_over("app")  # it just became the leader: the cut-short read is read again
+    assert chunk_status() == "planned"
+
+
 def test_the_chunk_size_moves_toward_the_target_time_and_status_shows_progress(
     db, tmp_path, monkeypatch
 ):
