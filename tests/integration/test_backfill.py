@@ -26,7 +26,9 @@ from tests.integration.test_decoder_types import CASES, USER_TYPES
 from tests.integration.test_run_crash import Run
 from tests.sinks.test_postgres import table_text
 from walstream.backfill.coordinator import Coordinator
+from walstream.backfill.merge import BackfillMerge, Staging
 from walstream.backfill.read import ChunkResult, read_chunk, watermark
+from walstream.backfill.records import Mark
 from walstream.backfill.requests import request
 from walstream.backfill.store import DONE, BackfillStore
 from walstream.change import read_idempotency_key
@@ -509,6 +511,48 @@ def test_a_backfill_reads_the_publications_columns_and_rows_only(db, tmp_path):
     wanted = [{"id": g, "a": g % 7, "b": g * 2} for g in range(1, 301) if g % 7 > 4]
     assert got[None] == wanted  # no `secret`, no row with a <= 4
     assert got["b < 200"] == [r for r in wanted if r["b"] < 200]
+
+
+def test_staged_files_go_once_their_batch_is_committed_or_their_backfill_is_cancelled(db, tmp_path):
+    """A chunk's staged file stays while a replay of the batch that emitted it may need it,
+    and goes at the start of the next batch; a cancelled backfill's unemitted chunks go
+    too. Window files go once no chunk still to emit opened its window in their batch,
+    and those of another query (an older checkpoint) at once."""
+    db.execute("CREATE TABLE staged (id int PRIMARY KEY)")
+    db.execute("INSERT INTO staged SELECT generate_series(1, 30)")
+    pub = db.create_publication("staged")
+    cfg = config(db, tmp_path, pub, db.create_slot(), [files("files", tmp_path / "out")])
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    (b,) = request(cfg, store, "files", ["public.staged"], chunk_size=10, target_seconds=0)
+    store.start(b.id, None, ["id"])
+    tasks = Coordinator(cfg, None, store, parallelism=3)._next_tasks(store.get(b.id), 3)  # type: ignore[arg-type]
+    assert [t.n for t in tasks] == [0, 1, 2]
+    for t in tasks:
+        read_chunk(t)
+        store.staged(b.id, t.n, t.attempt, 10, 0.0)
+    staging = Staging(cfg.spark.checkpoint_dir, "app")
+    merge = BackfillMerge(store, "app", staging)
+    old_window, window = staging.window("older-query", 1), staging.window("q", 2)
+    for path in (old_window, window):
+        Path(path).mkdir(parents=True)
+    store.record_marks([Mark(b.id, 2, 1, "low", 100, 0, 2)], "q")  # chunk 2's window opens in 2
+
+    def there() -> list[bool]:
+        return [Path(t.path).exists() for t in tasks]
+
+    assert store.emit(b.id, 0, 1, 3, "q") and store.emit(b.id, 1, 1, 3, "q")
+    merge.batch_started("q", 3)  # batch 3 may be replayed: its chunks' files stay
+    assert there() == [True, True, True]
+    assert not Path(old_window).exists() and Path(window).exists()
+    merge.batch_started("q", 4)  # batch 3 is committed
+    assert there() == [False, False, True]
+    assert Path(window).exists()  # chunk 2 is still to emit, its window opened in batch 2
+    store.cancel([b.id])
+    merge.batch_started("q", 5)
+    assert there() == [False, False, False] and not Path(window).exists()
+    assert store._run("SELECT n FROM {chunks} WHERE backfill = %s AND cleaned ORDER BY n",
+                      (b.id,)) == [(0,), (1,), (2,)]  # fmt: skip
 
 
 def test_a_standby_neither_starts_nor_reads_nor_takes_over_a_backfill(db, tmp_path):
