@@ -1,7 +1,10 @@
-"""Event ingestion: concurrent producers POST 2,000 events; three webhook subscriptions
+"""Event ingestion: concurrent producers POST 600 events; three webhook subscriptions
 by event type get them in order per ordering key, through a receiver that fails with
 500 for a while, one that refuses an event with 400 (a dead letter) and one that
-times out; a repeated Idempotency-Key inserts nothing."""
+times out; a repeated Idempotency-Key inserts nothing. Events without an ordering key
+are each their own group (a refused one takes no other with it); a sink without
+`event_types` gets the source's tables but not the outbox; retried through the API,
+the dead letters arrive in their order."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import unique
+from tests.integration.test_backfill import files, messages
 from tests.servers import Request, WebhookReceiver
 from walstream.config import load_config
 from walstream.runtime import Runtime
@@ -30,6 +34,11 @@ TYPES = ["order.created", "order.paid", "user.signup"]
 TOKEN = "producer-token-42"
 READ_TOKEN = "read-token-0123456789abcdef"
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}
+API_TOKEN = "api-token-0123456789abcdef"
+#: Sign-ups without an ordering key: each its own group; the second is refused (400)
+NO_KEY = [{"event_type": "user.signup",
+           "payload": {"producer": 9, "i": j, "seq": j, "key": None,
+                       "tag": "poison" if j == 1 else "ok"}} for j in range(3)]  # fmt: skip
 
 
 def event_of(p: int, i: int) -> dict[str, Any]:
@@ -62,6 +71,8 @@ def in_order_per_key(events: list[dict[str, Any]]) -> None:
     last: dict[str, int] = defaultdict(lambda: -1)
     for e in events:
         key, seq = e["ordering_key"], e["payload"]["seq"]
+        if key is None:
+            continue  # its own group: no order with any other
         assert seq > last[key], f"{key}: {seq} after {last[key]}"
         last[key] = seq
 
@@ -83,11 +94,12 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
     slow.answer = slow_answer
     pub, slot = unique("pub"), unique("slot")
     db.slots.append(slot)
-    db.execute(f"CREATE PUBLICATION {pub}")  # no table yet: walstream adds the outbox
+    db.execute("CREATE TABLE notes (id int PRIMARY KEY)")
+    db.execute(f"CREATE PUBLICATION {pub} FOR TABLE notes")  # walstream adds the outbox
     path = tmp_path / "walstream.yaml"
     hook = {"type": "webhook", "retry_timeout": "2s", "timeout": "5s"}
     path.write_text(yaml.safe_dump({
-        "server": {"port": 0, "read_token": READ_TOKEN},
+        "server": {"port": 0, "read_token": READ_TOKEN, "token": API_TOKEN},
         "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
         "events": {"source": "app", "token": TOKEN},
         "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
@@ -102,6 +114,7 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
             {"name": "audit", "source": "app", "event_types": TYPES, "group_by": ["ordering_key"],
              "backoff": {"initial": "0.2s", "max": "1s"},
              "destination": {**hook, "url": slow.url(), "timeout": "0.5s"}},
+            files("everything", tmp_path / "everything"),  # no event_types: not the outbox
         ],
     }))  # fmt: skip
     runtime = Runtime(load_config(path), spark=spark).start()
@@ -159,10 +172,15 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
 
             with ThreadPoolExecutor(PRODUCERS) as pool:
                 ids = [i for batch in pool.map(produce, range(PRODUCERS)) for i in batch]
-            assert len(set(ids)) == EVENTS
+            for ev in NO_KEY:
+                r = httpx.post(f"{url}/v1/events", json=ev, headers=auth)
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+            assert len(set(ids)) == EVENTS + len(NO_KEY)
+            db.execute("INSERT INTO notes SELECT generate_series(1, 5)")
 
-            wanted = {name: [event_of(p, i) for p in range(PRODUCERS) for i in range(PER_PRODUCER)
-                             if event_of(p, i)["event_type"] in types]
+            produced = [event_of(p, i) for p in range(PRODUCERS) for i in range(PER_PRODUCER)]
+            wanted = {name: [e for e in produced + NO_KEY if e["event_type"] in types]
                       for name, types in (("orders", TYPES[:2]), ("signups", TYPES[2:]), ("audit", TYPES))}  # fmt: skip
 
             def dead_letters() -> list[dict[str, Any]]:
@@ -190,8 +208,11 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
                 f"{len(unique_requests(slow))}/{len(wanted['audit'])}"))  # fmt: skip
             # The 400 made the poison event a dead letter, and with it the events of its
             # ordering key behind it in that delivery chunk (their order is kept for a retry).
+            # The poison without a key took none with it: the keyless ones are their own groups.
             dead = dead_letters()
-            head, *behind = dead
+            keyless = [d for d in dead if json.loads(d["message"])["ordering_key"] is None]
+            assert [json.loads(d["message"])["payload"]["i"] for d in keyless] == [1]
+            head, *behind = [d for d in dead if d not in keyless]
             assert json.loads(head["message"])["payload"]["tag"] == "poison"
             assert "400" in head["errors"][0]["error"]
             assert all(json.loads(d["message"])["ordering_key"] == "p1-k2" for d in behind)
@@ -217,6 +238,27 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
                 *TYPES,
                 "noise",
             }
+            # A sink without event_types (or tables) has the source's tables, not the outbox.
+            wait_until(lambda: len(messages(tmp_path / "everything")) >= 5, 60)
+            everything = messages(tmp_path / "everything")
+            assert [(m["metadata"]["table_schema"], m["metadata"]["table_name"], m["record"]["id"])
+                    for m in everything] == [("public", "notes", i) for i in range(1, 6)]  # fmt: skip
+
+            # The receiver takes them now; retried, the dead letters arrive, each key's in order.
+            refusing.answer = lambda path: 200
+            before = len(unique_requests(refusing))
+            for d in dead:
+                r = httpx.post(f"{url}/api/dead-letters/{d['id']}/retry",
+                               headers={"Authorization": f"Bearer {API_TOKEN}"})  # fmt: skip
+                assert r.status_code == 200 and r.json()["retried"] is True, r.text
+            wait_until(lambda: len(unique_requests(refusing)) == before + len(dead), 60,
+                       message=lambda: f"{len(unique_requests(refusing)) - before}/{len(dead)}")  # fmt: skip
+            retried = unique_requests(refusing)[before:]
+            in_order_per_key(retried)
+            assert sorted(e["id"] for e in retried) == sorted(
+                json.loads(d["message"])["id"] for d in dead
+            )
+            assert dead_letters() == []
     finally:
         for rx in (failing, refusing, slow):
             rx.stop()
