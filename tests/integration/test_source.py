@@ -374,6 +374,43 @@ def test_stale_replication_connection_fails_loudly(spark, db, tmp_path):
         run.stop()
 
 
+def test_a_replayed_batch_the_slot_cannot_resend_fails_after_replay_timeout(spark, db, tmp_path):
+    """The checkpoint holds a planned batch (an offset without its commit) whose changes
+    the slot never sends: the replay waits `replayTimeout`, then fails the query, naming
+    the wait and what to check, instead of waiting for ever or skipping the batch."""
+    from walstream.change import format_lsn
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pub, slot, ckpt = db.create_publication("t"), unique("slot"), tmp_path / "ckpt"
+    db.slots.append(slot)
+    options = {"dsn": db.dsn, "slot": slot, "publication": pub, "replayTimeout": "3"}
+    run = StreamRun(spark, ckpt, **options)
+    try:
+        run.query.processAllAvailable()  # started: the slot exists
+        db.execute("INSERT INTO t VALUES (1)")
+        run.wait_for_rows(1)
+    finally:
+        run.stop()
+    offsets = sorted((f for f in (ckpt / "offsets").iterdir() if f.name.isdigit()),
+                     key=lambda f: int(f.name))  # fmt: skip
+    *head, last = offsets[-1].read_text().splitlines()
+    beyond = {"lsn": json.loads(last)["lsn"] + (1 << 30), "seq": 0}  # 1 GiB past it
+    (ckpt / "offsets" / str(int(offsets[-1].name) + 1)).write_text(
+        "\n".join([*head, json.dumps(beyond)])
+    )
+    run = StreamRun(spark, ckpt, **options)
+    try:
+        exc = wait_until(run.query.exception, 120, message="the replay did not give up")
+    finally:
+        run.stop()
+    assert (
+        f"slot {slot} did not deliver the changes up to {format_lsn(beyond['lsn'])} (change 0) "
+        "within 3s (replayTimeout)"
+    ) in str(exc)
+    assert run.collected.rows() == []  # nothing delivered from the batch it cannot read
+
+
 def _rss_of_stream_readers() -> dict[int, int]:
     """pid → resident KB of the Python processes below this one that run a streaming
     source's reader (PySpark's python_streaming_source_runner: capture and its buffer)."""

@@ -26,6 +26,7 @@ from typing import Any
 import psycopg2
 
 from walstream.backoff import RECONNECT
+from walstream.change import format_lsn
 from walstream.errors import ConnectionFailed, WalstreamError
 from walstream.postgres import pgoutput as po
 from walstream.postgres.decoder import ANNOTATIONS_PREFIX, RelationInfo
@@ -364,7 +365,9 @@ class Capture:
                 self.raise_if_failed()
                 if time.monotonic() > deadline:
                     raise WalstreamError(
-                        f"slot {self.slot} did not deliver the changes up to {end} within {timeout:.0f}s",
+                        f"slot {self.slot} did not deliver the changes up to "
+                        f"{format_lsn(end[0])} (change {end[1]}) within {timeout:g}s "
+                        "(replayTimeout)",
                         "was the slot dropped, advanced or used by another consumer? "
                         "If it was reset on purpose, start over with a new checkpoint",
                     )

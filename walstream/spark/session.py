@@ -16,10 +16,12 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -178,8 +180,15 @@ def build_spark(config: Any, quiet: bool = True) -> Any:
     builder = SparkSession.builder.master(config.spark.master).appName("walstream")
     for k, v in conf.items():
         builder = builder.config(k, v)
+    # A new SparkContext takes SIGINT for itself: its handler cancels every job and raises
+    # KeyboardInterrupt. walstream run's Ctrl-C lets the batch in flight finish first, so
+    # the handler that was there before stays.
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
     with no_pandas():  # PySpark's py4j converters would load it (see nopandas.py)
         spark = builder.getOrCreate()
+    if before is not None:
+        signal.signal(signal.SIGINT, before)
     if not quiet:
         spark.sparkContext.setLogLevel("WARN")
     if not config.spark.master.startswith("local"):

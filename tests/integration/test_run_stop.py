@@ -1,0 +1,83 @@
+"""Ctrl-C of `walstream run` (SIGINT to its process group, as a terminal sends it) while a
+batch hangs in the destination: the first lets the batch go on and starts no new one;
+the second abandons it and the run ends; the slot was not confirmed past the batch, so
+the next start delivers it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import unique
+from tests.integration.test_crash import confirmed
+from tests.integration.test_run_crash import Run
+from tests.servers import WebhookReceiver
+from walstream.change import parse_lsn
+from walstream.testing import wait_until
+
+pytestmark = pytest.mark.spark
+
+
+def slot_exists(db: Any, slot: str) -> bool:
+    """walstream run made its slot: changes from now on reach it."""
+    return bool(db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)))
+
+
+def test_a_second_ctrl_c_abandons_the_batch_and_the_next_start_delivers_it(db, tmp_path: Path):
+    db.execute("CREATE TABLE kv (k int PRIMARY KEY)")
+    pub, slot = db.create_publication("kv"), unique("slot")
+    db.slots.append(slot)
+    release, hanging = threading.Event(), threading.Event()
+
+    def answer(path: str) -> int:
+        hanging.set()
+        release.wait(300)  # the destination hangs until the test lets it go
+        return 200
+
+    rx = WebhookReceiver()
+    rx.answer = answer
+    rx.start()
+    config = tmp_path / "walstream.yaml"
+    config.write_text(yaml.safe_dump({
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [{"name": "hook", "source": "app", "destination": {
+            "type": "webhook", "url": rx.url(), "timeout": "300s", "retry_timeout": "300s"}}],
+    }))  # fmt: skip
+    run = Run(config, tmp_path)
+    try:
+        wait_until(lambda: slot_exists(db, slot), 120, message=lambda: run.output()[-2000:])
+        (lsn,) = db.execute(
+            "INSERT INTO kv VALUES (1) RETURNING pg_current_wal_insert_lsn()::text"
+        )[0]
+        wait_until(hanging.is_set, 120, message=lambda: run.output()[-2000:])
+        os.killpg(run.proc.pid, signal.SIGINT)  # the first Ctrl-C
+        wait_until(lambda: "Ctrl-C again to abandon it" in run.output(), 60,
+                   message=lambda: run.output()[-4000:])  # fmt: skip
+        time.sleep(2)  # what is observed: the run goes on waiting for its batch
+        assert run.proc.poll() is None and rx.requests == []
+        os.killpg(run.proc.pid, signal.SIGINT)  # the second
+        code = run.proc.wait(60)
+        out = run.output()
+        assert "abandoning the batch in flight; the next start replays it" in out, out[-3000:]
+        assert code == 0, out[-3000:]
+        assert confirmed(db, slot) < parse_lsn(lsn)  # the batch was never confirmed
+    finally:
+        run.kill()
+    rx.answer = lambda path: 200  # new requests are answered; the abandoned one stays open
+    run = Run(config, tmp_path)
+    try:
+        wait_until(lambda: rx.requests != [], 120, message=lambda: run.output()[-2000:])
+    finally:
+        run.kill()
+        release.set()
+        rx.stop()
+    assert b'"k":1' in rx.requests[0].body
