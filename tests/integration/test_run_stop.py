@@ -1,7 +1,8 @@
 """Ctrl-C of `walstream run` (SIGINT to its process group, as a terminal sends it) while a
-batch hangs in the destination: the first lets the batch go on and starts no new one;
-the second abandons it and the run ends; the slot was not confirmed past the batch, so
-the next start delivers it."""
+batch hangs in the destination: the first lets the batch go on and starts no new one (it
+used to cancel the batch and exit 130: PySpark's own SIGINT handler); the second abandons
+it and the run ends; the slot was not confirmed past the batch, so the next start
+delivers it."""
 
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ def slot_exists(db: Any, slot: str) -> bool:
     return bool(db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)))
 
 
-def test_a_second_ctrl_c_abandons_the_batch_and_the_next_start_delivers_it(db, tmp_path: Path):
+@pytest.mark.parametrize("second", [True, False], ids=["abandoned", "finished"])
+def test_ctrl_c_lets_the_batch_finish_and_a_second_abandons_it(db, tmp_path: Path, second: bool):
+    """`finished`: after the first Ctrl-C the destination answers: the batch is delivered
+    and the run ends by itself. `abandoned`: a second Ctrl-C ends the run at once; the
+    batch is delivered by the next start."""
     db.execute("CREATE TABLE kv (k int PRIMARY KEY)")
     pub, slot = db.create_publication("kv"), unique("slot")
     db.slots.append(slot)
@@ -64,6 +69,12 @@ def test_a_second_ctrl_c_abandons_the_batch_and_the_next_start_delivers_it(db, t
                    message=lambda: run.output()[-4000:])  # fmt: skip
         time.sleep(2)  # what is observed: the run goes on waiting for its batch
         assert run.proc.poll() is None and rx.requests == []
+        if not second:
+            release.set()  # the destination answers: the batch finishes, the run ends
+            assert run.proc.wait(60) == 0, run.output()[-3000:]
+            assert "stopped; delivered this run: {'hook': 1}" in run.output()
+            assert [b'"k":1' in r.body for r in rx.requests] == [True]
+            return
         os.killpg(run.proc.pid, signal.SIGINT)  # the second
         code = run.proc.wait(60)
         out = run.output()
@@ -72,6 +83,8 @@ def test_a_second_ctrl_c_abandons_the_batch_and_the_next_start_delivers_it(db, t
         assert confirmed(db, slot) < parse_lsn(lsn)  # the batch was never confirmed
     finally:
         run.kill()
+        if not second:
+            rx.stop()
     rx.answer = lambda path: 200  # new requests are answered; the abandoned one stays open
     run = Run(config, tmp_path)
     try:
