@@ -3,12 +3,15 @@ loopback, started from PySpark's own bin/spark-class. 20,000 changes go to Kafka
 the file sink while one worker is killed with SIGKILL: nothing is lost and each key's
 changes arrive in order. Spark's task accounting shows that the executors of both
 workers decoded and delivered and the driver ran no task; the replication connection
-belongs to the driver's process tree."""
+belongs to the driver's process tree. The executors' Python has walstream's dependencies
+but not walstream: they run the zip the driver ships (`addPyFile`)."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -87,6 +90,23 @@ def ancestors(pid: int) -> list[int]:
     return out
 
 
+def python_without_walstream(tmp_path: Path) -> str:
+    """A Python whose path has this environment's packages (psycopg, pyarrow, PySpark, the
+    sinks' clients) but not walstream: its site-packages listed as plain paths, so their
+    .pth files — walstream's editable install among them — are not run."""
+    env = tmp_path / "executor-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    (site,) = (env / "lib").glob("python3*/site-packages")
+    ours = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "dependencies.pth").write_text("\n".join(ours) + "\n")
+    python = str(env / "bin" / "python")
+    has = subprocess.run([python, "-c", "import psycopg, pyarrow, pyspark, confluent_kafka"])
+    assert has.returncode == 0
+    lacks = subprocess.run([python, "-c", "import walstream"], capture_output=True, cwd=env)
+    assert lacks.returncode != 0 and b"No module named 'walstream'" in lacks.stderr
+    return python
+
+
 def test_walstream_run_on_a_standalone_cluster_survives_a_dead_worker(db, kafka, tmp_path):
     db.execute("CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)")
     pub = db.create_publication("kv")
@@ -102,6 +122,7 @@ def test_walstream_run_on_a_standalone_cluster_survives_a_dead_worker(db, kafka,
                     "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                     "spark.cores.max": "2", "spark.executor.cores": "1",
                     "spark.executor.memory": "512m",
+                    "spark.pyspark.python": python_without_walstream(tmp_path),
                     # Spark's REST API shows which executor ran which task.
                     "spark.ui.enabled": "true", "spark.ui.port": str(ui),
                 },
@@ -150,6 +171,10 @@ def test_walstream_run_on_a_standalone_cluster_survives_a_dead_worker(db, kafka,
             chain = [capture_pid, *ancestors(capture_pid)] if capture_pid else []
             run.proc.send_signal(signal.SIGTERM)
             assert run.proc.wait(90) == 0, run.output()[-3000:]
+            # The executors found the compiled decoder shipped beside the zip (else each
+            # of their Python workers says so on its stderr).
+            logs = [p.read_text(errors="replace") for p in cluster._dir.glob("work-*/*/*/stderr")]
+            assert logs and not [t for t in logs if "without its compiled decoder" in t]
         finally:
             run.kill()
 

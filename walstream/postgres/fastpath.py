@@ -69,6 +69,35 @@ _KINDS: dict[int, int] = {
 _CODEC = 7
 
 
+def beside_the_zip() -> Any:
+    """The compiled module on a cluster's executor: there walstream runs from the zip the
+    driver ships (`addPyFile`), and Python loads no compiled module from a zip, so the
+    driver ships it as a file of its own (`addFile`), which lands beside the zip."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    import zipfile
+
+    archive = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    if not zipfile.is_zipfile(archive):
+        return None
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(os.path.dirname(archive), "_tuples" + suffix)
+        if os.path.exists(path):
+            name = "walstream.postgres._tuples"
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+            return module
+    log.warning(
+        "walstream runs from %s without its compiled decoder beside it: decoding in Python, "
+        "several times slower", archive,
+    )  # fmt: skip
+    return None
+
+
 def compiled_module() -> Any:
     """The compiled `_tuples` module, or None: not built, out of date, or turned off."""
     if os.environ.get("WALSTREAM_PURE_PYTHON") == "1":
@@ -76,7 +105,9 @@ def compiled_module() -> Any:
     try:
         from walstream.postgres import _tuples  # type: ignore[attr-defined]
     except ImportError:
-        return None
+        _tuples = beside_the_zip()
+        if _tuples is None:
+            return None
     source = os.path.join(os.path.dirname(__file__), "_tuples.pyx")
     try:
         stale = os.path.getmtime(source) > os.path.getmtime(_tuples.__file__)

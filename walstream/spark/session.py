@@ -199,15 +199,25 @@ def build_spark(config: Any, quiet: bool = True) -> Any:
 def ship_package(spark: Any) -> Path:
     """Send this walstream to the executors (`addPyFile` of a zip of the package), so they
     run the driver's code whatever they have installed. Its dependencies (psycopg,
-    pyarrow, the sinks' clients) must be on the executors' Python already."""
-    root = Path(__file__).resolve().parents[1]  # the walstream package
-    target = Path(tempfile.mkdtemp(prefix="walstream-ship-")) / "walstream.zip"
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
-        for f in sorted(root.rglob("*")):
-            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
-                z.write(f, Path("walstream") / f.relative_to(root))
+    pyarrow, the sinks' clients) must be on the executors' Python already. A compiled
+    module cannot be loaded from a zip: it goes as a file of its own, beside the zip
+    (`fastpath.beside_the_zip`)."""
+    target = package_zip(Path(tempfile.mkdtemp(prefix="walstream-ship-")))
+    for compiled in sorted(Path(__file__).resolve().parents[1].rglob("*.so")):
+        spark.sparkContext.addFile(str(compiled))
     spark.sparkContext.addPyFile(str(target))
     log.info("shipped walstream to the executors (%s)", target)
+    return target
+
+
+def package_zip(directory: Path) -> Path:
+    """`directory`/walstream.zip: the walstream package's sources, for `addPyFile`."""
+    root = Path(__file__).resolve().parents[1]  # the walstream package
+    target = directory / "walstream.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".so"):
+                z.write(f, Path("walstream") / f.relative_to(root))
     return target
 
 
