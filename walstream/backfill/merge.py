@@ -263,12 +263,12 @@ class BackfillMerge:
         )  # fmt: skip
 
     def _targets(self, running: dict[int, tuple[str, str, str]]) -> dict[int, _Target]:
-        keys = self.store.key_columns(list(running))
-        return {
-            id_: _Target(sink, schema, table, tuple(keys.get(id_, ([], None))[0]),
-                         keys.get(id_, ([], None))[1])
-            for id_, (sink, schema, table) in running.items()
-        }  # fmt: skip
+        found = self.store.key_columns(list(running))
+        targets = {}
+        for id_, (sink, schema, table) in running.items():
+            keys, oid = found.get(id_, ([], None))
+            targets[id_] = _Target(sink, schema, table, tuple(keys), oid)
+        return targets
 
     def _inside(
         self, spark: Any, keys: Any, emits: list[_Emit], query_id: str, batch_id: int

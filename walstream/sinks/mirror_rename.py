@@ -207,12 +207,12 @@ def evict(
     # that is free: the claim keeps the name it had.
     live = None if now is None else (override or now[0], now[1])
     suffix = f"_{'dropped' if now is None else 'moved'}_{old_oid}"
-    to = live or (table.schema, table.name[: 63 - len(suffix)] + suffix)
-    if live is not None and exists(conn, _qualified(*live)):
-        to = (table.schema, table.name[: 63 - len(suffix)] + suffix)
+    cut = table.name.encode()[: 63 - len(suffix)].decode(errors="ignore")  # NAMEDATALEN
+    aside = (table.schema, cut + suffix)
+    to = aside if live is None or exists(conn, _qualified(*live)) else live
     if exists(conn, _qualified(*to)):
         raise SinkError(
-            f"Postgres mirror: source table {table.schema}.{table.name} is another table now "
+            f"Postgres mirror: source table {name} is another table now "
             f"(OID {table.source_oid}), and its target still holds the rows of the earlier "
             f"one (OID {old_oid}); walstream would move that target to {to[0]}.{to[1]}, "
             "which exists",
@@ -240,9 +240,9 @@ def evict(
         (sink, source_name),
     )
     log.warning(
-        "Postgres mirror %s: %s.%s is another source table now (OID %d, was %d); its target "
-        "moved to %s.%s%s",
-        sink, table.schema, table.name, table.source_oid, old_oid, *to,
+        "Postgres mirror %s: source table %s is another table now (OID %d, was %d); the "
+        "earlier one's target %s moved to %s.%s%s",
+        sink, name, table.source_oid, old_oid, table.target, *to,
         " (the earlier table was dropped: drop it when you no longer need it)" if now is None
         else f" (the earlier table is {now[0]}.{now[1]} now)",
     )  # fmt: skip
