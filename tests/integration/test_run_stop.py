@@ -21,6 +21,7 @@ from tests.integration.test_crash import confirmed
 from tests.integration.test_run_crash import Run
 from tests.servers import WebhookReceiver
 from walstream.change import parse_lsn
+from walstream.sinks.file import read_messages
 from walstream.testing import wait_until
 
 pytestmark = pytest.mark.spark
@@ -94,3 +95,54 @@ def test_ctrl_c_lets_the_batch_finish_and_a_second_abandons_it(db, tmp_path: Pat
         release.set()
         rx.stop()
     assert b'"k":1' in rx.requests[0].body
+
+
+def test_a_stop_just_after_a_batch_waits_for_spark_to_commit_it(spark, db, tmp_path, monkeypatch):
+    """Spark writes a batch's commit-log entry after the batch function returns. A stop in
+    between (the demo stopping once everything was delivered) used to stop the query
+    then, interrupting that write: the next start delivered the batch again."""
+    from walstream.config import parse_config
+    from walstream.runtime import Runtime
+    from walstream.spark.pipeline import Pipeline
+
+    db.execute("CREATE TABLE kv (k int PRIMARY KEY)")
+    pub, slot = db.create_publication("kv"), db.create_slot()
+    cfg = parse_config({
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [{"name": "files", "source": "app",
+                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
+    })  # fmt: skip
+    delivered, original = threading.Event(), Pipeline.__call__
+    runtime = Runtime(cfg, spark=spark)
+
+    def slow_to_commit(self: Any, df: Any, batch_id: int) -> None:
+        original(self, df, batch_id)
+        if self.progress["files"].delivered and not delivered.is_set():
+            delivered.set()  # the batch with the change returned: now stop
+            runtime.stopping.wait(60)
+            time.sleep(0.5)  # widens the window: a stop not waiting has stopped the query
+
+    monkeypatch.setattr(Pipeline, "__call__", slow_to_commit)
+    runtime.start()
+    try:
+        db.execute("INSERT INTO kv VALUES (1)")
+        assert delivered.wait(120), "the change was not delivered"
+        batch = runtime.queries[0].pipeline.delivered_batch
+    finally:
+        runtime.stop()
+    assert (tmp_path / "ckpt" / "app" / "commits" / str(batch)).exists()
+    monkeypatch.setattr(Pipeline, "__call__", original)
+    runtime = Runtime(cfg, spark=spark).start()  # the next start: that batch is done
+    try:
+        db.execute("INSERT INTO kv VALUES (2)")
+        pipeline = runtime.queries[0].pipeline
+        wait_until(  # the new change is written and its batch has returned
+            lambda: len(read_messages(tmp_path / "out")) == 2
+            and pipeline.idle.is_set() and "files" in runtime.progress(), 120,
+            message=lambda: f"{read_messages(tmp_path / 'out')}",
+        )  # fmt: skip
+        assert runtime.progress()["files"].delivered == 1  # only the new change
+    finally:
+        runtime.stop()

@@ -118,6 +118,38 @@ def start_query(
     log.info("source %s: streaming (slot %s, query %s)", s.name, s.slot_name, sq.query_id)
 
 
+def batch_committed(sq: SourceQuery) -> bool:
+    """The last batch the pipeline delivered is in the checkpoint's commit log (or the
+    query is gone). Spark writes that entry after the batch function returns and reports
+    the batch's progress after it: stopping the query before then interrupts the write,
+    and the next start delivers the batch again."""
+    q, delivered = sq.query, sq.pipeline.delivered_batch
+    try:
+        if q is None or delivered < 0 or not q.isActive:
+            return True
+        last = q.lastProgress
+    except Exception:  # the query is going away: nothing left to wait for
+        return True
+    reported = (
+        -1 if last is None else int(last["batchId"] if isinstance(last, dict) else last.batchId)
+    )
+    return reported >= delivered
+
+
+def finish_batch(sq: SourceQuery, deadline: float, abandon: threading.Event) -> None:
+    """Wait until the batch in flight is delivered and committed (`batch_committed`), until
+    `deadline` (monotonic) or until `abandon` is set; then the query may be stopped."""
+    if sq.query is None or (sq.pipeline.idle.is_set() and batch_committed(sq)):
+        return
+    log.info("source %s: finishing the batch in flight (Ctrl-C again to abandon it)",
+             sq.source.name)  # fmt: skip
+    while not (sq.pipeline.idle.is_set() and batch_committed(sq)):
+        if abandon.wait(0.1) or time.monotonic() > deadline:
+            log.warning("source %s: abandoning the batch in flight; the next start replays it",
+                        sq.source.name)  # fmt: skip
+            return
+
+
 def stop_query(source: str, query: Any) -> None:
     """Stop a streaming query; a failure is logged in one line (stopping goes on)."""
     try:

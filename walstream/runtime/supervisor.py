@@ -34,6 +34,7 @@ from walstream.runtime.query import (
     SourceQuery,
     collect_progress,
     database_name,
+    finish_batch,
     start_query,
     stop_query,
 )
@@ -373,17 +374,7 @@ class Runtime:
             sq.pipeline.draining.set()
         deadline = time.monotonic() + grace
         for sq in self.queries:
-            if sq.query is None or sq.pipeline.idle.is_set():
-                continue
-            log.info("source %s: finishing the batch in flight (Ctrl-C again to abandon it)",
-                     sq.source.name)  # fmt: skip
-            while not sq.pipeline.idle.wait(0.2):
-                if self.abandon.is_set() or time.monotonic() > deadline:
-                    log.warning(
-                        "source %s: abandoning the batch in flight; the next start replays it",
-                        sq.source.name,
-                    )
-                    break
+            finish_batch(sq, deadline, self.abandon)
         for sq in self.queries:
             if sq.query is not None:
                 stop_query(sq.source.name, sq.query)

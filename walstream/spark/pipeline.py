@@ -99,6 +99,9 @@ class Pipeline:
     draining: threading.Event = field(default_factory=threading.Event)
     #: Set while no batch is being delivered.
     idle: threading.Event = field(default_factory=threading.Event)
+    #: The last batch this pipeline delivered in full (-1: none yet). Spark records it in
+    #: the checkpoint's commit log after the batch function returns: a stop waits for that.
+    delivered_batch: int = -1
     #: Why batches wait now, per sink (paused, or too many parked messages).
     holding: dict[str, str] = field(default_factory=dict)
     #: Per sink: changes committed before this LSN are skipped (`walstream reset`).
@@ -169,6 +172,7 @@ class Pipeline:
                 if running:
                     assert self.backfills is not None
                     self.backfills.batch_delivered()
+                self.delivered_batch = batch_id
             finally:
                 if cached:
                     df.unpersist()
