@@ -58,6 +58,8 @@ PROBE = "CREATE TABLE probe (id bigint PRIMARY KEY, at timestamptz, note text)"
 SYSTEMS = ("walstream", "debezium")
 #: walstream's `spark.conf` in this run (--spark-conf); empty: walstream's own defaults.
 SPARK_CONF: dict[str, str] = {}
+#: walstream's source settings in this run (--source); empty: walstream's defaults.
+SOURCE: dict[str, Any] = {}
 #: walstream's Kafka sink settings in this run (--batch-size); empty: its defaults.
 SINK: dict[str, int] = {}
 #: Seconds each system runs at the latency run's rate before it is measured.
@@ -159,7 +161,8 @@ def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, pre
         config = work / f"walstream-{slot}.json"  # JSON is YAML
         config.write_text(json.dumps({
             "spark": {"checkpoint_dir": str(work / f"checkpoints-{slot}"), "conf": SPARK_CONF},
-            "sources": [{"name": "bench", "dsn": pg.dsn(), "slot": slot, "publication": "bench"}],
+            "sources": [{"name": "bench", "dsn": pg.dsn(), "slot": slot, "publication": "bench",
+                         **SOURCE}],
             "sinks": [{
                 "name": "kafka", "source": "bench", "format": "debezium", **SINK,
                 "destination": {
@@ -354,6 +357,10 @@ def main() -> None:
         help='walstream\'s spark.conf, as JSON (e.g. \'{"spark.driver.memory": "2g"}\')',
     )  # fmt: skip
     ap.add_argument("--batch-size", type=int, help="walstream's Kafka sink batch_size")
+    ap.add_argument(
+        "--source", type=json.loads, default={},
+        help='walstream\'s source settings, as JSON (e.g. \'{"max_changes_per_batch": 200000}\')',
+    )  # fmt: skip
     # the Debezium engine process
     ap.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)
     for a in ("--port", "--user", "--slot", "--prefix", "--bootstrap", "--work"):
@@ -377,6 +384,7 @@ def main() -> None:
     SPARK_CONF.update(args.spark_conf)
     if args.batch_size:
         SINK["batch_size"] = args.batch_size
+    SOURCE.update(args.source)
     work = Path(tempfile.mkdtemp(prefix="walstream-bench-dbz-"))
     results: dict[str, dict[str, Run]] = {}
     floor = None

@@ -146,3 +146,56 @@ def test_a_stop_just_after_a_batch_waits_for_spark_to_commit_it(spark, db, tmp_p
         assert runtime.progress()["files"].delivered == 1  # only the new change
     finally:
         runtime.stop()
+
+
+def test_the_first_stop_waits_for_a_hanging_batch_only_the_grace_period(
+    spark, db, tmp_path, caplog
+):
+    """The first Ctrl-C waits for the batch in flight for at most the grace period
+    (`walstream run`: 30 s), then abandons it; the slot keeps the batch for the next start."""
+    import inspect
+    import logging
+
+    from walstream.config import parse_config
+    from walstream.runtime import Runtime
+
+    db.execute("CREATE TABLE kv (k int PRIMARY KEY)")
+    pub, slot = db.create_publication("kv"), db.create_slot()
+    release, hanging = threading.Event(), threading.Event()
+
+    def answer(path: str) -> int:
+        hanging.set()
+        release.wait(120)
+        return 200
+
+    rx = WebhookReceiver()
+    rx.answer = answer
+    rx.start()
+    cfg = parse_config({
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [{"name": "hook", "source": "app", "destination": {
+            "type": "webhook", "url": rx.url(), "timeout": "120s", "retry_timeout": "120s"}}],
+    })  # fmt: skip
+    runtime = Runtime(cfg, spark=spark).start()
+    try:
+        (lsn,) = db.execute(
+            "INSERT INTO kv VALUES (1) RETURNING pg_current_wal_insert_lsn()::text"
+        )[0]
+        assert hanging.wait(120), "the batch did not reach the destination"
+        began = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="walstream.runtime"):
+            runtime.stop(grace=4)
+        waited = time.monotonic() - began
+    finally:
+        release.set()
+        runtime.stop()
+        rx.stop()
+    said = caplog.text
+    assert "finishing the batch in flight" in said and "abandoning the batch in flight" in said
+    assert 4 <= waited < 4 + 30, waited  # it waited for the batch, then no longer
+    assert confirmed(db, slot) < parse_lsn(lsn)  # the abandoned batch stays in the slot
+    assert runtime.progress().get("hook") is None or runtime.progress()["hook"].delivered == 0
+    # `walstream run` stops with the default: the README's 30 s
+    assert inspect.signature(Runtime.stop).parameters["grace"].default == 30
