@@ -120,7 +120,7 @@ def mirror_plan(
     import pyarrow.compute as pc
 
     rows, truncated = after_last_truncate(rows)
-    indexed = rows.select(list(key)).append_column("_i", pa.array(range(rows.num_rows)))
+    indexed = rows.select(list(key)).append_column("_i", pa.array(range(rows.num_rows), pa.int64()))
     ends = indexed.group_by(list(key), use_threads=False).aggregate([("_i", "max"), ("_i", "min")])
     positions = ends.column("_i_max")
     newest = rows.take(pc.take(positions, pc.sort_indices(positions)))  # in WAL order

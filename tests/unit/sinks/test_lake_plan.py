@@ -66,6 +66,17 @@ def test_mirror_after_a_truncate_keeps_only_what_followed_it():
     assert plan.deletes.to_pylist() == [{"id": 2}]
 
 
+def test_a_batch_ending_in_a_truncate_empties_the_table_and_writes_nothing():
+    # Nothing follows the truncate: the plan is made from no rows (it used to fail on the
+    # untyped empty index, and the stream stopped: seen in CI when a batch ended there).
+    plan = mirror_plan(
+        rows(("insert", 1, 1, "a", "x"), ("truncate", 2, None, None, None)),
+        ["id"], ["id", "v", "w"], complete=True,
+    )  # fmt: skip
+    assert plan.truncated
+    assert plan.upserts.num_rows == 0 and plan.deletes.num_rows == 0
+
+
 def test_unchanged_toast_comes_from_the_batch_or_the_target_and_is_never_null():
     batch = rows(
         ("update", 1, 1, "a2", None, ["w"]),  # from the target's row
