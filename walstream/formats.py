@@ -121,12 +121,14 @@ def formatter(name: str, *, sink: str, db: str) -> Formatter:
 
 
 # -- the same formats as Spark SQL -------------------------------------------------------------
-# The pipeline computes a message in the JVM when SQL can make it byte for byte what
-# the functions above make; executors then skip the per-row Python formatting (and
-# a columnar sink, the Python loop altogether). Where SQL cannot, the expression is
-# NULL and the row is formatted in Python as before: a sequin update with old values
-# (its `changes` compares JSON objects), names or keys with one of the control characters
-# Java escapes differently (`\u000B` where Python writes `\u000b`), an unknown action.
+# For a batch with backfill rows, the pipeline computes a message in the JVM when SQL can
+# make it byte for byte what the functions above make (a batch of changes only is
+# formatted by the delivery worker over Arrow columns: arrow_formats.py); executors then
+# skip the per-row Python formatting (and a columnar sink, the Python loop altogether).
+# Where SQL cannot, the expression is NULL and the row is formatted in Python as before:
+# a sequin update with old values (its `changes` compares JSON objects), names or keys
+# with one of the control characters Java escapes differently (`\u000B` where Python
+# writes `\u000b`), an unknown action.
 
 #: The control characters whose escapes differ (`\u000b` in Python, `\u000B` in Java);
 #: the others are written alike (`\n`, `\t`, `\u0001`, ...).

@@ -64,18 +64,26 @@ def test_streamed_columns_equal_the_per_batch_projection(spark: Any, skip: int |
     assert collected(streamed.raw(added)) == collected(batch.select(*CHANGE_COLUMNS))
 
 
-def test_a_sink_selects_only_its_rows_and_sql_messages_drop_the_row(spark: Any) -> None:
+def test_a_sink_selects_only_its_rows_and_its_worker_gets_the_row(spark: Any) -> None:
     """What the equality above rests on, spelled out: the selection, and the row's JSON
-    sent on only where SQL made no message (the sequin update with an old row)."""
+    sent on to the delivery worker, which makes a batch of changes' messages
+    (arrow_formats); with backfill rows in the batch, SQL makes them and the row's JSON
+    goes on only where SQL made no message (the sequin update with an old row)."""
     configs = sinks(["plain", "picky"])
     streamed = StreamedSinks(spark, configs, "appdb")
     added = streamed.add(frame(spark, ROWS).drop("backfill"))
     picky = streamed.prepare(added, "picky", None).collect()
     assert [(r.table, r.action, r.lsn) for r in picky] == [("items", "update", 20), ("items",
             "insert", 30)]  # fmt: skip
-    plain = {(r.lsn, r.seq): r for r in streamed.prepare(added, "plain", None).collect()}
+    prepared = streamed.prepare(added, "plain", None)
+    assert "_message" not in prepared.columns and "_ikey" in prepared.columns
+    plain = {(r.lsn, r.seq): r for r in prepared.collect()}
     assert sorted(plain) == [(10, 0), (20, 0), (20, 1), (30, 0), (30, 1), (40, 0)]  # no watermark
-    assert plain[(20, 0)]._message is None and plain[(20, 0)].record == '{"id":1,"n":"b"}'
-    assert plain[(10, 0)]._message.startswith('{"record":{"id":1,"n":"a"}')
-    assert plain[(10, 0)].record is None
+    assert plain[(20, 0)].record == '{"id":1,"n":"b"}' and plain[(20, 0)].old is not None
+    assert plain[(10, 0)].record == '{"id":1,"n":"a"}'
     assert plain[(30, 1)]._route == "t.items"
+    with_reads = SinkSteps(spark, configs[0], None, backfill=True, db="appdb")
+    sql = {(r.lsn, r.seq): r for r in with_reads.prepare(frame(spark, ROWS)).collect()}
+    assert sql[(20, 0)]._message is None and sql[(20, 0)].record == '{"id":1,"n":"b"}'
+    assert sql[(10, 0)]._message.startswith('{"record":{"id":1,"n":"a"}')
+    assert sql[(10, 0)].record is None

@@ -20,7 +20,7 @@ FLOORS: list[set[str]] = [
     {"runtime"},
     {"spark", "server", "testing", "client"},
     {"delivery", "backfill", "streams"},
-    {"postgres", "sinks", "formats", "config"},
+    {"postgres", "sinks", "formats", "arrow_formats", "config"},
     {
         "state",
         "change",

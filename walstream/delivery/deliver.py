@@ -61,6 +61,7 @@ class DeliveryPlan:
     on_full: str = "pause"  # "discard": past max_parked, what would be parked is dropped
     sink_config: dict[str, Any] | None = None  # snapshot for dead letters, secrets removed
     columnar: bool = False  # deliver Arrow batches of SQL-formatted messages (deliver_columns)
+    worker_format: str | None = None  # the worker makes `_message` in this format (arrow_formats)
     fresh: bool = False  # the ledger holds nothing of this batch: no need to ask it
     unblocked: bool = False  # the sink has nothing parked: no group is blocked
 

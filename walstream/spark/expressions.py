@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
+from walstream.arrow_formats import ARROW_FORMATS
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import SinkConfig
 from walstream.formats import sql_format, sql_idempotency_key
@@ -84,6 +85,9 @@ class Projection:
     # unchanged_toast, see NO_NULL_ARRAY)
     columns: list[str]
     sql_message: bool  # SQL makes the message (its format), not Python
+    #: The format the delivery worker makes each Arrow batch's messages in (arrow_formats),
+    #: instead of SQL or Python row by row; None: not there.
+    worker_format: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -104,10 +108,11 @@ def projection(
     if isinstance(sink.transform, dict):
         fields = ", ".join(f"{quote(k)}, ({v})" for k, v in sink.transform.items())
         cols.append(f"to_json(named_struct({fields})) AS _message")
-    formatted = sql_message(sink, db, backfill)
+    worker = worker_format(sink, backfill)
+    formatted = None if worker is not None else sql_message(sink, db, backfill)
     if formatted is not None:
         cols.append(f"{formatted} AS _message")
-    if formatted is not None or isinstance(sink.transform, dict):
+    if formatted is not None or worker is not None or isinstance(sink.transform, dict):
         cols.append(f"{sql_idempotency_key(backfill)} AS _ikey")
     keep = [f"`{c}`" for c in delivery_columns(sink)]
     if "`unchanged_toast`" in keep:  # the mirror's: an empty array where it is NULL
@@ -118,7 +123,17 @@ def projection(
     where = selection_expr(sink)
     if skip_before is not None:
         where = f"lsn >= {int(skip_before)} AND {where}"
-    return Projection(where, keep, cols, formatted is not None)
+    return Projection(where, keep, cols, formatted is not None, worker)
+
+
+def worker_format(sink: SinkConfig, backfill: bool) -> str | None:
+    """The sink's format when the delivery worker makes its messages over Arrow columns
+    (`arrow_formats`): a batch of changes only, no transform. Batches with backfill rows
+    keep the SQL form (`sql_message`), the mirror's format is made in Python."""
+    if backfill or sink.transform is not None:
+        return None
+    name = sink.destination.message_format() or sink.format
+    return name if name in ARROW_FORMATS else None
 
 
 def sql_message(sink: SinkConfig, db: str, backfill: bool) -> str | None:

@@ -343,9 +343,10 @@ class Pipeline:
                 on_full=sink.on_full,
                 sink_config=self.snapshots[sink.name],
             )
-            names = projection(sink, skip, backfill, self.db).names
+            p = projection(sink, skip, backfill, self.db)
+            plan = replace(plan, worker_format=p.worker_format)
             if driver_sink.columnar and not plan.tombstones and plan.transform_function is None:
-                plan = replace(plan, columnar="_message" in names)
+                plan = replace(plan, columnar="_message" in p.names or p.worker_format is not None)
             steps = SinkSteps(spark, sink, skip, backfill, self.db, plan)
             self._built = {
                 k: v for k, v in self._built.items() if k[0] != sink.name or k[1] == skip

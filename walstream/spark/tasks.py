@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from walstream.arrow_formats import batch_messages
 from walstream.change import ChangeRow
 from walstream.delivery.columns import deliver_columns, deliver_ledger_columns
 from walstream.delivery.deliver import DeliveryPlan, Row, deliver_partition
@@ -34,6 +35,8 @@ def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         sink = sink_for(plan.destination)
+        if plan.worker_format is not None:
+            batches = with_messages(plan, batches)
         rows = lambda b: _rows(b, pa)  # noqa: E731
         if plan.columnar and sink.replaces_batches:
             stats = deliver_columns(plan, partition, batches, rows, sink)
@@ -46,6 +49,14 @@ def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]
         yield counts
 
     return run
+
+
+def with_messages(plan: DeliveryPlan, batches: Iterable[Any]) -> Iterator[Any]:
+    """Each Arrow batch with its `_message` column, made in `plan.worker_format`."""
+    assert plan.worker_format is not None
+    for batch in batches:
+        made = batch_messages(plan.worker_format, batch, sink=plan.sink, db=plan.db)
+        yield batch.append_column("_message", made)
 
 
 def _stats_schema(pa: Any) -> Any:

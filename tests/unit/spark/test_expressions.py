@@ -78,8 +78,13 @@ def test_projection_of_a_routed_kafka_sink_in_sql_format() -> None:
         "CAST((record.id) AS STRING) AS _key",
         "CAST((concat('cdc.', `table`)) AS STRING) AS _route",
     ]
-    assert p.sql_message and p.columns[-1].endswith(" AS _ikey")
+    # a batch of changes: the delivery worker makes the message (arrow_formats), SQL the key
+    assert not p.sql_message and p.worker_format == "sequin"
+    assert p.columns[-1].endswith(" AS _ikey") and "_message" not in p.names
     assert "`pk`" not in p.keep and "`record`" in p.keep
+    # a batch with backfill rows: SQL makes it
+    b = projection(s, skip_before=42, backfill=True)
+    assert b.sql_message and b.worker_format is None and b.names[-2:] == ["_message", "_ikey"]
 
 
 def test_a_python_transform_needs_the_row_and_no_sql_message() -> None:
