@@ -85,6 +85,11 @@ def test_console_shows_live_sinks_and_retries_a_dead_letter(spark, db, kafka, tm
         row = page.get_by_test_id(f"dead-{dead['id']}")
         row.wait_for(timeout=10_000)
         assert "injected failure" in row.inner_text()
+        # The token is kept in this tab's session storage only: no cookie, no local storage.
+        kept = page.evaluate(
+            "[sessionStorage.getItem('walstream-token'), localStorage.length, document.cookie]"
+        )
+        assert kept == [READ_TOKEN, 0, ""]
         row.get_by_role("link", name=str(dead["id"])).click()
         assert '"id":3' in page.get_by_test_id("dl-message").inner_text(timeout=10_000)
         page.screenshot(path=str(ARTIFACTS / "console-dead-letter.png"), full_page=True)
