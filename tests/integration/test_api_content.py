@@ -153,3 +153,52 @@ def test_sources_show_their_pipeline_and_their_slot(db):
     assert other["reasons"] == [
         "standby: another walstream holds this source; taking over when it stops"
     ]
+
+
+def test_a_slot_far_behind_and_a_silent_replication_connection_are_warnings(db, monkeypatch):
+    """A source whose slot is more than LAG_WARNING_BYTES behind, read by a replication
+    connection that sent its last status report more than STALE_REPLY_SECONDS ago, is a
+    warning with both reasons. The thresholds (1 GiB, 30 s) are lowered to what the test
+    makes: the lag and the silence are real."""
+    import psycopg2
+    import psycopg2.extras
+
+    from walstream.server import monitor
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE t (id int)")
+    pub, slot = db.create_publication("t"), db.create_slot()
+    db.execute("INSERT INTO t SELECT generate_series(1, 50000)")  # ~3 MiB of WAL behind it
+    monkeypatch.setattr(monitor, "LAG_WARNING_BYTES", 1 << 20)
+    monkeypatch.setattr(monitor, "STALE_REPLY_SECONDS", 1.0)
+    cfg = parse_config({
+        "server": {"port": 0, "token": TOKEN},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot}],
+        "sinks": [{"name": "hook", "source": "app",
+                   "destination": {"type": "webhook", "url": "http://127.0.0.1:9/h"}}],
+    })  # fmt: skip
+    control = StoreOnly(cfg, statuses=[SourceStatus("app", slot, db.dsn, streaming=True)])
+    server = Server(control, Monitor(control, ttl=0), Metrics()).start()  # type: ignore[arg-type]
+    reader = psycopg2.connect(
+        db.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection
+    )
+    try:
+        cur = reader.cursor()
+        cur.start_replication(slot_name=slot, decode=False, status_interval=3600,
+                              options={"proto_version": "1", "publication_names": pub})  # fmt: skip
+        cur.send_feedback(force=True)  # one status report, then silence (nothing is read)
+
+        def reasons() -> list[str]:
+            (app,) = httpx.get(f"{server.url}/api/sources", headers=AUTH).json()
+            return app["reasons"] if app["status"] == "warning" else []
+
+        said = wait_until(
+            lambda: (r := reasons()) and any(x.startswith("no status report") for x in r) and r,
+            30, message=lambda: f"{reasons()}",
+        )  # fmt: skip
+    finally:
+        reader.close()
+        server.stop()
+    assert len(said) == 2, said
+    assert said[0].startswith("no status report from the replication connection for ")
+    assert said[1].endswith(" MiB behind") and said[1].startswith("the slot is ")
