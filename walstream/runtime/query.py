@@ -112,6 +112,7 @@ def start_query(
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{interval:g} seconds")
+    sq.pipeline.delivered_batch = -1  # a stop waits for this query's batches, not an earlier one's
     sq.query = writer.start()
     sq.query_id = str(sq.query.id)
     sq.started.set()
