@@ -91,7 +91,7 @@ def _changes(col: dict[str, Any], null: Any) -> Any:
 
     record, old = col["record"], col["old"]
     n = len(record)
-    if not old.null_count < n:  # no old values at all (REPLICA IDENTITY DEFAULT): the usual
+    if old.null_count == n:  # no old values at all (REPLICA IDENTITY DEFAULT): the usual
         return pa.repeat(null, n)
     mask = pc.and_(pc.equal(col["action"], "update"), pc.and_(record.is_valid(), old.is_valid()))
     rows = pc.indices_nonzero(mask)

@@ -4,16 +4,14 @@ or are NULL (left to Python) where they cannot."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
 import pytest
 
+from tests.changes import TS_MS, row
 from walstream.change import ChangeRow, change_key
 from walstream.formats import FORMATS, formatter, sql_format, sql_idempotency_key
-
-TS = 1_763_884_850_561_930
 
 ODD = 'qu"ote\\back/slash é 😀 \u2028 tab\tnew\nline\x01\x07\x19'  # escapes both write alike
 CONTROL = "vt\x0bend\x1a"  # Java writes \u000B, Python \u000b: left to Python
@@ -21,18 +19,6 @@ CONTROL = "vt\x0bend\x1a"  # Java writes \u000B, Python \u000b: left to Python
 
 def differs(s: str) -> bool:
     return any(ch in "\x0b\x0e\x0f" or "\x1a" <= ch <= "\x1f" for ch in s)
-
-
-def row(
-    action: str, record: str | None = '{"id":1}', old: str | None = None, **kw: Any
-) -> ChangeRow:
-    base: dict[str, Any] = dict(
-        source="app", lsn=26441264, seq=3, xid=741, committed_at_us=TS, action=action,
-        schema="public", table="orders", pk=["1"], record=record, old=old,
-        annotations=None, unchanged_toast=None, backfill=None,
-    )  # fmt: skip
-    base.update(kw)
-    return ChangeRow(**base)
 
 
 ROWS = [
@@ -70,9 +56,6 @@ def frame(spark: Any, rows: list[ChangeRow]) -> Any:
     )
 
 
-_TS_MS = re.compile(r',"ts_ms":(\d+)}$')
-
-
 @pytest.mark.parametrize("name", FORMATS)
 def test_sql_format_equals_python(spark: Any, name: str) -> None:
     sink, db = 'sink "one"\x01', "app\\db"
@@ -94,9 +77,9 @@ def test_sql_format_equals_python(spark: Any, name: str) -> None:
             continue
         in_sql += 1
         if name == "debezium":  # the envelope's ts_ms is the time it was formatted
-            m = _TS_MS.search(sql)
+            m = TS_MS.search(sql)
             assert m and before <= int(m.group(1)) <= after
-            python, sql = _TS_MS.sub("}", python), _TS_MS.sub("}", sql)
+            python, sql = TS_MS.sub("}", python), TS_MS.sub("}", sql)
         assert sql == python, r
         json.loads(sql)
     assert len(ROWS) - in_sql == {"sequin": 4, "debezium": 2, "record": 0}[name]

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_formats_sql import _TS_MS, frame, row
+from tests.changes import TS_MS, row
+from tests.integration.test_formats_sql import frame
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import parse_config
 from walstream.spark.steps import SinkSteps
@@ -45,7 +46,7 @@ def sinks(names: list[str]) -> list[Any]:
 
 def collected(df: Any) -> list[tuple[Any, ...]]:
     """The rows, sorted; a debezium envelope's ts_ms (the time it was made) left out."""
-    rows = [tuple(_TS_MS.sub("}", v) if isinstance(v, str) else v for v in r) for r in df.collect()]
+    rows = [tuple(TS_MS.sub("}", v) if isinstance(v, str) else v for v in r) for r in df.collect()]
     return sorted(rows, key=repr)
 
 

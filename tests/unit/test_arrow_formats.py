@@ -3,31 +3,18 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from tests.changes import TS, TS_MS, row
 from walstream.arrow_formats import ARROW_FORMATS, batch_messages
 from walstream.change import ChangeRow, change_key
 from walstream.formats import formatter
 
-TS = 1_763_884_850_561_930
 ODD = 'qu"ote\\back/slash é 😀 \u2028 tab\tnew\nline\x01\x07\x19\x0b\x1f'
-
-
-def row(
-    action: str, record: str | None = '{"id":1}', old: str | None = None, **kw: Any
-) -> ChangeRow:
-    base: dict[str, Any] = dict(
-        source="app", lsn=26441264, seq=3, xid=741, committed_at_us=TS, action=action,
-        schema="public", table="orders", pk=["1"], record=record, old=old,
-        annotations=None, unchanged_toast=None, table_oid=16384, backfill=None,
-    )  # fmt: skip
-    base.update(kw)
-    return ChangeRow(**base)
 
 
 ROWS = [
@@ -62,9 +49,6 @@ def batch(rows: list[ChangeRow]) -> Any:
     return pa.RecordBatch.from_pydict(arrays)
 
 
-_TS_MS = re.compile(r',"ts_ms":(\d+)}$')
-
-
 @pytest.mark.parametrize("name", ARROW_FORMATS)
 def test_arrow_messages_equal_the_python_formatter(name: str) -> None:
     sink, db = 'sink "one"\x01', "app\\db"
@@ -75,9 +59,9 @@ def test_arrow_messages_equal_the_python_formatter(name: str) -> None:
     for r, made in zip(ROWS, got, strict=True):
         python = fmt(r)
         if name == "debezium":  # the envelope's ts_ms is the time it was formatted
-            m = _TS_MS.search(made)
+            m = TS_MS.search(made)
             assert m and before <= int(m.group(1)) <= after
-            python, made = _TS_MS.sub("}", python), _TS_MS.sub("}", made)
+            python, made = TS_MS.sub("}", python), TS_MS.sub("}", made)
         assert made == python, r
         json.loads(made)
 

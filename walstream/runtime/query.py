@@ -131,10 +131,7 @@ def batch_committed(sq: SourceQuery) -> bool:
         last = q.lastProgress
     except Exception:  # the query is going away: nothing left to wait for
         return True
-    reported = (
-        -1 if last is None else int(last["batchId"] if isinstance(last, dict) else last.batchId)
-    )
-    return reported >= delivered
+    return (-1 if last is None else report_batch(last)) >= delivered
 
 
 def finish_batch(sq: SourceQuery, deadline: float, abandon: threading.Event) -> None:
@@ -164,6 +161,11 @@ def stop_query(source: str, query: Any) -> None:
         log.debug("source %s: the full failure:\n%s", source, exc)
 
 
+def report_batch(report: Any) -> int:
+    """The batch id of one of a query's progress reports (a dict or PySpark's object)."""
+    return int(report.get("batchId", -1)) if isinstance(report, dict) else int(report.batchId)
+
+
 def collect_progress(sq: SourceQuery) -> None:
     """Count the changes of batches the query reported since the last look (it keeps
     the last 100 reports, far more than a tick sees)."""
@@ -175,7 +177,7 @@ def collect_progress(sq: SourceQuery) -> None:
     except Exception:  # the query is going away: its next run reports again
         return
     for r in reports:
-        batch = int(r.get("batchId", -1)) if isinstance(r, dict) else int(r.batchId)
+        batch = report_batch(r)
         if batch <= sq.seen_batch:
             continue
         rows = r.get("numInputRows", 0) if isinstance(r, dict) else r.numInputRows
