@@ -1,5 +1,6 @@
 """`walstream run --seconds N --port P` as a command: it serves /health on P while it
-runs, delivers the changes made meanwhile, and stops by itself after N seconds, exit 0."""
+runs, delivers the changes made meanwhile, and stops by itself after N seconds, exit 0.
+Once its query runs, Spark's planning processes are gone (walstream/spark/planners.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.processes import PLANNING, TASKS_DAEMON, running
 from walstream.postgres.embedded import free_port
 from walstream.sinks.file import read_messages
 from walstream.testing import wait_until
@@ -51,6 +53,8 @@ def test_run_for_some_seconds_on_a_given_port(db, tmp_path):
         db.execute("INSERT INTO t SELECT g FROM generate_series(1, 50) g")
         wait_until(lambda: out.exists() and len(read_messages(out)) == 50, seconds,
                    message="the changes were not delivered while it ran")  # fmt: skip
+        wait_until(lambda: running(proc.pid, TASKS_DAEMON) and not running(proc.pid, PLANNING),
+                   seconds, message=lambda: f"under the run: {running(proc.pid, 'pyspark')}")  # fmt: skip
         output, _ = proc.communicate(timeout=seconds + 120)
     finally:
         proc.kill()

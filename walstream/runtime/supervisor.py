@@ -46,6 +46,7 @@ from walstream.server.monitor import Monitor
 from walstream.server.status import SourceStatus
 from walstream.spark.checkpoint import check_staging, committed_lsn, is_remote
 from walstream.spark.pipeline import Pipeline, validate
+from walstream.spark.planners import release_after_planning
 from walstream.spark.session import start_spark
 from walstream.spark.source import register as register_source
 from walstream.state.leadership import Leadership
@@ -70,6 +71,9 @@ class Runtime:
         #: ends; `run` returns once every source is caught up.
         self.until_caught_up = until_caught_up
         self.owns_spark = spark is None
+        #: End Spark's planning processes once the queries run (spark/planners.py): only
+        #: in a session of its own, where no one else plans; `planning`: a query started since
+        self.end_planners, self.planning = self.owns_spark, True
         self.stopping = threading.Event()
         self.abandon = threading.Event()  # stop now, even with a batch in flight
         self.queries: list[SourceQuery] = []
@@ -283,6 +287,7 @@ class Runtime:
                 try:
                     start_query(self.spark, self.config, sq, self.checkpoint(sq.source),
                                 self.until_caught_up)  # fmt: skip
+                    self.planning = True
                 except Exception as exc:  # the source fails at start: try again later
                     sq.failures += 1
                     sq.restart_at = now + QUERY_RESTART.delay(sq.failures)
@@ -337,6 +342,8 @@ class Runtime:
             self.poll()
             if self.fatal is not None:
                 return
+            if self.planning and self.end_planners:
+                self.planning = not release_after_planning(self.spark, self.queries)
             if self.caught_up:
                 break
             for sq in self.queries:
