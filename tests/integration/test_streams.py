@@ -295,7 +295,8 @@ def as_http(e: Any) -> dict[str, Any]:
 
 
 def test_open_reads_are_bounded_and_markers_and_acks_are_checked(spark, db, tmp_path):
-    """At most 2 open reads per client and 3 per stream (429 with Retry-After beyond);
+    """At most 2 open reads per client and 3 per stream (429 with Retry-After beyond; gRPC
+    subscriptions counted apart, per client address whatever the channel);
     a marker naming an unknown source or nested deep is a 400, never a 500; a group ack
     past what the stream made visible is a 400 and stores nothing."""
     import base64
@@ -304,7 +305,8 @@ def test_open_reads_are_bounded_and_markers_and_acks_are_checked(spark, db, tmp_
 
     path = tmp_path / "walstream.yaml"
     path.write_text(yaml.safe_dump({
-        "server": {"port": 0, "max_client_connections": 2, "max_stream_connections": 3},
+        "server": {"port": 0, "grpc_port": 0, "max_client_connections": 2,
+                   "max_stream_connections": 3},
         "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
         "sources": [{"name": "east", "dsn": db.dsn}],
         "sinks": [{"name": "east-changes", "source": "east",
@@ -367,6 +369,31 @@ def test_open_reads_are_bounded_and_markers_and_acks_are_checked(spark, db, tmp_
         assert held[-1][1].status_code == 200
         r = b.get(f"{base}/messages", headers=AUTH)
         assert r.status_code == 429 and "stream changes has 3 open reads" in r.text
+
+        # gRPC's subscriptions are counted apart from HTTP's (all three places are held),
+        # per client address: three channels of one client are one client.
+        assert runtime.server.grpc is not None
+        begin = markers.encode("changes", {"east": markers.START})
+        channels = [grpc.insecure_channel(runtime.server.grpc.target) for _ in range(3)]
+        calls = []
+        for channel in channels[:2]:
+            call = Puller(puller_pb2_grpc.PullerServiceStub(channel)).stub.Subscribe(
+                puller_pb2.SubscribeRequest(stream="changes", after=begin),
+                metadata=[("authorization", f"Bearer {TOKEN}")], timeout=60,
+            )  # fmt: skip
+            assert next(call).table == "public.items"  # open, and counted
+            calls.append(call)
+        with pytest.raises(grpc.RpcError) as err:
+            Puller(puller_pb2_grpc.PullerServiceStub(channels[2])).pull(1, after=begin)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "this client has 2 open reads" in err.value.details()
+        calls.pop().cancel()  # one ends: its place frees
+        wait_until(lambda: len(Puller(puller_pb2_grpc.PullerServiceStub(channels[2]))
+                               .pull(1, after=begin)) == 1, 30)  # fmt: skip
+        for call in calls:
+            call.cancel()
+        for channel in channels:
+            channel.close()
         cm, _ = held.pop(0)
         cm.__exit__(None, None, None)  # one closes: its place frees
         wait_until(lambda: b.get(f"{base}/messages", headers=AUTH).status_code == 200, 30)

@@ -50,6 +50,20 @@ def _abort(context: Any, status: int, problem: str, fix: str | None) -> None:
     context.abort(_code(status), f"{problem}; fix: {fix}" if fix else problem)
 
 
+def peer_address(peer: str) -> str:
+    """The client's address in a gRPC peer string, without its port: each channel has a
+    port of its own, and `server.max_client_connections` bounds a client, not a channel
+    ('ipv4:10.0.0.7:51234' -> '10.0.0.7', 'ipv6:[::1]:51234' or 'ipv6:%5B::1%5D:51234'
+    -> '::1'). Other kinds (a Unix socket) as they are."""
+    from urllib.parse import unquote
+
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6") or ":" not in rest:
+        return peer
+    host = unquote(rest).rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def servicer(reader: StreamReader, connections: Connections, stopping: Any) -> Any:
     """A PullerServiceServicer over `reader` (built here: grpc is imported only when served)."""
     from walstream.server.puller import puller_pb2, puller_pb2_grpc
@@ -78,7 +92,7 @@ def servicer(reader: StreamReader, connections: Connections, stopping: Any) -> A
                 authorize(name, context)
                 at = reader.start(name, request.after or None, request.consumer_id or None)
                 reader.read(name, at, 1, False)  # a gap is an error before the first event
-                release = connections.open(name, context.peer())
+                release = connections.open(name, peer_address(context.peer()))
             except StreamProblem as exc:
                 _abort(context, exc.status, exc.problem, exc.fix)
                 return
