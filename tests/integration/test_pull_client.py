@@ -1,7 +1,8 @@
 """walstream run's stream API and the Python client, on a real server over a real state
 database, without Spark: the test writes the stream's messages the way the pipeline does
 (`StreamTables.write`, then `make_visible`). A stream without a token refuses reads
-(403); an idle SSE subscription sends keep-alives; the client rides out a server that
+(403, and gRPC's PERMISSION_DENIED); a gRPC subscription without a marker starts from
+now; an idle SSE subscription sends keep-alives; the client rides out a server that
 answers 503 for a while; a consumer killed in the middle of a page gets that page again."""
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ TOKEN = "pull-token-5"
 def served(db: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, StoreOnly]]:
     monkeypatch.delenv("WALSTREAM_STREAMS_TOKEN", raising=False)
     cfg = parse_config({
-        "server": {"port": 0},
+        "server": {"port": 0, "grpc_port": 0},
         "sources": [{"name": "app", "dsn": db.dsn}],
         "sinks": [
             {"name": "feed", "source": "app",
@@ -46,6 +47,8 @@ def served(db: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Stor
     store.ensure()
     control = StoreOnly(cfg, store)
     server = Server(control, Monitor(control), Metrics()).start()  # type: ignore[arg-type]
+    assert server.grpc is not None
+    control.grpc_target = server.grpc.target  # type: ignore[attr-defined]
     try:
         yield server.url, control
     finally:
@@ -72,6 +75,46 @@ def test_a_stream_without_a_token_refuses_reads_but_describes_itself(served):
         assert "WALSTREAM_STREAMS_TOKEN" in r.json()["detail"]["fix"]
     info = httpx.get(f"{url}/v1/streams/closed")
     assert info.status_code == 200 and info.json()["reads_enabled"] is False
+
+
+def grpc_subscribe(control: Any, stream: str, **request: Any) -> Any:
+    """A gRPC Subscribe call with the consumer token (its events as they come)."""
+    import grpc
+
+    from walstream.server.puller import puller_pb2, puller_pb2_grpc
+
+    channel = grpc.insecure_channel(control.grpc_target)
+    stub = puller_pb2_grpc.PullerServiceStub(channel)
+    return stub.Subscribe(puller_pb2.SubscribeRequest(stream=stream, **request),
+                          metadata=[("authorization", f"Bearer {TOKEN}")], timeout=30)  # fmt: skip
+
+
+def test_grpc_refuses_a_stream_without_a_token_and_starts_from_now_without_a_marker(served):
+    """PERMISSION_DENIED with the problem and the fix, as the HTTP API's 403; with neither
+    `after` nor `consumer_id`, a subscription starts from now: its first event is one
+    kept after it began."""
+    import grpc
+
+    _, control = served
+    with pytest.raises(grpc.RpcError) as err:
+        next(grpc_subscribe(control, "closed"))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "stream closed has no consumer token" in err.value.details()
+    assert "WALSTREAM_STREAMS_TOKEN" in err.value.details()
+
+    publish(control.streams, 0, 3)  # kept before the subscription
+    call = grpc_subscribe(control, "feed")
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(next(call)), daemon=True)
+    reader.start()
+    n, deadline = 3, time.monotonic() + 30
+    while reader.is_alive() and time.monotonic() < deadline:  # until the first event comes
+        publish(control.streams, n, 1)
+        n += 1
+        reader.join(0.5)
+    call.cancel()
+    assert got, "no event within 30 s"
+    assert json.loads(got[0].message)["n"] >= 3  # kept after it began, never before
 
 
 def test_an_idle_sse_subscription_gets_keep_alives_then_the_message(served, monkeypatch):

@@ -109,6 +109,47 @@ def test_admission_control_splits_a_large_transaction_over_batches(spark, db, tm
     assert len(batches) >= 5 and all(len(b) <= 1000 for _, b in batches)
 
 
+def test_a_querys_first_batch_with_changes_takes_at_most_a_thousand(db):
+    """The reader as Spark drives it (no Spark needed): with a backlog of 2,500 changes in
+    the slot, all received, the query's first batch with changes ends after 1,000 of
+    them (FIRST_BATCH_ROWS), whatever maxChangesPerBatch; once a batch with changes was
+    planned, the next takes up to maxChangesPerBatch."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from walstream.spark.source import WalstreamDataSource
+    from walstream.testing import wait_until
+
+    db.execute("CREATE TABLE backlog (id int PRIMARY KEY)")
+    pub = db.create_publication("backlog")
+    slot = db.create_slot()
+    for first in range(1, 2501, 300):  # 300-row transactions: the first batch ends inside one
+        db.execute("INSERT INTO backlog SELECT g FROM generate_series(%s::int, %s::int) g",
+                   (first, min(first + 299, 2500)))  # fmt: skip
+    reader = WalstreamDataSource(
+        {"dsn": db.dsn, "slot": slot, "publication": pub, "maxChangesPerBatch": "50000",
+         "heartbeatInterval": "0"}
+    ).streamReader(None)  # fmt: skip
+
+    def changes(start: dict[str, int], end: dict[str, int]) -> list[int]:
+        parts = reader.partitions(start, end)
+        return [
+            int(pk[0]) for p in parts for b in reader.read(p) for pk in b.column("pk").to_pylist()
+        ]
+
+    try:
+        start = reader.initialOffset()
+        limit = ReadMaxRows(50_000)
+        reader.latestOffset(start, limit)  # starts reading the slot
+        capture = reader._driver.capture
+        wait_until(lambda: sum(rows for _, _, rows in capture.buffer.ends) == 2500, 60)
+        first = reader.latestOffset(start, limit)
+        assert changes(start, first) == list(range(1, 1001))
+        second = reader.latestOffset(first, limit)
+        assert changes(first, second) == list(range(1001, 2501))
+    finally:
+        reader.stop()
+
+
 def test_idle_database_slot_advances_while_another_database_writes(spark, db, pg, tmp_path):
     from walstream.postgres.replication import connect
     from walstream.testing import wait_until

@@ -68,3 +68,43 @@ def test_concurrent_consumers_of_one_group_end_at_the_furthest_ack(db):
 
     at_once(8, consumer)  # an error in any consumer is raised here
     assert s.group("changes", "workers", {}) == {"east": (1039, 0)}
+
+
+def test_the_retention_task_shows_what_a_stream_keeps_in_the_metrics(db):
+    """`walstream_stream_kept_messages` and `..._kept_bytes`, as pull-subscriptions.md
+    says: after the leader's retention step, what the stream keeps (here after max_bytes
+    deleted the oldest); a standby's step deletes nothing and reports nothing."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from walstream.config import parse_config
+    from walstream.runtime.retention import retention_tasks
+    from walstream.server.metrics import Metrics
+
+    s = store(db)
+    fill(s, "east", 30)
+    cfg = parse_config({
+        "sources": [{"name": "east", "dsn": db.dsn}],
+        "sinks": [{"name": "east-changes", "source": "east", "destination": {
+            "type": "stream", "stream": "changes", "max_bytes": 1000}}],
+    })  # fmt: skip
+
+    def kept(leads: bool) -> dict[str, float]:
+        metrics = Metrics()
+        for task in retention_tasks(cfg, None, s, lambda source: leads, metrics):
+            if task.name == "walstream-stream-retention-changes":
+                task.run_once()
+        text = generate_latest(metrics.registry).decode()
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name.startswith("walstream_stream_kept") and sample.labels == {
+                "stream": "changes"}
+        }  # fmt: skip
+
+    assert kept(leads=False) == {}  # a standby: nothing deleted, nothing reported
+    assert s.stats("changes")[:2] == (30, 3000)
+    assert kept(leads=True) == {
+        "walstream_stream_kept_messages": 10.0, "walstream_stream_kept_bytes": 1000.0,
+    }  # fmt: skip
