@@ -124,10 +124,12 @@ class ChangeDecoder:
         return self.apply(msg)
 
     def _fast_change(self, raw: bytes, off: int) -> list[ChangeRow] | None:
-        """Fast path for the common messages: an Insert, or an Update without old tuple,
-        parsed and encoded in one pass with no intermediate objects. `off` is 4 when the
-        message carries a streamed xid. None means: use the full parser."""
+        """Fast path for the common messages: an Insert, an Update without old tuple, a
+        Delete, parsed and encoded in one pass with no intermediate objects. `off` is 4
+        when the message carries a streamed xid. None means: use the full parser."""
         kind = raw[0]
+        if kind == 68:  # Delete: its old tuple, key-only ('K') or the whole row ('O')
+            return self._fast_delete(raw, off)
         if not (kind == 73 or (kind == 85 and raw[off + 5] == 78)):
             return None
         rel = self.relations.get(_U32(raw, off + 1)[0])
@@ -142,29 +144,48 @@ class ChangeDecoder:
                 omitted = None
         except (IndexError, struct.error, UnicodeDecodeError):
             return None  # the full parser reports what is wrong
+        return [self._fast_row(rel, "insert" if kind == 73 else "update", pk, record, None,
+                               omitted)]  # fmt: skip
+
+    def _fast_delete(self, raw: bytes, off: int) -> list[ChangeRow] | None:
+        """A Delete as `_change` makes it (`record` and `old` both the old tuple's JSON),
+        or None for the full parser."""
+        rel = self.relations.get(_U32(raw, off + 1)[0])
+        if rel is None:
+            return None
+        try:
+            tuple_kind = raw[off + 5]
+            omitted = None
+            if tuple_kind == 75:  # 'K': the key columns
+                keyed = rel.keys_record(raw, off + 6)
+                if keyed is None:
+                    return None
+                record, pk = keyed
+            elif tuple_kind == 79:  # 'O': the whole old row (REPLICA IDENTITY FULL)
+                fast = rel.fast(raw, off + 6)
+                if fast is None:
+                    record, pk, omitted = rel.fused(raw, off + 6)
+                else:
+                    record, pk = fast
+            else:
+                return None
+        except (IndexError, struct.error, UnicodeDecodeError):
+            return None  # the full parser reports what is wrong
+        return [self._fast_row(rel, "delete", pk, record, record, omitted)]
+
+    def _fast_row(
+        self, rel: CompiledRelation, action: str, pk: list[str | None], record: str,
+        old: str | None, omitted: list[str] | None,
+    ) -> ChangeRow:  # fmt: skip
         txn = self.txn
         assert txn is not None
         seq = txn.seq
         txn.seq = seq + 1
         info = rel.info
-        return [
-            ChangeRow(
-                self.source,
-                txn.lsn,
-                seq,
-                txn.xid,
-                txn.committed_at_us,
-                "insert" if kind == 73 else "update",
-                info.schema,
-                info.table,
-                pk,
-                record,
-                None,
-                txn.annotations,
-                omitted,
-                info.oid,
-            )
-        ]
+        return ChangeRow(
+            self.source, txn.lsn, seq, txn.xid, txn.committed_at_us, action, info.schema,
+            info.table, pk, record, old, txn.annotations, omitted, info.oid,
+        )  # fmt: skip
 
     def apply(self, msg: po.PgOutputMessage) -> list[ChangeRow]:
         if isinstance(msg, po.Insert | po.Update | po.Delete | po.Truncate):

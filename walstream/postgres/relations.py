@@ -99,6 +99,20 @@ class CompiledRelation:
         ]
         return "{" + ",".join(parts) + "}", pk, omitted
 
+    def keys_record(self, buf: bytes, pos: int) -> tuple[str, list[str | None]] | None:
+        """A key-only old tuple (a delete under REPLICA IDENTITY DEFAULT) at `pos`: the
+        JSON of its key columns and the pk, as `record(values, only_keys=True)` and `pk`
+        make them from the parsed tuple; None for anything unusual (the full parser)."""
+        fast = self.fast(buf, pos)  # compiled: the whole tuple, its other columns NULL
+        if fast is None:
+            return None
+        pk = fast[1]
+        keys, encs = self.keys, self.encoders
+        return "{" + ",".join(
+            keys[i] + ("null" if v is None else encs[i](v.encode("utf-8")))
+            for i, v in sorted(zip(self.key_idx, pk, strict=True))  # in column order
+        ) + "}", pk  # fmt: skip
+
     def record(
         self, values: po.TupleData, fill: po.TupleData | None = None, only_keys: bool = False
     ) -> tuple[str, list[str] | None]:
