@@ -555,6 +555,41 @@ def test_staged_files_go_once_their_batch_is_committed_or_their_backfill_is_canc
                       (b.id,)) == [(0,), (1,), (2,)]  # fmt: skip
 
 
+@pytest.mark.spark
+def test_a_read_that_may_succeed_later_is_tried_five_times_then_the_backfill_fails(
+    spark, db, tmp_path
+):
+    """A chunk read that fails for a reason that may pass (the database refuses the
+    connection) is read again; the fifth failure in a row fails the backfill with the
+    error, as backfills.md says. Each failed read puts the chunk back to be read."""
+    import dataclasses
+
+    from walstream.backfill.coordinator import MAX_FAILURES
+    from walstream.postgres.embedded import free_port
+
+    db.execute("CREATE TABLE flaky (id int PRIMARY KEY)")
+    db.execute("INSERT INTO flaky SELECT generate_series(1, 20)")
+    pub = db.create_publication("flaky")
+    cfg = config(db, tmp_path, pub, db.create_slot(), [files("files", tmp_path / "out")])
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    (b,) = request(cfg, store, "files", ["public.flaky"], chunk_size=10, target_seconds=0)
+    store.start(b.id, None, ["id"])
+    coordinator = Coordinator(cfg, spark, store, parallelism=1)
+    away = f"postgresql://walstream@127.0.0.1:{free_port()}/app?connect_timeout=2"
+    assert MAX_FAILURES == 5
+    for attempt in range(1, MAX_FAILURES + 1):
+        (task,) = coordinator._next_tasks(store.get(b.id), 1)  # type: ignore[arg-type]
+        assert task.n == 0 and task.attempt == attempt  # read again, as a new attempt
+        coordinator._read([dataclasses.replace(task, dsn=away)])  # nothing listens there
+        failed = store.get(b.id)
+        assert failed is not None
+        if attempt < MAX_FAILURES:
+            assert failed.status == "running", (attempt, failed.error)
+    assert failed.status == "failed"
+    assert failed.error is not None and "127.0.0.1" in failed.error, failed.error
+
+
 def test_a_standby_neither_starts_nor_reads_nor_takes_over_a_backfill(db, tmp_path):
     """High availability: only the process that leads the source reads its backfills. A
     standby's step starts nothing; at its start it leaves the leader's in-flight reads

@@ -374,7 +374,11 @@ def test_open_reads_are_bounded_and_markers_and_acks_are_checked(spark, db, tmp_
         # per client address: three channels of one client are one client.
         assert runtime.server.grpc is not None
         begin = markers.encode("changes", {"east": markers.START})
-        channels = [grpc.insecure_channel(runtime.server.grpc.target) for _ in range(3)]
+        channels = [  # each its own connection (gRPC shares one between alike channels)
+            grpc.insecure_channel(runtime.server.grpc.target,
+                                  options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(3)
+        ]  # fmt: skip
         calls = []
         for channel in channels[:2]:
             call = Puller(puller_pb2_grpc.PullerServiceStub(channel)).stub.Subscribe(
@@ -388,8 +392,17 @@ def test_open_reads_are_bounded_and_markers_and_acks_are_checked(spark, db, tmp_
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "this client has 2 open reads" in err.value.details()
         calls.pop().cancel()  # one ends: its place frees
-        wait_until(lambda: len(Puller(puller_pb2_grpc.PullerServiceStub(channels[2]))
-                               .pull(1, after=begin)) == 1, 30)  # fmt: skip
+
+        def freed() -> bool:
+            try:
+                puller = Puller(puller_pb2_grpc.PullerServiceStub(channels[2]))
+                return len(puller.pull(1, after=begin)) == 1
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                return False  # the server has not seen the cancel yet
+
+        wait_until(freed, 30)
         for call in calls:
             call.cancel()
         for channel in channels:
