@@ -68,6 +68,7 @@ def test_standby_takes_over_after_kill_9_of_the_leader(db, tmp_path):
     silent: list[str] = []  # a live process that did not answer: its role unknown then
     roles: dict[str, set[str]] = {"a": set(), "b": set()}
     watching, killed_a = threading.Event(), threading.Event()
+    watcher: threading.Thread | None = None
     try:
         a = url_of(leader)
         wait_until(lambda: (source_health(a) or {}).get("streaming") is True, 180,
@@ -123,6 +124,8 @@ def test_standby_takes_over_after_kill_9_of_the_leader(db, tmp_path):
         assert hb is not None and hb["role"] == "leader" and hb["status"] == "ok", hb
     finally:
         watching.set()
+        if watcher is not None:  # its last look ends before the processes do: a look cut
+            watcher.join(60)  # short by the kills below is no silence
         leader.kill()
         if standby is not None:
             standby.kill()

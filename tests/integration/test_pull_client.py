@@ -170,6 +170,7 @@ with subscribe(sys.argv[1], "feed", token=sys.argv[2], after=sys.argv[3] or None
                progress_file=sys.argv[4], limit=10, wait=1) as sub:
     for m in sub:
         print(m.message["n"], flush=True)
+        sys.stdin.readline()  # the test says when to go on (or kills it here)
 """
 
 
@@ -181,7 +182,14 @@ def test_a_consumer_killed_mid_page_gets_that_page_again_and_skips_nothing(serve
 
     def start(after: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-c", CONSUMER, url, TOKEN, after, str(progress)],
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def go_on(consumer: subprocess.Popen[str]) -> None:
+        """Let the consumer ask for its next message (it waits in its loop until then, so it
+        never runs ahead of what the test has read)."""
+        assert consumer.stdin is not None
+        consumer.stdin.write("\n")
+        consumer.stdin.flush()
 
     first = start(marker)
     seen = []
@@ -191,6 +199,7 @@ def test_a_consumer_killed_mid_page_gets_that_page_again_and_skips_nothing(serve
         if len(seen) == 15:  # five messages into its second page of ten
             os.kill(first.pid, signal.SIGKILL)
             break
+        go_on(first)
     first.wait(10)
     assert progress.exists()  # saved after the first page
     again = start("")
@@ -200,6 +209,7 @@ def test_a_consumer_killed_mid_page_gets_that_page_again_and_skips_nothing(serve
         resumed.append(int(line))
         if resumed[-1] == 29:
             break
+        go_on(again)
     again.kill()
     again.wait(10)
     assert seen == list(range(15))
