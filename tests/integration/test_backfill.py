@@ -513,19 +513,26 @@ def test_a_backfill_reads_the_publications_columns_and_rows_only(db, tmp_path):
     assert got["b < 200"] == [r for r in wanted if r["b"] < 200]
 
 
+def started(db: Any, tmp_path: Path, table: str, rows: int) -> tuple[Plan, BackfillStore, Any]:
+    """Table `table` with ids 1..`rows`, and a running backfill of it into a file sink in
+    chunks of 10 (the size kept), whose chunks a test reads itself."""
+    db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    db.execute(f"INSERT INTO {table} SELECT generate_series(1, {rows})")
+    pub = db.create_publication(table)
+    cfg = config(db, tmp_path, pub, db.create_slot(), [files("files", tmp_path / "out")])
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    (b,) = request(cfg, store, "files", [f"public.{table}"], chunk_size=10, target_seconds=0)
+    store.start(b.id, None, ["id"])
+    return cfg, store, b
+
+
 def test_staged_files_go_once_their_batch_is_committed_or_their_backfill_is_cancelled(db, tmp_path):
     """A chunk's staged file stays while a replay of the batch that emitted it may need it,
     and goes at the start of the next batch; a cancelled backfill's unemitted chunks go
     too. Window files go once no chunk still to emit opened its window in their batch,
     and those of another query (an older checkpoint) at once."""
-    db.execute("CREATE TABLE staged (id int PRIMARY KEY)")
-    db.execute("INSERT INTO staged SELECT generate_series(1, 30)")
-    pub = db.create_publication("staged")
-    cfg = config(db, tmp_path, pub, db.create_slot(), [files("files", tmp_path / "out")])
-    store = BackfillStore(cfg.state_dsn)
-    store.ensure()
-    (b,) = request(cfg, store, "files", ["public.staged"], chunk_size=10, target_seconds=0)
-    store.start(b.id, None, ["id"])
+    cfg, store, b = started(db, tmp_path, "staged", 30)
     tasks = Coordinator(cfg, None, store, parallelism=3)._next_tasks(store.get(b.id), 3)  # type: ignore[arg-type]
     assert [t.n for t in tasks] == [0, 1, 2]
     for t in tasks:
@@ -567,14 +574,7 @@ def test_a_read_that_may_succeed_later_is_tried_five_times_then_the_backfill_fai
     from walstream.backfill.coordinator import MAX_FAILURES
     from walstream.postgres.embedded import free_port
 
-    db.execute("CREATE TABLE flaky (id int PRIMARY KEY)")
-    db.execute("INSERT INTO flaky SELECT generate_series(1, 20)")
-    pub = db.create_publication("flaky")
-    cfg = config(db, tmp_path, pub, db.create_slot(), [files("files", tmp_path / "out")])
-    store = BackfillStore(cfg.state_dsn)
-    store.ensure()
-    (b,) = request(cfg, store, "files", ["public.flaky"], chunk_size=10, target_seconds=0)
-    store.start(b.id, None, ["id"])
+    cfg, store, b = started(db, tmp_path, "flaky", 20)
     coordinator = Coordinator(cfg, spark, store, parallelism=1)
     away = f"postgresql://walstream@127.0.0.1:{free_port()}/app?connect_timeout=2"
     assert MAX_FAILURES == 5
