@@ -68,6 +68,12 @@ class ConnectionFailed(WalstreamError):
     kind: Kind = Kind.TRANSIENT
 
 
+class StandbyBehind(WalstreamError):
+    """A physical standby has not replayed the primary's WAL far enough yet (it may later)."""
+
+    kind: Kind = Kind.TRANSIENT
+
+
 class DecodeError(WalstreamError):
     """A pgoutput message could not be decoded; the stream cannot continue past it."""
 

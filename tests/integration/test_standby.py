@@ -4,6 +4,9 @@ watermarks, the publication and walstream's state on the primary (`primary_dsn`)
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from walstream.postgres.prepare import prepare_capture
 from walstream.postgres.replication import connect, current_lsn, drop_slot
 from walstream.postgres.setup import check_database
 from walstream.postgres.slots import slot_info
-from walstream.postgres.standby import wait_replayed
+from walstream.postgres.standby import create_slot, wait_replayed
 from walstream.runtime import Runtime
 from walstream.server.monitor import slot_state
 from walstream.testing import supervised, wait_until
@@ -148,6 +151,39 @@ def test_the_slot_is_made_on_the_standby_and_the_publication_on_the_primary(sdb)
     assert confirmed > 0
 
 
+def test_without_the_snapshot_grant_the_slot_waits_for_the_primary_and_says_why(sdb, caplog):
+    """production-postgres.md: without EXECUTE on pg_log_standby_snapshot() on the primary,
+    the slot waits for the primary's own running-transactions record, and walstream logs
+    the grant that makes it quick. Here the test logs that record itself once it saw the
+    warning (the primary would after up to 15 s)."""
+    sdb.db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    role, slot = unique("nosnap"), unique("slot")
+    sdb.db.execute(f"CREATE ROLE {role} LOGIN")  # may connect, may not call the function
+    made: list[bool] = []
+    primary = sdb.db.server.dsn(sdb.db.name, user=role)
+    sdb.replayed()
+
+    def make() -> None:
+        with connect(sdb.dsn, autocommit=True) as conn:
+            made.append(create_slot(conn, slot, primary))
+
+    maker = threading.Thread(target=make, daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="walstream.postgres.standby"):
+            maker.start()
+            wait_until(lambda: "pg_log_standby_snapshot" in caplog.text, 30)
+            sdb.db.execute("SELECT pg_log_standby_snapshot()")  # as the superuser
+            maker.join(30)
+        assert made == [True], "the slot was not made once the primary logged a snapshot"
+        assert sdb.slots() == [slot]
+        (warning,) = [m for m in caplog.messages if "pg_log_standby_snapshot" in m]
+        assert f"creating slot {slot} on the standby waits for the primary" in warning
+        assert "GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() to walstream's role" in warning
+    finally:
+        sdb.db.execute(f"REVOKE ALL ON DATABASE {sdb.db.name} FROM {role}")
+        sdb.db.execute(f"DROP ROLE {role}")
+
+
 def test_check_on_a_primary_with_a_standby_says_what_a_failover_needs(sdb):
     """17+: walstream's slots are failover slots; a slot made otherwise, and a primary that
     hands changes out before its standby has them, are warnings while a standby streams."""
@@ -181,6 +217,47 @@ def config(sdb: OnStandby, tmp_path: Path, slot: str, pub: str) -> Plan:
         "sinks": [{"name": "files", "source": "app", "batch_size": 100,
                    "destination": {"type": "file", "path": str(tmp_path / "out")}}],
     })  # fmt: skip
+
+
+def test_a_chunk_read_waits_for_a_lagging_standby_then_fails_to_be_read_again(
+    sdb: OnStandby, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """production-postgres.md: a chunk is read on the standby once it replayed the chunk's
+    low watermark (written on the primary); a standby that lags longer than the wait fails
+    the read as one that may succeed later (the coordinator reads such a chunk again,
+    test_backfill.py), and once it caught up the same chunk reads."""
+    import pyarrow.parquet as pq
+
+    from walstream.backfill import read
+    from walstream.backfill.coordinator import Coordinator
+    from walstream.errors import Kind, StandbyBehind, error_summary
+
+    db = sdb.db
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 30) g")
+    cfg = config(sdb, tmp_path, unique("slot"), db.create_publication("t"))
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    (b,) = request(cfg, store, "files", ["public.t"], chunk_size=100, target_seconds=0)
+    store.start(b.id, None, ["id"])
+    (task,) = Coordinator(cfg, None, store, parallelism=1)._next_tasks(store.get(b.id), 1)  # type: ignore[arg-type]
+    assert (task.dsn, task.marks_dsn) == (sdb.dsn, db.dsn)  # read there, marked here
+    sdb.replayed()
+    monkeypatch.setattr(read, "REPLAY_WAIT", 1.0)
+    with connect(sdb.dsn, autocommit=True) as standby:
+        standby.execute("SELECT pg_wal_replay_pause()")
+        try:
+            with pytest.raises(StandbyBehind) as lagging:
+                read.read_chunk(task)
+        finally:
+            standby.execute("SELECT pg_wal_replay_resume()")
+    assert "the standby did not replay the primary's WAL up to" in str(lagging.value)
+    assert error_summary(lagging.value).kind is Kind.TRANSIENT  # read again, not failed
+    assert not Path(task.path).exists()
+    assert read.read_chunk(task).rows == 30  # caught up: the same chunk reads
+    assert sorted(
+        json.loads(r)["id"] for r in pq.read_table(task.path)["record"].to_pylist()
+    ) == list(range(1, 31))
 
 
 #: What a delete's record holds of `v`.

@@ -33,6 +33,10 @@ from walstream.postgres.decoder import WATERMARK_PREFIX
 from walstream.postgres.table_shape import TableShape
 from walstream.postgres.types import PgType, TypeRegistry
 
+#: How long a chunk read on a standby waits for it to replay the chunk's low watermark
+#: (then the read fails as one that may succeed later, and the chunk is read again).
+REPLAY_WAIT = 60.0
+
 
 @dataclass(frozen=True)
 class ChunkTask:
@@ -110,7 +114,7 @@ def stage_chunk(
         if marks_dsn != task.dsn:  # a standby: read once it has the low watermark
             with connect(task.dsn, autocommit=True) as standby:
                 if in_recovery(standby):
-                    wait_replayed(standby, low, 60)
+                    wait_replayed(standby, low, REPLAY_WAIT)
         with (
             filesystem.open_output_stream(tmp) as out,
             pq.ParquetWriter(out, schema, compression="snappy") as writer,

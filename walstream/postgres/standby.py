@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from walstream.change import format_lsn, parse_lsn
-from walstream.errors import SetupError
+from walstream.errors import StandbyBehind
 from walstream.postgres.findings import Finding, fetch_rows
 from walstream.postgres.replication import connect, ensure_slot, server_version
 
@@ -175,7 +175,7 @@ def wait_replayed(conn: Any, lsn: int, timeout: float) -> None:
         if row is not None and row[0] is not None and parse_lsn(row[0]) >= lsn:
             return
         if time.monotonic() > deadline:
-            raise SetupError(
+            raise StandbyBehind(
                 f"the standby did not replay the primary's WAL up to {format_lsn(lsn)} within "
                 f"{timeout:g}s",
                 "check replication from the primary (pg_stat_replication on the primary, "
