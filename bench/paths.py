@@ -80,12 +80,12 @@ def _count(batches: Iterator[Any]) -> Iterator[Any]:
 def _decode_count(batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
-    from walstream.spark.partition import arrow_batches, decode_partition
+    from walstream.spark.partition import partition_batches
 
     n = 0
     for b in batches:
         for blob in b.column(0).to_pylist():
-            n += sum(a.num_rows for a in arrow_batches(decode_partition(pickle.loads(blob))))
+            n += sum(a.num_rows for a in partition_batches(pickle.loads(blob)))
     yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], ["n"])
 
 

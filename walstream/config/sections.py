@@ -118,7 +118,7 @@ class SourceConfig(Model):
     streaming: bool = False
     spill_dir: str | None = None
     heartbeat_interval: Duration = 5.0
-    max_changes_per_batch: int = Field(50_000, ge=1)
+    max_changes_per_batch: int = Field(200_000, ge=1)
     #: Raw WAL bytes per Spark task. None: `task_bytes` picks (one task per batch on a
     #: local master with at most 2 cores, else 4 MiB).
     partition_bytes: int | None = Field(None, ge=64 << 10)

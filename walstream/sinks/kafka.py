@@ -201,7 +201,11 @@ class KafkaSink(Sink):
             ) from exc
         # One callback for the whole chunk (a closure per message costs more than the
         # produce call's Python side); a failed report is traced back to its index
-        # through the idempotency-key header, only on that (rare) path.
+        # through the idempotency-key header, only on that (rare) path. The call passes
+        # its arguments by position, (topic, value, key, partition, callback, on_delivery,
+        # timestamp, headers): by keyword each call took ~0.4 µs more (a 1M backlog has
+        # a million of them). The report goes in `callback`: with it None, `on_delivery`
+        # would be ignored. Timestamp 0: the producer's time.
         failed: list[tuple[Any, Any]] = []
         acked = 0
 
@@ -219,7 +223,7 @@ class KafkaSink(Sink):
         ):
             while True:
                 try:
-                    produce(topic, value=value, key=key, headers=header, on_delivery=report)
+                    produce(topic, value, key, _ANY_PARTITION, report, None, 0, header)
                     break
                 except BufferError:
                     producer.poll(0.1)  # local queue full: let reports drain
@@ -269,6 +273,10 @@ class KafkaSink(Sink):
                 "create it, or set destination.create_topics: true",
                 retryable=False,
             )
+
+
+#: librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses (by key).
+_ANY_PARTITION = -1
 
 
 def _reset_codes() -> set[int]:

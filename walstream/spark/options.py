@@ -62,7 +62,7 @@ class SourceOptions:
             publication=publication,
             name=opts.get("name", slot).strip() or slot,
             tables=tables,
-            max_changes_per_batch=int(_number(opts, "maxchangesperbatch", 50_000, minimum=1)),
+            max_changes_per_batch=int(_number(opts, "maxchangesperbatch", 200_000, minimum=1)),
             heartbeat_interval=heartbeat,
             heartbeat_timeout=_number(
                 opts, "heartbeattimeout", max(60.0, 6 * heartbeat), minimum=1.0

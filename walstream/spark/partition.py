@@ -9,7 +9,7 @@ here, on executors, in parallel.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,28 +123,38 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
         )
 
 
-def decode_partition(partition: ChangePartition) -> Iterator[ChangeRow]:
+def partition_batches(partition: ChangePartition, size: int = ARROW_BATCH_ROWS) -> Iterator[Any]:
+    """A source task's work: the partition's messages decoded into Arrow record batches."""
+    return arrow_batches(_decoded(partition), size)
+
+
+def _decoded(partition: ChangePartition) -> Iterator[list[ChangeRow]]:
+    """The rows of each message of the partition (most lists hold one row, some none)."""
     decoder = ChangeDecoder(partition.source, TypeRegistry(partition.types), partition.primary_keys)
     for piece in partition.pieces:
         decoder.set_relations(piece.relations)
         decoder.txn = TxnContext(
             piece.lsn, piece.xid, piece.commit_ts + PG_EPOCH_UNIX_US, piece.seq, piece.annotations
         )
-        for raw in piece.messages():
-            yield from decoder.decode(raw)
+        yield from map(decoder.decode, piece.messages())
 
 
-def arrow_batches(rows: Iterator[ChangeRow], size: int = ARROW_BATCH_ROWS) -> Iterator[Any]:
-    """Canonical rows as PyArrow record batches of the canonical schema."""
+def arrow_batches(
+    row_lists: Iterable[list[ChangeRow]], size: int = ARROW_BATCH_ROWS
+) -> Iterator[Any]:
+    """Canonical rows, in lists as the decoder returns them, as PyArrow record batches of
+    the canonical schema: a batch closes once it holds `size` rows or more (a list is
+    never split), with no Python step per row."""
     import pyarrow as pa
 
     schema = arrow_schema()
     buf: list[ChangeRow] = []
-    for row in rows:
-        buf.append(row)
-        if len(buf) >= size:
-            yield _to_batch(buf, schema, pa)
-            buf = []
+    for rows in row_lists:
+        if rows:
+            buf += rows
+            if len(buf) >= size:
+                yield _to_batch(buf, schema, pa)
+                buf = []
     if buf:
         yield _to_batch(buf, schema, pa)
 

@@ -235,7 +235,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._check_alive(driver)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if max_rows is not None and not self._planned_rows:
-            # The query's first changes go out in a small batch: a cold batch of 50,000
+            # The query's first changes go out in a small batch: a cold batch of 200,000
             # takes seconds longer on a small machine before its first message is sent.
             max_rows = min(max_rows, FIRST_BATCH_ROWS)
         if isinstance(limit, ReadAllAvailable):
@@ -276,10 +276,10 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from walstream.spark.partition import ChangePartition, arrow_batches, decode_partition
+        from walstream.spark.partition import ChangePartition, partition_batches
 
         assert isinstance(partition, ChangePartition)
-        return arrow_batches(decode_partition(partition))
+        return partition_batches(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         cursor = _as_cursor(end)

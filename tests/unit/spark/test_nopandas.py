@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
                   [str(i)], json.dumps({"k": i}), None, None, None)
         for i in range(3)
     ]
-    batches = list(arrow_batches(iter(rows), size=2))
+    batches = list(arrow_batches([[r] for r in rows], size=2))
     out = {"after_batches": "pandas" in sys.modules,
            "lsns": [v for b in batches for v in b.column("lsn").to_pylist()],
            "committed": str(batches[0].column("committed_at")[0])}
