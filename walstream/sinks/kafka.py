@@ -9,7 +9,6 @@ Headers: `idempotency-key` (base64 "lsn:seq"), `walstream-lsn`, `walstream-table
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
@@ -149,7 +148,7 @@ class KafkaSink(Sink):
             [m.route or default for m in messages],
             [m.value for m in messages],
             [m.key for m in messages],
-            [_headers(i, m.lsn, m.table) for i, m in zip(ikeys, messages, strict=True)],
+            (ikeys, [m.lsn for m in messages], [m.table for m in messages]),
             lambda failed: _failed_indices(
                 [(i, m.value is None) for i, m in zip(ikeys, messages, strict=True)], failed
             ),
@@ -176,7 +175,7 @@ class KafkaSink(Sink):
             topics,
             col["_message"].to_pylist(),
             col["_key"].to_pylist(),
-            list(map(_headers, ikeys, lsns, tables)),
+            (ikeys, lsns, tables),
             lambda failed: _failed_indices([(i, False) for i in ikeys], failed),
         )
 
@@ -185,11 +184,12 @@ class KafkaSink(Sink):
         topics: list[str],
         values: list[Any],
         keys: list[Any],
-        headers: list[list[tuple[str, str]]],
+        named: tuple[list[str], list[int], list[str]],
         locate: Any,
     ) -> None:
         """Produce every message (parallel lists) and wait for each one's report; raise a
         SinkError whose `delivered` holds the indices acknowledged when any failed.
+        `named`: each message's idempotency key, LSN and table, for its headers.
         `locate(failed)` maps failed reports to indices."""
         kafka = _kafka()
         producer = producer_for(self.settings)
@@ -218,9 +218,16 @@ class KafkaSink(Sink):
 
         errors: dict[int, Any] = {}  # produce() refused these outright
         produce = producer.produce
-        for i, (topic, value, key, header) in enumerate(
-            zip(topics, values, keys, headers, strict=True)
+        ikeys, lsns, tables = named
+        lsn_texts = {lsn: format_lsn(lsn) for lsn in set(lsns)}  # a transaction's share one
+        for i, (topic, value, key, ikey, lsn, table) in enumerate(
+            zip(topics, values, keys, ikeys, lsns, tables, strict=True)
         ):
+            header = [
+                ("idempotency-key", ikey),
+                ("walstream-lsn", lsn_texts[lsn]),
+                ("walstream-table", table),
+            ]
             while True:
                 try:
                     produce(topic, value, key, _ANY_PARTITION, report, None, 0, header)
@@ -291,19 +298,6 @@ def _reset_codes() -> set[int]:
         E._MSG_TIMED_OUT, E.PRODUCER_FENCED, E._FENCED, E.INVALID_PRODUCER_EPOCH,
         E.OUT_OF_ORDER_SEQUENCE_NUMBER, E.UNKNOWN_PRODUCER_ID, E._TIMED_OUT_QUEUE,
     }  # fmt: skip
-
-
-def _headers(ikey: str, lsn: int, table: str) -> list[tuple[str, str]]:
-    return [
-        ("idempotency-key", ikey),
-        ("walstream-lsn", _lsn_text(lsn)),
-        ("walstream-table", table),
-    ]
-
-
-@functools.lru_cache(maxsize=1024)  # the changes of a transaction share their LSN
-def _lsn_text(lsn: int) -> str:
-    return format_lsn(lsn)
 
 
 def _failed_indices(

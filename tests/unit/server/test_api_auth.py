@@ -65,6 +65,32 @@ def test_writes_need_the_bearer_token(monkeypatch, method, path) -> None:
     assert r.status_code == 503, r.text
 
 
+def test_every_token_is_compared_in_constant_time(monkeypatch) -> None:
+    """security.md: tokens are compared in constant time. The check hands each configured
+    token to `hmac.compare_digest` (never `==`, whose time leaks how much of a guess is
+    right), every one of them whichever matches, so the time does not say which matched."""
+    import hmac
+
+    from walstream.server import answers
+
+    compared: list[tuple[bytes, bytes]] = []
+    compare = hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return compare(a, b)
+
+    monkeypatch.setattr(answers.hmac, "compare_digest", recording)
+    c = client("manage-token", monkeypatch, read_token="read-token")
+    for given, status in (("manage-tokeX", 401), ("read-token", 200)):
+        compared.clear()
+        r = c.get("/api/sinks", headers={"Authorization": f"Bearer {given}"})
+        assert r.status_code in (status, 503), r.text  # past the check: no runtime (503)
+        assert sorted(compared) == sorted(
+            [(given.encode(), b"read-token"), (given.encode(), b"manage-token")]
+        )
+
+
 def test_token_from_the_environment(monkeypatch) -> None:
     c = client(None, monkeypatch)
     monkeypatch.setenv("WALSTREAM_API_TOKEN", "from-env")
