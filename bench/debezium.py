@@ -322,6 +322,14 @@ def drain(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, n: 
     return Run(n, tally.last - tally.first, tally.last - t0, tally.first - t0, mb, pss)
 
 
+def said(system: str, run: Run) -> None:
+    """One system's drain, as it finished."""
+    print(f"  {system}: {run.messages / run.first_to_last:,.0f}/s first→last, "
+          f"{run.messages / run.start_to_last:,.0f}/s including start "
+          f"(first message after {run.first_after:.1f}s), peak {run.peak_mb:,.0f} MB RSS, "
+          f"{run.peak_pss_mb:,.0f} MB PSS")  # fmt: skip
+
+
 def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, seconds: float,
             work: Path, first_id: int) -> Run:  # fmt: skip
     """Start `system` on a new slot; once it delivers, write at `rate` for `seconds`."""
@@ -384,7 +392,7 @@ def main() -> None:
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--rates", default="2000,5000", help="changes/s of the latency runs")
     ap.add_argument("--latency-seconds", type=float, default=20.0)
-    ap.add_argument("--only", default="backlog,mixed,latency", help="scenarios: those and snapshot")
+    ap.add_argument("--only", default="backlog,mixed,snapshot,latency")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="which of them to run")
     ap.add_argument(
         "--spark-conf", type=json.loads, default={},
@@ -464,23 +472,14 @@ def main() -> None:
                 with TansuBroker() as broker:
                     run = drain(system, pg, broker, slots[system], args.changes, work)
                 results.setdefault(scenario, {})[system] = run
-                print(f"  {system}: {run.messages / run.first_to_last:,.0f}/s first→last, "
-                      f"{run.messages / run.start_to_last:,.0f}/s including start "
-                      f"(first message after {run.first_after:.1f}s), peak {run.peak_mb:,.0f} MB RSS, "
-                      f"{run.peak_pss_mb:,.0f} MB PSS")  # fmt: skip
+                said(system, run)
                 with connect(pg.dsn(), autocommit=True) as conn:
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (slots[system],))
         if "snapshot" in only:
             with connect(pg.dsn(), autocommit=True) as conn:
                 conn.execute(f"CREATE TABLE {SNAPSHOT_TABLE} (LIKE accounts_history INCLUDING ALL)")
                 t0 = time.perf_counter()
-                conn.execute(
-                    f"""INSERT INTO {SNAPSHOT_TABLE}
-                        SELECT g, g %% 100000, g %% 10, g %% 100, (g %% 9999) - 5000, now(), 'f',
-                               'n' || g
-                        FROM generate_series(1, %s::bigint) g""",
-                    (args.changes,),
-                )
+                write(conn, 1, args.changes, args.changes, SNAPSHOT_TABLE)
                 conn.execute(
                     f"CREATE PUBLICATION {SNAPSHOT_PUBLICATION} FOR TABLE {SNAPSHOT_TABLE}"
                 )
@@ -492,10 +491,7 @@ def main() -> None:
                 with TansuBroker() as broker:
                     run = drain(system, pg, broker, slot, args.changes, work, snapshot=True)
                 results.setdefault("snapshot", {})[system] = run
-                print(f"  {system}: {run.messages / run.first_to_last:,.0f}/s first→last, "
-                      f"{run.messages / run.start_to_last:,.0f}/s including start "
-                      f"(first message after {run.first_after:.1f}s), peak {run.peak_mb:,.0f} MB RSS, "
-                      f"{run.peak_pss_mb:,.0f} MB PSS")  # fmt: skip
+                said(system, run)
                 with connect(pg.dsn(), autocommit=True) as conn:
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         if "latency" in only:

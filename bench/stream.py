@@ -43,10 +43,12 @@ def with_slot(conn) -> None:
     conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
 
 
-def write(conn, start: int, rows: int, per_txn: int) -> None:
+def write(conn, start: int, rows: int, per_txn: int, table: str = "accounts_history") -> None:
+    """Rows `start`.. of accounts_history's shape into `table` (one of that shape), in
+    transactions of `per_txn` rows."""
     for first in range(start, start + rows, per_txn):
         conn.execute(
-            """INSERT INTO accounts_history
+            f"""INSERT INTO {table}
                SELECT g, g %% 100000, g %% 10, g %% 100, (g %% 9999) - 5000, now(), 'f', 'n' || g
                FROM generate_series(%s::bigint, %s::bigint) g""",
             (first, min(first + per_txn, start + rows) - 1),
