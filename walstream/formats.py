@@ -156,13 +156,15 @@ def _sql_json_str(col: str) -> str:
 def sql_idempotency_key(backfill: bool) -> str:
     """`change_key` in SQL: `base64("lsn:seq")`, or for backfill rows (when the frame has
     the `backfill` column) `base64("read:<id>:<pk JSON>")`; NULL where Python must."""
-    cursor = "base64(encode(concat(lsn, ':', seq), 'UTF-8'))"
+    # CAST AS BINARY is the string's UTF-8 bytes, as encode(.., 'UTF-8') gives, without
+    # the charset encoder encode() makes for every row.
+    cursor = "base64(CAST(concat(lsn, ':', seq) AS BINARY))"
     if not backfill:
         return cursor
     # Spark's base64 breaks lines every 76 characters; Python's b2a_base64 does not.
     read = (
         "CASE WHEN concat_ws('', pk) RLIKE " + _CONTROL + " THEN NULL ELSE "
-        "regexp_replace(base64(encode(concat('read:', backfill, ':', to_json(pk)), 'UTF-8')), "
+        "regexp_replace(base64(CAST(concat('read:', backfill, ':', to_json(pk)) AS BINARY)), "
         "'[\\\\r\\\\n]', '') END"
     )
     return f"CASE WHEN backfill IS NULL THEN {cursor} ELSE {read} END"

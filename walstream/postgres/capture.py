@@ -15,7 +15,6 @@ buffer as if it had arrived whole: same positions, same bound on the buffer.
 from __future__ import annotations
 
 import logging
-import select
 import struct
 import threading
 import time
@@ -30,7 +29,12 @@ from walstream.change import format_lsn
 from walstream.errors import ConnectionFailed, WalstreamError
 from walstream.postgres import pgoutput as po
 from walstream.postgres.decoder import ANNOTATIONS_PREFIX, RelationInfo
-from walstream.postgres.replication import replication_connection, start_options
+from walstream.postgres.replication import (
+    read_burst,
+    replication_connection,
+    start_options,
+    wait_for_messages,
+)
 from walstream.postgres.spool import Replay, Spools
 from walstream.postgres.wal_buffer import (
     Cursor,
@@ -99,6 +103,8 @@ class Capture:
         #: bound together, then on disk under `spill_dir`), and the one being fed in.
         self.spools = Spools(max_buffer_bytes // 4, spill_dir) if streaming else None
         self._replay: Replay | None = None
+        #: Messages of a burst read after a Stream Commit, ingested once it is fed in.
+        self._pending: list[bytes] = []
         self.thread = threading.Thread(
             target=self._run, name=f"walstream-capture-{slot}", daemon=True
         )
@@ -183,6 +189,7 @@ class Capture:
                 self.buffer.drop_partial()
             self._current = None
             self._skipping = False
+            self._pending = []
             self._end_replay()
             if self.spools is not None:
                 self.spools.clear()
@@ -228,17 +235,27 @@ class Capture:
             if self._replay is not None:  # a streamed transaction committed: feed it in first
                 self._feed_replay()
                 continue
-            msg = cur.read_message()
-            if msg is None:
-                select.select([cur], [], [], 0.2)
-                continue
+            burst, self._pending = self._pending, []
+            if not burst:
+                burst, received = read_burst(cur)
+                if not burst:
+                    wait_for_messages(cur, 0.2)
+                    continue
+                self.received_until = max(self.received_until, received)
             self.last_message_at = time.monotonic()
-            if msg.data_start > self.received_until:
-                self.received_until = msg.data_start
-            self._ingest(msg.payload)
+            # The buffer is shared with Spark's thread: a burst is ingested under one hold
+            # of the lock, with one wake-up, not a lock and a notify per message.
+            with self.cond:
+                for i, raw in enumerate(burst):
+                    self._ingest(raw)
+                    if self._replay is not None:  # fed in before the rest of the burst
+                        self._pending = burst[i + 1 :]
+                        break
+                self.cond.notify_all()
 
     # -- ingest ----------------------------------------------------------------------------------
     def _ingest(self, raw: bytes) -> None:
+        """Take one message into the buffer; the caller holds `cond` and notifies it."""
         kind = raw[:1]
         if self.spools is not None:  # in-progress transactions (protocol 2)
             if kind == b"c":
@@ -248,8 +265,8 @@ class Capture:
                 return
         if kind == b"B":
             lsn, ts, xid = po.BEGIN_BODY.unpack_from(raw, 1)
-            with self.cond:  # None: a transaction we hold already, resent after a reconnect
-                self._current = self.buffer.begin(lsn, xid, ts, self.relations)
+            # None: a transaction we hold already, resent after a reconnect
+            self._current = self.buffer.begin(lsn, xid, ts, self.relations)
             self._skipping = self._current is None
             return
         if kind == b"R":
@@ -261,9 +278,7 @@ class Capture:
         txn = self._current
         if kind == b"C":
             if txn is not None:
-                with self.cond:
-                    self.buffer.complete(txn, po.COMMIT_BODY.unpack_from(raw, 1)[2])
-                    self.cond.notify_all()
+                self.buffer.complete(txn, po.COMMIT_BODY.unpack_from(raw, 1)[2])
             self._current = None
             return
         if txn is None:
@@ -279,19 +294,21 @@ class Capture:
             if msg.prefix == ANNOTATIONS_PREFIX and not txn.msgs:
                 txn.annotations = annotations_text(msg.content)  # context of the first piece
                 return
-        with self.cond:
-            if self.buffer.add(txn, raw, self.relations):
-                self.cond.notify_all()
+        self.buffer.add(txn, raw, self.relations)
 
     def _feed_replay(self) -> None:
         """Feed the committed streamed transaction into the buffer, a step at a time, until
         it is in or the buffer is full (the loop waits for Spark then, as for any message)."""
         assert self._replay is not None
         self.last_message_at = time.monotonic()
-        for raw in islice(self._replay, _REPLAY_STEP):
-            self._ingest(raw)
-            if self.buffered_bytes >= self.max_buffer_bytes and not self._overdraw:
-                return
+        with self.cond:
+            try:
+                for raw in islice(self._replay, _REPLAY_STEP):
+                    self._ingest(raw)
+                    if self.buffered_bytes >= self.max_buffer_bytes and not self._overdraw:
+                        return
+            finally:
+                self.cond.notify_all()
         if self._replay.done:
             self._end_replay()
 

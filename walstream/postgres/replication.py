@@ -222,3 +222,38 @@ def current_lsn(conn: psycopg.Connection[Any]) -> int:
     from walstream.change import parse_lsn
 
     return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+
+
+#: At most this many messages, or about this many bytes, are read in one burst: the
+#: capture checks its buffer's bound between bursts.
+BURST = 1000
+BURST_BYTES = 1 << 20
+#: When a drained connection becomes readable, what arrives is left to gather this long
+#: before it is read: reading each message as it arrived cost the capture thread (and
+#: the walsender) a wake-up and a few system calls per message, half the capture's CPU
+#: (docs/performance.md, "2026-11-28, night"). A change's latency grows by as much.
+COALESCE = 0.002
+
+
+def read_burst(cur: Any) -> tuple[list[bytes], int]:
+    """The messages a replication cursor holds now (up to BURST or BURST_BYTES; none:
+    nothing arrived) and the highest WAL position among them."""
+    out: list[bytes] = []
+    read = cur.read_message
+    received = size = 0
+    while len(out) < BURST and size < BURST_BYTES:
+        msg = read()
+        if msg is None:
+            break
+        received = max(received, msg.data_start)
+        payload = msg.payload
+        size += len(payload)
+        out.append(payload)
+    return out, received
+
+
+def wait_for_messages(cur: Any, timeout: float) -> None:
+    """Wait up to `timeout` seconds for a drained replication cursor to become readable,
+    then COALESCE seconds more (see there)."""
+    if select.select([cur], [], [], timeout)[0]:
+        time.sleep(COALESCE)

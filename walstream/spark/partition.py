@@ -73,9 +73,26 @@ class ChangePartition(InputPartition):
         self.types = list(types)
         self.primary_keys = dict(primary_keys)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pieces as plain tuples: Spark pickles partitions with cloudpickle, whose Python
+        # hook runs for every object of a class (a 200k-change batch has thousands of
+        # pieces); tuples take the pickler's C path (about a third less time).
+        pieces = [
+            (p.lsn, p.xid, p.commit_ts, p.seq, p.annotations, p.relations, p.blob, p.ends)
+            for p in self.pieces
+        ]
+        return (_unpickled, (self.source, pieces, self.types, self.primary_keys))
+
     def __repr__(self) -> str:
         n = sum(len(p.blob) for p in self.pieces)
         return f"ChangePartition({self.source}, {len(self.pieces)} pieces, {n} bytes)"
+
+
+def _unpickled(
+    source: str, pieces: list[tuple[Any, ...]], types: list[PgType],
+    primary_keys: dict[tuple[str, str], Sequence[str]],
+) -> ChangePartition:  # fmt: skip
+    return ChangePartition(source, [PackedSlice(*p) for p in pieces], types, primary_keys)
 
 
 def group_slices(pieces: Sequence[TxnSlice], target_bytes: int) -> list[list[TxnSlice]]:
