@@ -43,7 +43,7 @@ class RelationInfo:
 class CompiledRelation:
     """Per-relation encoders: column JSON keys, value encoders, key positions."""
 
-    __slots__ = ("encoders", "fast", "info", "key_idx", "key_set", "keys", "names")
+    __slots__ = ("encoders", "fast", "info", "key_idx", "key_order", "key_set", "keys", "names")
 
     def __init__(self, info: RelationInfo, types: TypeRegistry) -> None:
         self.info = info
@@ -53,6 +53,11 @@ class CompiledRelation:
         pos = {n: i for i, n in enumerate(self.names)}
         self.key_idx = [pos[k] for k in info.key_columns]
         self.key_set = frozenset(self.key_idx)
+        #: (JSON key, encoder, index in pk) of each key column, in column order
+        self.key_order = [
+            (self.keys[i], self.encoders[i], j)
+            for i, j in sorted((i, j) for j, i in enumerate(self.key_idx))
+        ]
         codecs = [types.codec(c.type_oid) for c in info.columns]
         self.fast = compile_tuple_encoder(self.names, codecs, self.key_idx)
 
@@ -107,11 +112,10 @@ class CompiledRelation:
         if fast is None:
             return None
         pk = fast[1]
-        keys, encs = self.keys, self.encoders
-        return "{" + ",".join(
-            keys[i] + ("null" if v is None else encs[i](v.encode("utf-8")))
-            for i, v in sorted(zip(self.key_idx, pk, strict=True))  # in column order
-        ) + "}", pk  # fmt: skip
+        return "{" + ",".join([
+            key + ("null" if (v := pk[j]) is None else enc(v.encode("utf-8")))
+            for key, enc, j in self.key_order
+        ]) + "}", pk  # fmt: skip
 
     def record(
         self, values: po.TupleData, fill: po.TupleData | None = None, only_keys: bool = False
