@@ -21,6 +21,7 @@ def test_bursts_are_bounded_and_together_hold_every_message_in_order(db, monkeyp
     pub = db.create_publication("t")
     slot = db.create_slot()
     db.execute("INSERT INTO t SELECT g, repeat('x', 10) FROM generate_series(1, 2500) g")
+    small_end = db.execute("SELECT pg_current_wal_lsn()::text")[0][0]
     # 200 rows of 8 KB: the byte bound ends a burst before its message count does
     db.execute("INSERT INTO t SELECT g, repeat('y', 8192) FROM generate_series(2501, 2700) g")
     until = db.mark()
@@ -32,8 +33,16 @@ def test_bursts_are_bounded_and_together_hold_every_message_in_order(db, monkeyp
     try:
         cur = conn.cursor()
         cur.start_replication(slot_name=slot, decode=False, options=start_options(pub))
-        wait_for_messages(cur, 10)
-        time.sleep(1)  # the first messages wait in the socket: the first bursts are full
+        # Read once the walsender has sent the small rows: they wait in the socket, and
+        # the first bursts are full.
+        sent = (
+            "SELECT r.sent_lsn >= %s::pg_lsn FROM pg_stat_replication r JOIN "
+            "pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = %s"
+        )
+        until_sent = time.monotonic() + 30
+        while not (db.execute(sent, (small_end, slot)) or [(False,)])[0][0]:
+            assert time.monotonic() < until_sent, "the walsender did not send the small rows"
+            wait_for_messages(cur, 0.1)  # reads nothing: only waits
         got: list[bytes] = []
         sizes: list[tuple[int, int]] = []
         highest = 0
