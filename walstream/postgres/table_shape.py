@@ -158,11 +158,15 @@ RENAMED_FIX = (
 )
 
 
+class TableGone(SinkError):
+    """The table is not in the source's catalog under its name (dropped, or renamed away)."""
+
+
 def load_shape(conn: Any, schema: str, table: str, *, need_key: bool = True) -> TableShape:
     """The table's shape from the catalog (`conn`: a psycopg 3 connection to the source)."""
     rows = conn.execute(_COLUMNS, (schema, table)).fetchall()
     if not rows:
-        raise SinkError(
+        raise TableGone(
             f"table {schema}.{table} does not exist in the source (any more)",
             RENAMED_FIX,
             retryable=False,

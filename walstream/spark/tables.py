@@ -22,7 +22,7 @@ from walstream.backfill.typed import TypedReads
 from walstream.config import SinkConfig
 from walstream.delivery.parking import ParkingLot
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import load_shape, publication_tables
+from walstream.postgres.table_shape import TableGone, load_shape, publication_tables
 from walstream.sinks.clients import Clients
 from walstream.sinks.lake import FilesBatch, TableBatch, TableSink, Written
 from walstream.spark.expressions import selection_expr
@@ -126,20 +126,37 @@ def write_tables(
         else []
     )  # fmt: skip
     several = len(candidates) != 1 and not no_rows
+
+    def in_batch() -> list[tuple[str, str]]:  # the tables the batch's rows (and reads) have
+        found = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
+        return found + [t for t in placed_tables if t not in found]
+
+    def shapes_of(tables: list[tuple[str, str]]) -> list[Any]:
+        return on_source(dsn, lambda c: [
+            load_shape(c, schema, table, need_key=dest.mode != "changelog").select(
+                dest.columns.include, dest.columns.exclude
+            )
+            for schema, table in tables
+        ])  # fmt: skip
+
     if no_rows:
-        tables = placed_tables
+        shapes = shapes_of(placed_tables)
     elif several:
         rows = rows.persist()
-        tables = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
-        tables += [t for t in placed_tables if t not in tables]
+        shapes = shapes_of(in_batch())
     else:
-        tables = candidates
-    shapes = on_source(dsn, lambda c: [
-        load_shape(c, schema, table, need_key=dest.mode != "changelog").select(
-            dest.columns.include, dest.columns.exclude
-        )
-        for schema, table in tables
-    ])  # fmt: skip
+        try:
+            shapes = shapes_of(candidates)
+        except TableGone:
+            # The publication's one table went away after the publication was read (dropped,
+            # perhaps created again since): the batch's own tables decide, so that a batch
+            # without its rows goes on and one with them pauses the sink, as it should.
+            several, rows = True, rows.persist()
+            try:
+                shapes = shapes_of(in_batch())
+            except BaseException:
+                rows.unpersist()
+                raise
     t_found = time.monotonic() - t0
     try:
         for shape in shapes:
