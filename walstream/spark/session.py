@@ -46,10 +46,17 @@ _LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
 #: 0.8-1 GB resident.
 LOCAL_CONF = {"spark.driver.memory": "512m"}  # Spark refuses less than 450 MB
 #: ...and its JVM's: the serial collector (no G1 remembered sets; one or two cores), a heap
-#: that starts small and grows only as far as it is used, a young generation of at most 64 MB.
+#: that starts small and grows only as far as it is used, a young generation of at most 64 MB,
+#: and an old generation kept near what is live (grown when less than 10% is free after a
+#: full collection, shrunk when more than 25% is): large short-lived arrays (a batch's task,
+#: Arrow buffers) go straight to the old generation, and with the defaults (40% / 70%) its
+#: garbage piled up to the heap's limit between collections. Measured: the JVM 60-100 MB
+#: less resident at the same rate and latency (docs/performance.md, "middling speed").
+LOCAL_JAVA_OPTIONS = (
+    "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=25"
+)
 #: Spark's value for "no byte bound" on an Arrow batch (Int.MaxValue; it checks for it).
 ARROW_NO_BYTE_BOUND = 2**31 - 1
-LOCAL_JAVA_OPTIONS = "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m"
 #: ...and on a machine of at most 2 cores, only the quick JIT compiler (C1): C2's compiler
 #: threads took 20-60% of a core for minutes, on the cores the stream needs. Measured on 2
 #: cores (docs/performance.md, "Start"): the first message of a 200k backlog 4-6 s sooner,

@@ -29,22 +29,25 @@ def conf_of(spark: dict[str, Any], quiet: bool = True) -> dict[str, str]:
     return spark_conf(parse_config({"spark": spark, "sources": SOURCES, "sinks": SINKS}), quiet)
 
 
+#: A local master's JVM options: the serial collector, a small young generation, and an old
+#: generation kept near what is live.
+JVM = "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=25"
+
+
 def test_a_local_master_gets_a_small_heap_and_the_serial_collector():
     conf = conf_of({"master": "local[*]"})
     assert conf["spark.driver.memory"] == "512m"
     assert conf["spark.driver.extraJavaOptions"] == (
-        f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()} -XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m"
+        f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()} {JVM}"
     )
-    assert conf_of({"master": "local[2]"}, quiet=False)["spark.driver.extraJavaOptions"] == (
-        "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m"
-    )
+    assert conf_of({"master": "local[2]"}, quiet=False)["spark.driver.extraJavaOptions"] == (JVM)
 
 
 def test_two_cores_get_only_the_quick_jit_compiler(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert SMALL_MACHINE_JIT == "-XX:TieredStopAtLevel=1"
     assert conf_of({"master": "local[*]"}, quiet=False)["spark.driver.extraJavaOptions"] == (
-        "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -XX:TieredStopAtLevel=1"
+        f"{JVM} -XX:TieredStopAtLevel=1"
     )
     user = "-XX:TieredStopAtLevel=4"  # the user's comes last and wins
     conf = conf_of({"master": "local[2]", "conf": {"spark.driver.extraJavaOptions": user}}, False)
@@ -65,10 +68,7 @@ def test_the_users_settings_win():
     }, quiet=False)  # fmt: skip
     assert conf["spark.driver.memory"] == "2g"
     # theirs come last: the JVM takes the last -Xms
-    assert (
-        conf["spark.driver.extraJavaOptions"]
-        == "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -Xms256m"
-    )
+    assert conf["spark.driver.extraJavaOptions"] == f"{JVM} -Xms256m"
 
 
 def test_a_users_collector_replaces_walstreams_jvm_options():
