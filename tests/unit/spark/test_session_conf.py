@@ -40,7 +40,7 @@ def test_a_local_master_gets_a_small_heap_and_the_serial_collector():
     assert conf["spark.driver.extraJavaOptions"] == (
         f"-Dlog4j2.configurationFile={LOG_PROFILE.as_uri()} {JVM}"
     )
-    assert conf_of({"master": "local[2]"}, quiet=False)["spark.driver.extraJavaOptions"] == (JVM)
+    assert conf_of({"master": "local[2]"}, quiet=False)["spark.driver.extraJavaOptions"] == JVM
 
 
 def test_two_cores_get_only_the_quick_jit_compiler(monkeypatch: pytest.MonkeyPatch):
