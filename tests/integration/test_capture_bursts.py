@@ -12,6 +12,7 @@ from walstream.postgres.replication import (
     start_options,
     wait_for_messages,
 )
+from walstream.testing import wait_until
 
 
 def test_bursts_are_bounded_and_together_hold_every_message_in_order(db, monkeypatch):
@@ -39,10 +40,8 @@ def test_bursts_are_bounded_and_together_hold_every_message_in_order(db, monkeyp
             "SELECT r.sent_lsn >= %s::pg_lsn FROM pg_stat_replication r JOIN "
             "pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = %s"
         )
-        until_sent = time.monotonic() + 30
-        while not (db.execute(sent, (small_end, slot)) or [(False,)])[0][0]:
-            assert time.monotonic() < until_sent, "the walsender did not send the small rows"
-            wait_for_messages(cur, 0.1)  # reads nothing: only waits
+        wait_until(lambda: (db.execute(sent, (small_end, slot)) or [(False,)])[0][0], 30,
+                   message="the walsender did not send the small rows")  # fmt: skip
         got: list[bytes] = []
         sizes: list[tuple[int, int]] = []
         highest = 0

@@ -127,10 +127,6 @@ def write_tables(
     )  # fmt: skip
     several = len(candidates) != 1 and not no_rows
 
-    def in_batch() -> list[tuple[str, str]]:  # the tables the batch's rows (and reads) have
-        found = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
-        return found + [t for t in placed_tables if t not in found]
-
     def shapes_of(tables: list[tuple[str, str]]) -> list[Any]:
         return on_source(dsn, lambda c: [
             load_shape(c, schema, table, need_key=dest.mode != "changelog").select(
@@ -139,24 +135,26 @@ def write_tables(
             for schema, table in tables
         ])  # fmt: skip
 
+    shapes = None
     if no_rows:
         shapes = shapes_of(placed_tables)
-    elif several:
-        rows = rows.persist()
-        shapes = shapes_of(in_batch())
-    else:
+    elif not several:
         try:
             shapes = shapes_of(candidates)
         except TableGone:
             # The publication's one table went away after the publication was read (dropped,
             # perhaps created again since): the batch's own tables decide, so that a batch
             # without its rows goes on and one with them pauses the sink, as it should.
-            several, rows = True, rows.persist()
-            try:
-                shapes = shapes_of(in_batch())
-            except BaseException:
-                rows.unpersist()
-                raise
+            several = True
+    if shapes is None:  # the tables the batch's rows (and backfill reads) have
+        rows = rows.persist()
+        try:
+            tables = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
+            tables += [t for t in placed_tables if t not in tables]
+            shapes = shapes_of(tables)
+        except BaseException:
+            rows.unpersist()
+            raise
     t_found = time.monotonic() - t0
     try:
         for shape in shapes:
