@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import startfloor
-from bench.backlog import _descendants, _pss_mb, _rss_mb
+from bench.backlog import _descendants, _pss_mb, _rss_mb, one_per_address_space
 from bench.kafka import percentiles, steady
 from bench.results import figure
 from bench.stream import TABLE, write
@@ -229,7 +229,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 class Peak:
     """Samples the memory of a process tree every 0.5 s: RSS summed over its processes,
-    and PSS (forked Python workers share pages with their daemon; PSS counts them once)."""
+    and PSS (forked Python workers share pages with their daemon; PSS counts them once);
+    a child that shares its parent's address space (before it execs) counts once."""
 
     def __init__(self, pid: int) -> None:
         self.pid, self.mb, self.pss_mb = pid, 0.0, 0.0
@@ -239,7 +240,7 @@ class Peak:
 
     def _run(self) -> None:
         while not self._done.wait(0.5):
-            pids = _descendants(self.pid)
+            pids = one_per_address_space(_descendants(self.pid))
             self.mb = max(self.mb, sum(_rss_mb(p) for p in pids))
             self.pss_mb = max(self.pss_mb, sum(_pss_mb(p) for p in pids))
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.backlog import _descendants, _rss_mb
+from bench.backlog import _descendants, _rss_mb, one_per_address_space
 
 #: (benchmark, arguments at scale 1): 1-5 minutes each here, about 30 minutes in all.
 PLAN: list[tuple[str, list[str]]] = [
@@ -70,7 +70,7 @@ def run(name: str, args: list[str], results: Path) -> tuple[float, float, str | 
     def sample() -> None:
         nonlocal peak
         while not done.wait(0.5):
-            tree = _descendants(proc.pid)
+            tree = one_per_address_space(_descendants(proc.pid))
             peak = max(peak, sum(_rss_mb(p) for p in tree))
 
     sampler = threading.Thread(target=sample, daemon=True)
