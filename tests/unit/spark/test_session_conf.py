@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from walstream.config import parse_config
-from walstream.spark.session import ARROW_NO_BYTE_BOUND, LOG_PROFILE, SMALL_MACHINE_JIT, spark_conf
+from walstream.spark.session import (
+    ARROW_NO_BYTE_BOUND,
+    LOG_PROFILE,
+    SMALL_MACHINE_JIT,
+    spark_conf,
+    spark_environment,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -90,3 +96,34 @@ def test_arrow_batches_to_python_are_bounded_by_rows_only(master):
     assert "spark.sql.execution.arrow.maxRecordsPerBatch" not in conf  # Spark's 10,000
     mine = {"master": master, "conf": {"spark.sql.execution.arrow.maxBytesPerBatch": "64m"}}
     assert conf_of(mine)["spark.sql.execution.arrow.maxBytesPerBatch"] == "64m"
+
+
+MALLOC = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+@pytest.fixture
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """What spark_environment sets, unset now and restored after the test."""
+    for k in (*MALLOC, "PYSPARK_PYTHON", "SPARK_LOCAL_IP", "JAVA_HOME"):
+        monkeypatch.setenv(k, "-")  # recorded, so the test's changes are undone
+        monkeypatch.delenv(k)
+    return monkeypatch
+
+
+def test_a_local_masters_processes_give_large_freed_blocks_back(clean_environment):
+    spark_environment("local[2]")
+    assert {k: os.environ.get(k) for k in MALLOC} == {
+        "MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "4194304"
+    }  # fmt: skip
+
+
+def test_the_environments_allocator_settings_win(clean_environment):
+    clean_environment.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    spark_environment("local[*]")
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "4194304"
+
+
+def test_a_cluster_keeps_the_allocators_defaults(clean_environment):
+    spark_environment("spark://127.0.0.1:7077")
+    assert [k for k in MALLOC if k in os.environ] == []
