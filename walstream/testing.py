@@ -46,6 +46,28 @@ def wait_until(
         time.sleep(interval)
 
 
+def holds_for(
+    condition: Callable[[], object],
+    seconds: float,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "condition broke",
+) -> None:
+    """Check that `condition` stays truthy for `seconds`, polling it; fail the moment it is not.
+
+    For what must *not* happen in a window (a run that must keep waiting, a client that
+    must receive nothing): unlike a sleep followed by one check, a condition that breaks
+    and recovers inside the window fails too, and a broken one fails at once.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        if not condition():
+            text = message() if callable(message) else message
+            raise AssertionError(f"within {seconds:.1f}s: {text}")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
 @contextmanager
 def supervised(runtime: Any, tick: float = 0.2) -> Iterator[Any]:
     """A started `walstream.runtime.Runtime` supervised in a thread (queries restarted,

@@ -88,7 +88,7 @@ def test_ingested_events_reach_their_subscriptions_in_order_per_key(spark, db, t
 
     def slow_answer(path: str) -> int:
         if next(slow_calls) < 4:
-            time.sleep(1.5)
+            time.sleep(1.5)  # the slow destination's delay (see `slow` above)
         return 200
 
     slow.answer = slow_answer

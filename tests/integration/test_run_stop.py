@@ -22,7 +22,7 @@ from tests.integration.test_run_crash import Run
 from tests.servers import WebhookReceiver
 from walstream.change import parse_lsn
 from walstream.sinks.file import read_messages
-from walstream.testing import wait_until
+from walstream.testing import holds_for, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -68,8 +68,9 @@ def test_ctrl_c_lets_the_batch_finish_and_a_second_abandons_it(db, tmp_path: Pat
         os.killpg(run.proc.pid, signal.SIGINT)  # the first Ctrl-C
         wait_until(lambda: "Ctrl-C again to abandon it" in run.output(), 60,
                    message=lambda: run.output()[-4000:])  # fmt: skip
-        time.sleep(2)  # what is observed: the run goes on waiting for its batch
-        assert run.proc.poll() is None and rx.requests == []
+        # What is observed: the run goes on waiting for its batch, sending nothing new.
+        holds_for(lambda: run.proc.poll() is None and rx.requests == [], 2,
+                  message=lambda: f"exit {run.proc.poll()}; {run.output()[-2000:]}")  # fmt: skip
         if not second:
             release.set()  # the destination answers: the batch finishes, the run ends
             assert run.proc.wait(60) == 0, run.output()[-3000:]
