@@ -2,12 +2,14 @@
 
 A partition holds raw pgoutput messages as compact blobs (one per transaction
 piece, with message end offsets) plus the context to decode them: the
-relations and the transaction's position. Decoding and type casting happen
+relations and the transaction's position. It travels to the executor with all
+its messages in one compressed buffer. Decoding and type casting happen
 here, on executors, in parallel.
 """
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,8 @@ class PackedSlice:
     annotations: str | None
     relations: tuple[RelationInfo, ...]
     blob: bytes
-    ends: bytes  # array('I') of message end offsets in blob
+    ends: bytes  # array('I') of message end offsets, from `offset`
+    offset: int = 0  # where the messages begin in `blob` (an unpickled partition's share one)
 
     @classmethod
     def pack(cls, piece: TxnSlice) -> PackedSlice:
@@ -47,14 +50,34 @@ class PackedSlice:
             piece.relations, b"".join(piece.msgs), ends.tobytes(),
         )  # fmt: skip
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of this piece's messages."""
+        return int.from_bytes(self.ends[-4:], sys.byteorder) if self.ends else 0
+
+    def region(self) -> bytes | memoryview:
+        """This piece's messages, back to back."""
+        if self.offset == 0 and len(self.blob) == self.nbytes:
+            return self.blob
+        return memoryview(self.blob)[self.offset : self.offset + self.nbytes]
+
     def messages(self) -> Iterator[bytes]:
         ends = array("I")
         ends.frombytes(self.ends)
         blob = self.blob
-        start = 0
+        start = offset = self.offset
         for end in ends:
+            end += offset
             yield blob[start:end]
             start = end
+
+
+#: A partition's messages travel compressed (zstd, its fastest level): Spark holds a task's
+#: bytes several times over in the driver JVM (the partition, the serialized task) and the
+#: streaming source and the reading worker each hold them once more. Measured: a batch of
+#: 200,000 changes a task of ~1.6 MB instead of 10-22 MB, the driver JVM's peak ~200 MB
+#: lower, no latency cost (docs/performance.md, "a batch's task compressed").
+CODEC, CODEC_LEVEL = "zstd", 1
 
 
 class ChangePartition(InputPartition):
@@ -74,25 +97,41 @@ class ChangePartition(InputPartition):
         self.primary_keys = dict(primary_keys)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pieces as plain tuples: Spark pickles partitions with cloudpickle, whose Python
-        # hook runs for every object of a class (a 200k-change batch has thousands of
-        # pieces); tuples take the pickler's C path (about a third less time).
+        # The messages of every piece as one compressed buffer; the pieces as plain tuples:
+        # Spark pickles partitions with cloudpickle, whose Python hook runs for every object
+        # of a class (a 200k-change batch has thousands of pieces), while tuples take the
+        # pickler's C path (about a third less time).
+        import pyarrow as pa
+
+        joined = b"".join(p.region() for p in self.pieces)
+        packed = pa.Codec(CODEC, CODEC_LEVEL).compress(joined, asbytes=True)
         pieces = [
-            (p.lsn, p.xid, p.commit_ts, p.seq, p.annotations, p.relations, p.blob, p.ends)
+            (p.lsn, p.xid, p.commit_ts, p.seq, p.annotations, p.relations, p.ends)
             for p in self.pieces
         ]
-        return (_unpickled, (self.source, pieces, self.types, self.primary_keys))
+        return (
+            _unpickled,
+            (self.source, pieces, packed, len(joined), self.types, self.primary_keys),
+        )
 
     def __repr__(self) -> str:
-        n = sum(len(p.blob) for p in self.pieces)
+        n = sum(p.nbytes for p in self.pieces)
         return f"ChangePartition({self.source}, {len(self.pieces)} pieces, {n} bytes)"
 
 
 def _unpickled(
-    source: str, pieces: list[tuple[Any, ...]], types: list[PgType],
+    source: str, pieces: list[tuple[Any, ...]], packed: bytes, size: int, types: list[PgType],
     primary_keys: dict[tuple[str, str], Sequence[str]],
 ) -> ChangePartition:  # fmt: skip
-    return ChangePartition(source, [PackedSlice(*p) for p in pieces], types, primary_keys)
+    import pyarrow as pa
+
+    blob = pa.Codec(CODEC).decompress(packed, decompressed_size=size, asbytes=True)
+    out, offset = [], 0
+    for *context, ends in pieces:
+        piece = PackedSlice(*context, blob, ends, offset)
+        out.append(piece)
+        offset += piece.nbytes
+    return ChangePartition(source, out, types, primary_keys)
 
 
 def group_slices(pieces: Sequence[TxnSlice], target_bytes: int) -> list[list[TxnSlice]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 
 from pyspark import cloudpickle
@@ -36,9 +37,12 @@ def test_a_pickled_partition_decodes_to_the_same_rows():
     back = cloudpickle.loads(cloudpickle.dumps(partition))
 
     assert isinstance(back, ChangePartition)
-    assert (back.source, back.pieces, back.types, back.primary_keys) == (
-        "app", partition.pieces, [], {},
-    )  # fmt: skip
+    assert (back.source, back.types, back.primary_keys) == ("app", [], {})
+    assert [(p.lsn, p.xid, p.commit_ts, p.seq, p.annotations, p.relations, list(p.messages()))
+            for p in back.pieces] == [
+        (p.lsn, p.xid, p.commit_ts, p.seq, p.annotations, p.relations, list(p.msgs))
+        for p in pieces
+    ]  # fmt: skip
     rows = [r for b in partition_batches(back) for r in b.to_pylist()]
     assert [
         (r["lsn"], r["seq"], r["xid"], r["pk"], r["record"], r["annotations"]) for r in rows
@@ -48,3 +52,22 @@ def test_a_pickled_partition_decodes_to_the_same_rows():
         (2000, 4, 8, ["3"], '{"id":3,"note":"c\'é"}', '{"by":"me"}'),
     ]
     assert rows == [r for b in partition_batches(partition) for r in b.to_pylist()]
+
+
+def test_a_partition_travels_compressed_and_pickles_again_the_same():
+    rows = [insert(16384, str(i).encode(), b"note %d " % i * 5) for i in range(2000)]
+    pieces = [TxnSlice(1000 + i, i, 5_000_000, 0, None, (REL,), rows[i * 100 : i * 100 + 100], 0)
+              for i in range(20)]  # fmt: skip
+    partition = ChangePartition("app", [PackedSlice.pack(p) for p in pieces], [], {})
+    raw = sum(len(m) for m in rows)
+    sent = cloudpickle.dumps(partition)
+    assert len(sent) < raw / 2, (len(sent), raw)  # the messages went compressed
+    back = cloudpickle.loads(sent)
+    assert [list(p.messages()) for p in back.pieces] == [p.msgs for p in pieces]
+    assert repr(back) == repr(partition) == f"ChangePartition(app, 20 pieces, {raw} bytes)"
+    again = cloudpickle.loads(cloudpickle.dumps(back))  # pieces that share one buffer
+    assert [list(p.messages()) for p in again.pieces] == [p.msgs for p in pieces]
+    rows_of = [r for b in partition_batches(again) for r in b.to_pylist()]
+    assert [r["record"] for r in rows_of] == [
+        json.dumps({"id": i, "note": f"note {i} " * 5}, separators=(",", ":")) for i in range(2000)
+    ]
