@@ -127,8 +127,8 @@ def _unpickled(
 
     blob = pa.Codec(CODEC).decompress(packed, decompressed_size=size, asbytes=True)
     out, offset = [], 0
-    for *context, ends in pieces:
-        piece = PackedSlice(*context, blob, ends, offset)
+    for lsn, xid, commit_ts, seq, notes, relations, ends in pieces:
+        piece = PackedSlice(lsn, xid, commit_ts, seq, notes, relations, blob, ends, offset)
         out.append(piece)
         offset += piece.nbytes
     return ChangePartition(source, out, types, primary_keys)
