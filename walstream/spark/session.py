@@ -56,15 +56,15 @@ LOCAL_CONF = {"spark.driver.memory": "512m"}  # Spark refuses less than 450 MB
 LOCAL_JAVA_OPTIONS = (
     "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=25"
 )
-#: ...and the C allocator's of every process a local master starts (the JVM, the Python
-#: workers, the streaming source): glibc raises its mmap threshold to the size of each large
-#: block freed (up to 32 MB), so a batch's big buffers (a task's pickled partition, Arrow
-#: buffers, a task's bytes in the JVM) were then carved from the heap and stayed resident
-#: after they were freed. A fixed threshold maps each block of 1 MB or more on its own and
-#: unmaps it when freed; the heap's free top is given back past 4 MB. Measured
-#: (docs/performance.md, "glibc"): `walstream run` into Kafka 65-100 MB less resident at the
-#: same rate and latency (128 KB for both cost ~25 ms of p50 latency). The environment's own
-#: values win.
+#: ...and the C allocator settings of every process a local master starts (the JVM, the
+#: Python workers, the streaming source): glibc raises its mmap threshold to the size of
+#: each large block freed (up to 32 MB), so a batch's big buffers (a task's pickled
+#: partition, Arrow buffers, a task's bytes in the JVM) were then carved from the heap and
+#: stayed resident after they were freed. A fixed threshold maps each block of 1 MB or more
+#: on its own and unmaps it when freed; the heap's free top is given back past 4 MB.
+#: Measured (docs/performance.md, "glibc's allocator"): `walstream run` into Kafka 65-100 MB
+#: less resident at the same rate and latency (128 KB for both cost ~25 ms of p50 latency).
+#: The environment's own values win.
 LOCAL_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "4194304"}
 #: Spark's value for "no byte bound" on an Arrow batch (Int.MaxValue; it checks for it).
 ARROW_NO_BYTE_BOUND = 2**31 - 1
@@ -120,9 +120,6 @@ def spark_environment(master: str) -> None:
         )
     if master.startswith("local") or host in _LOOPBACK:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    if master.startswith("local"):
-        for k, v in LOCAL_MALLOC_ENV.items():
-            os.environ.setdefault(k, v)  # read by each process the JVM starts, and the JVM
     elif "SPARK_LOCAL_IP" not in os.environ and not _resolvable(socket.gethostname()):
         raise SetupError(
             f"this host's name {socket.gethostname()!r} does not resolve, so Spark cannot tell "
@@ -130,6 +127,9 @@ def spark_environment(master: str) -> None:
             "export SPARK_LOCAL_IP=<this machine's address the cluster can reach>, or add the "
             "name to /etc/hosts",
         )
+    if master.startswith("local"):
+        for k, v in LOCAL_MALLOC_ENV.items():
+            os.environ.setdefault(k, v)  # read by the JVM and each process it starts
     java_home = find_java()
     if os.environ.get("JAVA_HOME") != str(java_home):
         current = shutil.which("java")
