@@ -4,12 +4,14 @@ a cluster left to Spark, the user's settings over walstream's."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from walstream.config import parse_config
+from walstream.errors import SetupError
 from walstream.spark.session import (
     ARROW_NO_BYTE_BOUND,
     LOG_PROFILE,
@@ -127,3 +129,12 @@ def test_the_environments_allocator_settings_win(clean_environment):
 def test_a_cluster_keeps_the_allocators_defaults(clean_environment):
     spark_environment("spark://127.0.0.1:7077")
     assert [k for k in MALLOC if k in os.environ] == []
+
+
+def test_a_cluster_master_needs_a_host_name_that_resolves(clean_environment):
+    clean_environment.setattr(socket, "gethostname", lambda: "no-such-host.invalid")
+    with pytest.raises(SetupError, match="does not resolve") as err:
+        spark_environment("spark://10.0.0.1:7077")
+    assert "export SPARK_LOCAL_IP=" in str(err.value.fix)
+    clean_environment.setenv("SPARK_LOCAL_IP", "10.0.0.2")  # what the error says to do
+    spark_environment("spark://10.0.0.1:7077")
