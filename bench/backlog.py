@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import os
 import re
 import shutil
@@ -37,6 +38,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.results import figure
 from bench.stream import with_slot, write
@@ -92,12 +94,19 @@ _KCMP = {"x86_64": 312, "aarch64": 272}
 _KCMP_VM = 1
 
 
+@functools.cache
+def _kcmp() -> tuple[Any, int] | None:
+    """libc and kcmp(2)'s number on this machine, looked up once (samplers call it often)."""
+    number = _KCMP.get(os.uname().machine)
+    return None if number is None else (ctypes.CDLL(None, use_errno=True), number)
+
+
 def _same_memory(a: int, b: int) -> bool | None:
     """Whether processes `a` and `b` share one address space (kcmp), or None if unknown."""
-    number = _KCMP.get(os.uname().machine)
-    if number is None:
+    found = _kcmp()
+    if found is None:
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc, number = found
     answer = libc.syscall(number, a, b, _KCMP_VM, 0, 0)
     return None if answer < 0 else answer == 0
 
