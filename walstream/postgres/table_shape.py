@@ -223,3 +223,46 @@ def publication_tables(conn: Any, publication: str) -> list[tuple[str, str]]:
         (publication,),
     ).fetchall()
     return [(str(s), str(t)) for s, t in rows]
+
+
+def rows_by_key(
+    conn: Any, shape: TableShape, keys: list[tuple[Any, ...]]
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The table's rows now of these keys (values as the shape's lake types take them: a
+    STRING column read as Postgres' text), by key; a key the table does not have is absent."""
+    from psycopg import errors, sql
+
+    def column(c: Column) -> Any:
+        name = sql.Identifier(c.name)
+        if c.type == "STRING":
+            return sql.SQL("{}::text AS {}").format(name, name)
+        if c.type == "ARRAY<STRING>":
+            return sql.SQL("{}::text[] AS {}").format(name, name)
+        return name
+
+    key = list(shape.key)
+    one = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(key)))
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for at in range(0, len(keys), 500):
+        part = keys[at : at + 500]
+        query = sql.SQL("SELECT {} FROM {} WHERE ({}) IN ({})").format(
+            sql.SQL(", ").join(column(c) for c in shape.columns),
+            sql.Identifier(shape.schema, shape.table),
+            sql.SQL(", ").join(sql.Identifier(k) for k in key),
+            sql.SQL(", ").join([one] * len(part)),
+        )
+        try:
+            cur = conn.execute(query, [v for k in part for v in k])
+        except errors.InsufficientPrivilege as exc:
+            raise SinkError(
+                f"lake: cannot read {shape.schema}.{shape.table} for the unchanged TOAST values "
+                f"of changes to rows the lake table does not have yet: {exc}",
+                f"GRANT SELECT ON {shape.schema}.{shape.table} to walstream's source user (a "
+                "backfill needs it too), or set REPLICA IDENTITY FULL on the table",
+                retryable=False,
+            ) from exc
+        names = [d.name for d in cur.description or ()]
+        for values in cur.fetchall():
+            row = dict(zip(names, values, strict=True))
+            out[tuple(row[k] for k in key)] = row
+    return out

@@ -32,6 +32,7 @@ from walstream.sinks.lake_plan import history_plan, mirror_plan
 from walstream.sinks.lake_tables import (
     LakeTable,
     adoptable,
+    dataset_field,
     has_any_key,
     key_filter_rows,
     move_staged,
@@ -331,10 +332,9 @@ def _stats(meta: Any) -> str:
 
 def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:
     """The table's key columns where `column` is within [low, high]."""
-    import pyarrow.dataset as ds
-
-    where = (ds.field(column) >= low) & (ds.field(column) <= high)
-    return table.to_pyarrow_dataset().to_table(columns=key, filter=where)
+    data = table.to_pyarrow_dataset()
+    field = dataset_field(data, column)
+    return data.to_table(columns=key, filter=(field >= low) & (field <= high))
 
 
 def _current(table: Any) -> Any:

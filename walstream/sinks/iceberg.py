@@ -333,15 +333,29 @@ def _always() -> Any:
 
 
 def _keys_filter(key: list[str], keys: list[Key]) -> Any:
-    """An Iceberg row filter matching exactly these keys."""
+    """An Iceberg row filter matching exactly these keys. A composite key is each column's
+    `In` (files skipped by their statistics) and the keys' equalities joined as a balanced
+    tree of `Or`s: a chain of thousands nests deeper than Python's recursion limit."""
     ex = load_pyiceberg().expressions
     if len(key) == 1:
         return ex.In(key[0], sorted({k[0] for k in keys}, key=repr))
-    out: Any = None
-    for k in dict.fromkeys(keys):
+    unique = list(dict.fromkeys(keys))
+    level: list[Any] = []
+    for k in unique:
         one: Any = None
         for name, value in zip(key, k, strict=True):
-            eq = ex.EqualTo(name, value)
+            eq = ex.IsNull(name) if value is None else ex.EqualTo(name, value)
             one = eq if one is None else ex.And(one, eq)
-        out = one if out is None else ex.Or(out, one)
+        level.append(one)
+    while len(level) > 1:
+        pairs = [level[i : i + 2] for i in range(0, len(level), 2)]
+        level = [ex.Or(*p) if len(p) == 2 else p[0] for p in pairs]
+    ins = [
+        ex.In(name, sorted({k[i] for k in unique if k[i] is not None}, key=repr))
+        for i, name in enumerate(key)
+        if all(k[i] is not None for k in unique)
+    ]
+    out = level[0]
+    for cond in ins:
+        out = ex.And(cond, out)
     return out

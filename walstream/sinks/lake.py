@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import re
 from abc import abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
@@ -137,6 +137,12 @@ class TableBatch:
     #: Every change of the table is here (no filter, every action, no reset): an insert is
     #: a key the lake table does not have yet.
     complete: bool = False
+    #: The source table's rows now, of some keys ({key: {column: value}}): where an
+    #: unchanged TOAST value comes from when neither the batch nor the lake table has an
+    #: earlier version of its row (`lake_plan.fill_toast`). None: such a value stops the batch.
+    source_rows: Callable[[list[tuple[Any, ...]]], dict[tuple[Any, ...], dict[str, Any]]] | None = (
+        field(default=None, compare=False)
+    )
 
     @property
     def marker(self) -> str:

@@ -7,11 +7,14 @@ sinks turn a plan into their own single commit.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from walstream.errors import SinkError
+
+log = logging.getLogger(__name__)
 
 #: Columns of a TableBatch's rows that are not source columns.
 META = ("_op", "_lsn", "_seq", "_committed_at", "_toast", "_before")
@@ -44,9 +47,29 @@ def after_last_truncate(rows: Any) -> tuple[Any, bool]:
     return rows, False
 
 
-def fill_toast(rows: Any, key: Sequence[str], current: CurrentRows) -> Any:
-    """Rows with every unchanged TOAST value filled in, from the key's previous version in
-    the batch or else the target's current row; an unknown one stops the batch."""
+def moved_from(r: dict[str, Any], key: Sequence[str]) -> Key | None:
+    """The key an update moved its row from (Postgres sent the old key: `_before`), or None."""
+    before = r.get("_before")
+    if r["_op"] != "update" or not before:
+        return None
+    old = tuple(before.get(k) for k in key)
+    if all(v is None for v in old) or old == key_of(r, key):
+        return None
+    return old
+
+
+def fill_toast(
+    rows: Any, key: Sequence[str], current: CurrentRows, source: CurrentRows | None = None
+) -> Any:
+    """Rows with every unchanged TOAST value filled in from the row's previous version: earlier
+    in the batch, or else the target's current row (for a key change, the old key's), or
+    else the source table's row now (`source`).
+
+    The source's value is the one Postgres did not send unless a later change altered it;
+    such a change carries the new value and is applied after this one, so a mirror ends
+    equal to the source. A row the source no longer has (a later change deletes or moves
+    it) keeps NULL, with a warning; without `source` an unknown value stops the batch.
+    """
     pa = _pa()
     toast = rows.column("_toast")
     if toast.null_count == len(toast) or not any(t for t in toast.to_pylist() if t):
@@ -56,38 +79,103 @@ def fill_toast(rows: Any, key: Sequence[str], current: CurrentRows) -> Any:
     for r in data:  # keys whose first in-batch version lacks a value: the target has it
         if r["_op"] == "truncate":
             break
-        k = key_of(r, key)
-        if r["_toast"] and k not in seen:
-            wanted.append(k)
+        k, old = key_of(r, key), moved_from(r, key)
+        if r["_toast"]:
+            want = k if old is None else old
+            if want not in seen:
+                wanted.append(want)
         seen.add(k)
+        if old is not None:
+            seen.add(old)
     target = current(wanted) if wanted else {}
+    unknown = _fill(data, key, target, None)
+    if unknown and source is not None:
+        found = source(unknown)
+        _fill(data, key, target, found)
+        gone = [r for r in data if r["_toast"]]
+        if gone:  # usually deleted or moved later in this very batch
+            log.info(
+                "lake: %d change(s) left an unchanged TOAST value out for rows the source no "
+                "longer has (first: key %s, %s at %s:%s): written as NULL until a later change "
+                "deletes or moves the row", len(gone), key_of(gone[0], key),
+                ", ".join(gone[0]["_toast"]), gone[0]["_lsn"], gone[0]["_seq"],
+            )  # fmt: skip
+        for r in gone:
+            r["_toast"] = None
+    elif unknown:
+        r = next(r for r in data if r["_toast"])
+        raise SinkError(
+            f"lake: a change of key {key_of(r, key)} at {r['_lsn']}:{r['_seq']} left "
+            f"{', '.join(r['_toast'])} out (an unchanged TOAST value) and the lake "
+            "table has no earlier version of the row to take it from",
+            "backfill the table into the sink first (`walstream backfill`), or set "
+            "`ALTER TABLE ... REPLICA IDENTITY FULL` so Postgres sends every value",
+            retryable=False,
+        )
+    return pa.Table.from_pylist(data, schema=rows.schema)
+
+
+def _fill(
+    data: list[dict[str, Any]], key: Sequence[str], target: dict[Key, dict[str, Any]],
+    source: dict[Key, dict[str, Any]] | None,
+) -> list[Key]:  # fmt: skip
+    """Fill `data`'s unchanged TOAST values in place, in WAL order, from the previous version
+    (in the batch, in `target`, in `source`); the keys (deduplicated, in order) of the rows
+    left unknown, which keep their `_toast`."""
+    target = dict(target)
     prev: dict[Key, dict[str, Any]] = {}
+    unknown: dict[Key, None] = {}
     for r in data:
         if r["_op"] == "truncate":
             prev.clear()
             target = {}
             continue
-        k = key_of(r, key)
+        k, old = key_of(r, key), moved_from(r, key)
         if r["_toast"]:
-            base = prev.get(k) or target.get(k)
-            if base is None:
-                raise SinkError(
-                    f"lake: a change of key {k} at {r['_lsn']}:{r['_seq']} left "
-                    f"{', '.join(r['_toast'])} out (an unchanged TOAST value) and the lake "
-                    "table has no earlier version of the row to take it from",
-                    "backfill the table into the sink first (`walstream backfill`), or set "
-                    "`ALTER TABLE ... REPLICA IDENTITY FULL` so Postgres sends every value",
-                    retryable=False,
-                )
-            for c in r["_toast"]:
-                r[c] = base.get(c)
-            r["_toast"] = None
+            frm = k if old is None else old
+            base = prev.get(frm) or target.get(frm) or (source or {}).get(k)
+            if base is None or base.get("_toast"):  # none, or itself unknown so far
+                unknown[k] = None
+            else:
+                for c in r["_toast"]:
+                    r[c] = base.get(c)
+                r["_toast"] = None
+        if old is not None:
+            prev.pop(old, None)
+            target.pop(old, None)
         if r["_op"] == "delete":
             prev.pop(k, None)
             target.pop(k, None)
         else:
             prev[k] = r
-    return pa.Table.from_pylist(data, schema=rows.schema)
+    return list(unknown)
+
+
+def split_moves(rows: Any, key: Sequence[str]) -> Any:
+    """The rows with a delete of the old key before each update that changed a row's key
+    (the same cursor): mirror and history apply a key change as the old key's end and the
+    new key's next version."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    if "_before" not in rows.column_names or rows.num_rows == 0:
+        return rows
+    candidates = pc.and_(pc.equal(rows["_op"], "update"), pc.is_valid(rows["_before"]))
+    if not pc.any(candidates).as_py():
+        return rows
+    out: list[dict[str, Any]] = []
+    moved = 0
+    for r in rows.to_pylist():
+        old = moved_from(r, key)
+        if old is not None:
+            before = dict(r["_before"])
+            gone = {c: before.get(c) for c in r if c not in META}
+            gone.update(_op="delete", _lsn=r["_lsn"], _seq=r["_seq"],
+                        _committed_at=r["_committed_at"], _toast=None, _before=r["_before"])  # fmt: skip
+            out.append(gone)
+            moved += 1
+        out.append(r)
+    return rows if not moved else pa.Table.from_pylist(out, schema=rows.schema)
 
 
 @dataclass

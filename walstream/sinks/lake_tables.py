@@ -21,6 +21,7 @@ from walstream.sinks.lake_plan import (
     changelog_rows,
     fill_toast,
     key_of,
+    split_moves,
 )
 
 
@@ -105,7 +106,11 @@ class LakeTable:
         return changelog_rows(batch.rows, batch.shape.names)
 
     def filled(self, batch: TableBatch, current: CurrentRows) -> Any:
-        return fill_toast(batch.rows, batch.shape.key, current)
+        """The batch's rows for mirror and history: unchanged TOAST values filled in
+        (`current`: the table's current rows of some keys), a key change split into the old
+        key's delete and the new key's update."""
+        key = batch.shape.key
+        return split_moves(fill_toast(batch.rows, key, current, batch.source_rows), key)
 
     def mirror_source(self, plan: MirrorPlan, key: Sequence[str], columns: Sequence[str]) -> Any:
         """Upserts and deletes as one MERGE source, `_delete` telling them apart."""
@@ -209,12 +214,27 @@ def _keys(data: Any, key: Sequence[str]) -> list[Key]:
     return [key_of(r, key) for r in data.to_table(columns=list(key)).to_pylist()]
 
 
-def key_filter_rows(data: Any, key: Sequence[str], keys: list[Key]) -> dict[Key, dict[str, Any]]:
-    """The rows of a pyarrow dataset with these keys, by key."""
+def dataset_field(data: Any, name: str) -> Any:
+    """A filter's column of a pyarrow dataset. Text and binary columns are cast to their plain
+    type: a file written by delta-rs' MERGE stores them as views, and Arrow compares a view's
+    statistics with a plain value in no kernel (the cast costs those columns' file skipping)."""
     import pyarrow.dataset as ds
 
+    pa = _pa()
+    field = ds.field(name)
+    t = data.schema.field(name).type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return field.cast(pa.string())
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return field.cast(pa.binary())
+    return field
+
+
+def key_filter_rows(data: Any, key: Sequence[str], keys: list[Key]) -> dict[Key, dict[str, Any]]:
+    """The rows of a pyarrow dataset with these keys, by key."""
+
     first = sorted({k[0] for k in keys}, key=repr)
-    rows = data.to_table(filter=ds.field(key[0]).isin(first)).to_pylist()
+    rows = data.to_table(filter=dataset_field(data, key[0]).isin(first)).to_pylist()
     wanted = set(keys)
     return {k: r for r in rows if (k := key_of(r, key)) in wanted}
 

@@ -61,7 +61,7 @@ def stage_changelog(
     fails the batch here, as on the driver (a SinkError, not retryable). `only`: see
     `typed_rows`."""
     _empty(stage)
-    typed = typed_rows(rows, shape, before=True, only=only)
+    typed = typed_rows(rows, shape, only=only, whole_before=True)
     out = map_in_arrow(typed, _writer(shape, stage), _STATS_DDL).collect()
     for r in out:
         if r.problem is not None:

@@ -370,7 +370,7 @@ class Pipeline:
         self.upkeep.after_batch(sink.name, table_sink, out)
         with self.lock:
             p = self.progress.setdefault(sink.name, SinkProgress())
-            p.add_batch(out.changes, out.max_committed_us)
+            p.add_batch(out.changes, out.max_committed_us, skipped=out.skipped)
         self._newest_us = max(self._newest_us, out.max_committed_us)
         if self.metrics is not None:
             self.metrics.delivered(sink.name, out.max_committed_us)

@@ -22,7 +22,12 @@ from walstream.backfill.typed import TypedReads
 from walstream.config import SinkConfig
 from walstream.delivery.parking import ParkingLot
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import TableGone, load_shape, publication_tables
+from walstream.postgres.table_shape import (
+    TableGone,
+    load_shape,
+    publication_tables,
+    rows_by_key,
+)
 from walstream.sinks.clients import Clients
 from walstream.sinks.lake import FilesBatch, TableBatch, TableSink, Written
 from walstream.spark.expressions import selection_expr
@@ -39,7 +44,8 @@ T = TypeVar("T")
 class TablesWritten:
     """What one batch wrote to one lake sink."""
 
-    changes: int = 0  # changes of the batch the sink took
+    changes: int = 0  # changes of the batch the sink wrote
+    skipped: int = 0  # changes of tables whose commit for this batch existed already (a replay)
     rows: int = 0  # rows added to lake tables
     tables: int = 0
     replayed: int = 0  # tables whose commit for this batch existed already
@@ -54,7 +60,10 @@ class TablesWritten:
         self.count(rows.num_rows, written, table, newest)
 
     def count(self, changes: int, written: Written, table: tuple[str, str], newest: int) -> None:
-        self.changes += changes
+        if written.replayed:
+            self.skipped += changes
+        else:
+            self.changes += changes
         self.rows += written.rows
         self.tables += 1
         self.replayed += int(written.replayed)
@@ -180,7 +189,7 @@ def write_tables(
             arrow = (
                 None if no_rows
                 # one table published: its rows are the batch's, and another name stops it
-                else typed_rows(rows, shape, dest.mode == "changelog", not several).toArrow()
+                else typed_rows(rows, shape, not several, dest.mode == "changelog").toArrow()
             )  # fmt: skip
             if arrow is not None and arrow.num_rows == 0:
                 arrow = None
@@ -208,7 +217,10 @@ def write_tables(
                     [typed, reads_part.cast(typed.schema)]
                 ).sort_by([("_lsn", "ascending"), ("_seq", "ascending")])  # fmt: skip
             assert typed is not None
-            batch = TableBatch(sink.name, query_id, batch_id, shape, typed, complete)
+            batch = TableBatch(
+                sink.name, query_id, batch_id, shape, typed, complete,
+                functools.partial(_source_rows, dsn, shape),
+            )  # fmt: skip
             renamed(sources, sink.name, table_sink, shape)
             t2 = time.monotonic()
             written: Written = table_sink.write_batch(batch)
@@ -224,6 +236,11 @@ def write_tables(
         if several:
             rows.unpersist()
     return out
+
+
+def _source_rows(dsn: str, shape: Any, keys: list[tuple[Any, ...]]) -> dict[Any, Any]:
+    """The source table's rows now of these keys (`TableBatch.source_rows`)."""
+    return on_source(dsn, lambda c: rows_by_key(c, shape, keys))
 
 
 def _on_executors(dest: Any) -> bool:

@@ -51,25 +51,30 @@ def _typed(parsed: Any, shape: TableShape) -> tuple[Any, list[Any]]:
     return F.struct(*fields), lost
 
 
+def _fallible(shape: TableShape) -> list[str]:
+    """The columns `_typed` checks, in its order."""
+    return [c.name for c in shape.columns if c.type.startswith(_FALLIBLE)]
+
+
 #: Marks a `_lost` entry that names another table's change (see `typed_rows`' `only`).
 OTHER_TABLE = "\x1ftable "
 
 
-def typed_rows(df: Any, shape: TableShape, before: bool = False, only: bool = False) -> Any:
+def typed_rows(df: Any, shape: TableShape, only: bool = False, whole_before: bool = False) -> Any:
     """The table's rows of `df` as the TableBatch columns, plus `_lost` (see module doc).
-    `before`: type `old` too (`_before`; only changelog tables keep it). `only`: `df`
-    should hold this table's changes only (the publication has no other): a change of
-    another name (a table renamed or dropped since) stops the batch instead of being
-    left out."""
+    `_before` is `old` typed: mirror and history read a key change's old key from it.
+    `whole_before`: every value of `_before` must fit (a changelog table keeps it); else
+    only its key's. `only`: `df` should hold this table's changes only (the publication
+    has no other): a change of another name (a table renamed or dropped since) stops the
+    batch instead of being left out."""
     from pyspark.sql import functions as F
 
     parse = shape.ddl(as_text=_FALLIBLE)
     row, lost = _typed(F.from_json(F.col("record"), parse), shape)
-    if before:
-        old, lost_old = _typed(F.from_json(F.col("old"), parse), shape)
-        lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]
-    else:
-        old = F.lit(None).cast(f"struct<{shape.ddl()}>")
+    old, lost_old = _typed(F.from_json(F.col("old"), parse), shape)
+    if not whole_before:
+        lost_old = [x for x, c in zip(lost_old, _fallible(shape), strict=True) if c in shape.key]
+    lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]
     same = (F.col("schema") == shape.schema) & (F.col("table") == shape.table)
     if only:
         lost.append(F.when(~same, F.concat(F.lit(OTHER_TABLE), F.col("schema"), F.lit("."),
@@ -166,9 +171,10 @@ class Placed:
             n = data.num_rows
             data = data.append_column("_ord", pa.array(range(n), pa.int32()))
             gone = self.changed.get((c.backfill, c.chunk))
-            if gone is not None:
-                data = data.join(gone, keys=list(self.shape.key), join_type="left anti")
-                data = data.sort_by("_ord")
+            if gone is not None:  # joined on the key alone: Arrow joins no list columns
+                key = list(self.shape.key)
+                kept = data.select([*key, "_ord"]).join(gone, keys=key, join_type="left anti")
+                data = data.take(pc.take(kept["_ord"], pc.sort_indices(kept["_ord"])))
                 n = data.num_rows
             if n == 0:
                 continue

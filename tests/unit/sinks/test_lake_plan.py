@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from walstream.errors import SinkError
-from walstream.sinks.lake_plan import fill_toast, history_plan, mirror_plan
+from walstream.sinks.lake_plan import fill_toast, history_plan, mirror_plan, split_moves
 
 SCHEMA = pa.schema([
     ("_op", pa.string()), ("_lsn", pa.int64()), ("_seq", pa.int32()),
@@ -178,3 +178,67 @@ def test_read_keys_the_table_lacks_make_an_append_and_those_it_has_a_merge():
     updated = rows(("read", 2, 5, "r", "y"), ("update", 3, 7, "u", "y"))
     plan = mirror_plan(updated, ["id"], ["id", "v", "w"], complete=True, present=has())
     assert asked == [] and not plan.appends_only and plan.present is None
+
+
+MOVES = pa.schema([*SCHEMA, ("_before", pa.struct([("id", pa.int64()), ("v", pa.string()),
+                                                   ("w", pa.string())]))])  # fmt: skip
+
+
+def moves(*changes: tuple[Any, ...]) -> pa.Table:
+    """(op, lsn, id, v, w, toast, old id) each: `old id` is the key Postgres sent as the old
+    tuple (a key change under REPLICA IDENTITY DEFAULT), None when it sent none."""
+    out = []
+    for op, lsn, id_, v, w, toast, old in changes:
+        before = None if old is None else {"id": old, "v": None, "w": None}
+        out.append({"_op": op, "_lsn": lsn, "_seq": 0, "_committed_at": at(lsn), "_toast": toast,
+                    "id": id_, "v": v, "w": w, "_before": before})  # fmt: skip
+    return pa.Table.from_pylist(out, schema=MOVES)
+
+
+def test_a_key_change_deletes_the_old_key_and_takes_its_toast_value():
+    batch = moves(
+        ("insert", 1, 1, "a", "big1", None, None),
+        ("update", 2, 100, "a2", None, ["w"], 1),  # id 1 -> 100, w unchanged (TOAST)
+        ("update", 3, 7, "b2", None, ["w"], 2),  # 2 -> 7: the target has 2's value
+    )
+    filled = split_moves(fill_toast(batch, ["id"], lambda keys: {
+        k: {"id": 2, "v": "b", "w": "big2"} for k in keys if k == (2,)}), ["id"])  # fmt: skip
+    got = [(r["_op"], r["id"], r["w"]) for r in filled.to_pylist()]
+    assert got == [("insert", 1, "big1"), ("delete", 1, None), ("update", 100, "big1"),
+                   ("delete", 2, None), ("update", 7, "big2")]  # fmt: skip
+    plan = mirror_plan(filled, ["id"], ["id", "v", "w"])
+    assert plan.upserts.to_pylist() == [{"id": 100, "v": "a2", "w": "big1"},
+                                        {"id": 7, "v": "b2", "w": "big2"}]  # fmt: skip
+    assert plan.deletes.to_pylist() == [{"id": 1}, {"id": 2}]
+    # history: the old key's version ends with a delete, the new key's begins
+    history = history_plan(filled, ["id"], ["id", "v", "w"], HISTORY)
+    assert history.closes[(2,)] == at(3)  # the target's current version of 2 ends then
+    ops = [(r["_op"], r["id"], r["is_current"]) for r in history.versions.to_pylist()]
+    assert ops == [("insert", 1, False), ("delete", 1, False), ("update", 100, True),
+                   ("delete", 2, False), ("update", 7, True)]  # fmt: skip
+
+
+def test_an_update_whose_old_tuple_has_the_same_key_is_no_key_change():
+    # REPLICA IDENTITY FULL sends the old row with every update
+    batch = moves(("update", 1, 5, "v", "w", None, 5))
+    assert split_moves(batch, ["id"]).num_rows == 1
+
+
+def test_a_value_neither_the_batch_nor_the_target_has_comes_from_the_source():
+    asked: list[Any] = []
+
+    def source(keys: list[Any]) -> dict[Any, Any]:
+        asked.extend(keys)
+        return {(3,): {"id": 3, "v": "now", "w": "from-source"}}
+
+    batch = moves(
+        ("update", 1, 3, "a", None, ["w"], None),  # the lake has no row 3 yet (a backfill goes)
+        ("update", 2, 3, "b", None, ["w"], None),  # takes the first one's, once filled
+        ("update", 3, 4, "c", None, ["w"], None),  # gone from the source by now: NULL
+    )
+    filled = fill_toast(batch, ["id"], no_target, source)
+    assert asked == [(3,), (4,)]  # one lookup, of the keys nothing else could fill
+    assert [(r["id"], r["w"], r["_toast"]) for r in filled.to_pylist()] == [
+        (3, "from-source", None), (3, "from-source", None), (4, None, None)]  # fmt: skip
+    with pytest.raises(SinkError, match="no earlier version"):  # no source: it stops
+        fill_toast(batch, ["id"], no_target)

@@ -67,3 +67,15 @@ def test_a_type_the_staged_values_do_not_fit_fails_naming_the_way_out(tmp_path):
     with pytest.raises(SinkError, match=r"read column v as string, and it is int32 now") as err:
         Placed(SHAPE, [only], set(), {}).rows()
     assert "walstream backfill cancel 7" in str(err.value.fix)
+
+
+def test_a_chunk_with_a_list_column_drops_its_changed_keys(tmp_path):
+    """Arrow joins no list columns: the anti-join is on the key alone."""
+    shape = TableShape("public", "t", (Column("id", "BIGINT"), Column("arr", "ARRAY<INT>")),
+                       ("id",))  # fmt: skip
+    data = pa.table({"id": pa.array([1, 2, 3], pa.int64()),
+                     "arr": pa.array([[1, None], None, []], pa.list_(pa.int32()))})  # fmt: skip
+    changed = {(7, 0): pa.table({"id": pa.array([2], pa.int64())})}
+    rows = Placed(shape, [chunk(tmp_path, 0, data)], set(), changed).rows()
+    assert [(r["id"], r["arr"], r["_seq"]) for r in rows.to_pylist()] == [
+        (1, [1, None], 4), (3, [], 6)]  # fmt: skip
