@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import random
+import threading
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -101,14 +104,18 @@ def norm(v: Any) -> Any:
 def normalised(
     rows: list[dict[str, Any]], json_columns: tuple[str, ...] = ()
 ) -> list[tuple[Any, ...]]:
-    """Rows as sorted tuples of normalised values (JSON text columns parsed)."""
+    """Rows as sorted tuples of normalised values (JSON text columns parsed; read a source's
+    json columns as text, or a JSON null and a JSON string read like SQL NULL and text)."""
     out = []
     for r in rows:
         values = []
         for k in sorted(r):
             v = r[k]
-            if k in json_columns and isinstance(v, str):
-                v = json.loads(v)
+            if k in json_columns and v is not None:
+                # the JSON text parsed (a source read as Python values gives it parsed), and
+                # told apart from SQL NULL: the JSON null is a value
+                parsed = json.loads(v) if isinstance(v, str) else v
+                v = "json:" + json.dumps(parsed, sort_keys=True, ensure_ascii=False)
             values.append((k, norm(v)))
         out.append(tuple(values))
     return sorted(out, key=repr)
@@ -119,3 +126,171 @@ def source_rows(dsn: str, table: str) -> list[dict[str, Any]]:
         cur = conn.execute(f"SELECT * FROM {table}")
         names = [d.name for d in cur.description or ()]
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+# -- the kind of table users have ---------------------------------------------------------------
+#: A composite key with a text part, a TOASTed text stored out of line (an update that leaves
+#: it unchanged does not send it), an int array with NULL elements, jsonb holding strings,
+#: numbers, `true` and the JSON null, an enum, a numeric and NULLs.
+REAL_TABLE = """
+CREATE TYPE mood AS ENUM ('ok', 'sad', 'très bien');
+CREATE TABLE acct (
+    region text NOT NULL, id int NOT NULL, big text, arr int[], doc jsonb, mood mood,
+    price numeric(12,2), n int NOT NULL DEFAULT 0, at timestamptz,
+    PRIMARY KEY (region, id)
+);
+ALTER TABLE acct ALTER COLUMN big SET STORAGE EXTERNAL;
+"""
+#: Its columns as a test reads them from the source: jsonb as its text (psycopg would turn
+#: the JSON null into None, like SQL NULL).
+REAL_SELECT = (
+    "SELECT region, id, big, arr, doc::text AS doc, mood::text AS mood, price, n, at FROM acct"
+)
+REAL_JSON = ("doc",)
+#: jsonb values as users have them: a JSON string that reads like a number or a boolean,
+#: a number, true, the JSON null, SQL NULL, empty and nested containers, unicode.
+DOCS = ('"text"', "null", None, '"123"', "123", '"true"', "true", "{}", "[]",
+        '{"a": [1, null, "x"], "b": {"c": null}}', '"é\\n"',
+        "-0.5e-3")  # fmt: skip
+ARRS = ([1, None, 3], [], None, [None], [7])
+MOODS = ("ok", "sad", "très bien", None)
+REGIONS = ("eu", "us-east", "ap 1", "")
+
+
+def big_text(k: int, v: int) -> str:
+    """A value stored out of line (TOAST): ~6 kB, different per key and version."""
+    return f"{k}:{v}:" + "x" * 6_000
+
+
+def real_row(region: str, k: int, v: int = 0) -> tuple[Any, ...]:
+    return (
+        region, k, big_text(k, v), ARRS[k % len(ARRS)], DOCS[k % len(DOCS)],
+        MOODS[k % len(MOODS)], None if k % 9 == 0 else f"{k}.{k % 100:02d}", v,
+        None if k % 11 == 0 else datetime(2024, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+
+
+def fill_real(dsn: str, rows: int) -> list[tuple[str, int]]:
+    """`rows` rows in acct; their keys."""
+    keys = [(REGIONS[k % len(REGIONS)], k) for k in range(1, rows + 1)]
+    copy = "COPY acct (region, id, big, arr, doc, mood, price, n, at) FROM STDIN"
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor().copy(copy) as cp:
+        for region, k in keys:
+            cp.write_row(real_row(region, k))
+    return keys
+
+
+class RealWriter:
+    """What applications do to such a table, at random, until stopped: updates that leave the
+    TOASTed value unchanged (most of them), updates of it, primary-key changes (of the id and
+    of the text part, the TOASTed value left unchanged), jsonb and array updates, deletes and
+    inserts; a third of them several to a transaction."""
+
+    def __init__(self, dsn: str, keys: list[tuple[str, int]], seed: int) -> None:
+        self.dsn = dsn
+        self.keys = list(keys)
+        self.rng = random.Random(seed)
+        self.next_id = 10_000_000 + seed * 1_000_000
+        self.ops: dict[str, int] = {}
+
+    def step(self, conn: Any) -> None:
+        rng = self.rng
+        if not self.keys or rng.random() < 0.08:
+            region, k = rng.choice(REGIONS), self.new_id()
+            conn.execute("INSERT INTO acct VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                         real_row(region, k, 1))  # fmt: skip
+            self.keys.append((region, k))
+            self.count("insert")
+            return
+        i = rng.randrange(len(self.keys))
+        region, k = self.keys[i]
+        op = rng.random()
+        where = "WHERE region = %s AND id = %s"
+        if op < 0.45:
+            conn.execute(f"UPDATE acct SET n = n + 1 {where}", (region, k))
+            self.count("update, TOAST unchanged")
+        elif op < 0.55:
+            conn.execute(f"UPDATE acct SET big = %s, n = n + 1 {where}",
+                         (big_text(k, rng.randrange(1000)), region, k))  # fmt: skip
+            self.count("update of the TOASTed value")
+        elif op < 0.65:
+            new = self.new_id()
+            conn.execute(f"UPDATE acct SET id = %s {where}", (new, region, k))
+            self.keys[i] = (region, new)
+            self.count("key change")
+        elif op < 0.70:
+            other = rng.choice([r for r in REGIONS if r != region])
+            new = self.new_id()
+            conn.execute(f"UPDATE acct SET region = %s, id = %s {where}", (other, new, region, k))
+            self.keys[i] = (other, new)
+            self.count("key change (text part)")
+        elif op < 0.80:
+            conn.execute(f"UPDATE acct SET doc = %s, arr = %s {where}",
+                         (rng.choice(DOCS), rng.choice(ARRS), region, k))  # fmt: skip
+            self.count("jsonb and array update")
+        else:
+            conn.execute(f"DELETE FROM acct {where}", (region, k))
+            self.keys.pop(i)
+            self.count("delete")
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def count(self, op: str) -> None:
+        self.ops[op] = self.ops.get(op, 0) + 1
+
+    def run(self, stop: threading.Event, pace: float = 0.003) -> None:
+        """Write until `stop`, a transaction at a time (a third hold several changes)."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                with conn.transaction():
+                    for _ in range(self.rng.choice((1, 1, 4))):
+                        self.step(conn)
+                time.sleep(pace)  # pacing: a steady write load, not a flood the test must drain
+
+    def write(self, transactions: int) -> None:
+        """A fixed number of transactions, as fast as they go."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for _ in range(transactions):
+                with conn.transaction():
+                    for _ in range(self.rng.choice((1, 1, 4))):
+                        self.step(conn)
+
+
+def real_source(dsn: str) -> list[tuple[Any, ...]]:
+    """The source table, normalised for comparing with a lake table."""
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute(REAL_SELECT)
+        names = [d.name for d in cur.description or ()]
+        rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    return normalised(rows, REAL_JSON)
+
+
+def current_versions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A history table's current rows without its version columns."""
+    meta = ("_op", "_lsn", "_seq", "valid_from", "valid_to", "is_current")
+    return [{k: v for k, v in r.items() if k not in meta} for r in rows if r["is_current"]]
+
+
+def differences(
+    got: list[tuple[Any, ...]], want: list[tuple[Any, ...]], key: tuple[str, ...]
+) -> str:
+    """What differs between two `normalised` row lists, by key: rows missing, extra, and the
+    columns whose values differ (values cut short); empty when they are equal."""
+
+    def by_key(rows: list[tuple[Any, ...]]) -> dict[Any, dict[str, Any]]:
+        return {tuple(dict(r)[k] for k in key): dict(r) for r in rows}
+
+    g, w = by_key(got), by_key(want)
+    out = [f"missing {k}" for k in w.keys() - g.keys()]
+    out += [f"extra {k}: {str(g[k])[:200]}" for k in g.keys() - w.keys()]
+    for k in w.keys() & g.keys():
+        diff = {
+            c: (str(g[k].get(c))[:60], str(v)[:60]) for c, v in w[k].items() if g[k].get(c) != v
+        }
+        if diff:
+            out.append(f"differs {k}: {diff} (lake, source)")
+    if not out and len(got) != len(want):
+        out.append(f"{len(got)} rows, {len(want)} in the source (a key twice)")
+    return "\n".join(sorted(out)[:40]) + (f"\n... {len(out)} in all" if len(out) > 40 else "")

@@ -107,7 +107,9 @@ class ChangeRow(NamedTuple):
     column is a timestamp. `unchanged_toast` lists columns left out of `record`
     because Postgres did not send their (unchanged, TOASTed) value. `table_oid` is the
     source table's OID (pgoutput's relation id): the same table under a new name keeps
-    it, a new table under an old name has another; None on watermarks. `backfill` is
+    it, a new table under an old name has another; None on watermarks. `json_nulls` lists
+    the json/jsonb columns of `record` whose value is the JSON null (`record` has `null`
+    for them, as for SQL NULL), None when there are none. `backfill` is
     the backfill's id on rows a backfill read (action `read`), else None; it is not
     a column of the stream's schema (the pipeline adds it where backfill rows join).
     """
@@ -126,6 +128,7 @@ class ChangeRow(NamedTuple):
     annotations: str | None
     unchanged_toast: list[str] | None
     table_oid: int | None = None
+    json_nulls: list[str] | None = None
     backfill: int | None = None
 
     @property
@@ -143,7 +146,7 @@ ACTIONS = ("insert", "update", "delete", "truncate", "read")
 CHANGE_SCHEMA_DDL = (
     "source STRING, lsn BIGINT, seq INT, xid BIGINT, committed_at TIMESTAMP, action STRING, "
     "schema STRING, table STRING, pk ARRAY<STRING>, record STRING, old STRING, "
-    "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT"
+    "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT, json_nulls ARRAY<STRING>"
 )
 
 CHANGE_COLUMNS = tuple(c.split()[0] for c in CHANGE_SCHEMA_DDL.split(", "))
@@ -178,5 +181,6 @@ def spark_schema() -> Any:
             StructField("annotations", s, True),
             StructField("unchanged_toast", ArrayType(s, False), True),
             StructField("table_oid", LongType(), True),
+            StructField("json_nulls", ArrayType(s, False), True),
         ]
     )

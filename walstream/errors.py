@@ -170,5 +170,24 @@ def error_summary(exc: BaseException) -> ErrorSummary:
     if isinstance(exc, WalstreamError):
         fix_text = f" — fix: {exc.fix}" if exc.fix else ""
         return ErrorSummary(type(exc).__name__, exc.problem + fix_text, exc.kind)
-    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+    first = python_exception(text) or next(
+        (line for line in text.splitlines() if line.strip()), type(exc).__name__
+    )
     return ErrorSummary(type(exc).__name__, first.strip()[:500], Kind.TRANSIENT)
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def python_exception(text: str) -> str | None:
+    """The exception line (`pyarrow.lib.ArrowInvalid: ...`) of the last Python traceback
+    quoted in `text` (a Spark failure quotes the one its Python function raised), or None."""
+    at = text.rfind(_TRACEBACK)
+    if at < 0:
+        return None
+    for line in text[at + len(_TRACEBACK) :].splitlines():
+        if not line.strip() or line[:1] in (" ", "\t"):  # the traceback's frames
+            continue
+        name = line.split(":", 1)[0]
+        return line if name.replace(".", "").replace("_", "").isalnum() else None
+    return None

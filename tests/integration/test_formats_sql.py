@@ -47,7 +47,8 @@ def frame(spark: Any, rows: list[ChangeRow]) -> Any:
     ddl = (
         "source STRING, lsn BIGINT, seq INT, xid BIGINT, us BIGINT, action STRING, "
         "schema STRING, table STRING, pk ARRAY<STRING>, record STRING, old STRING, "
-        "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT, backfill BIGINT"
+        "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT, "
+        "json_nulls ARRAY<STRING>, backfill BIGINT"
     )
     return (
         spark.createDataFrame(data, ddl)

@@ -126,7 +126,7 @@ def typed(spark: Any, *records: dict[str, Any]) -> Any:
 
     rows = [
         ("app", 10, i, 1, datetime(2024, 1, 1, tzinfo=UTC), "insert", "public", "t", [str(i)],
-         json.dumps(r), None, None, None, 16384)
+         json.dumps(r), None, None, None, 16384, None)
         for i, r in enumerate(records)
     ]  # fmt: skip
     df = spark.createDataFrame(rows, spark_schema())

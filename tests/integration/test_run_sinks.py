@@ -203,6 +203,15 @@ def test_run_routes_to_webhooks_redis_nats_and_rabbitmq(spark, db, tmp_path, ser
         wait_until(lambda: any(sq.pipeline.holding for sq in runtime.queries), 60)
         holding = next(sq.pipeline.holding for sq in runtime.queries if sq.pipeline.holding)
         assert "sink hooks is paused" in holding["hooks"]
+        # the other sinks of the source wait with it, and their status says so
+        sinks = {x["name"]: x for x in runtime.monitor.snapshot(fresh=True).sinks}
+        assert sinks["hooks"]["status"] == "paused"
+        others = [n for n in sinks if n != "hooks"]
+        assert others and all(
+            sinks[n]["status"] == "warning"
+            and any(r.text.startswith("waits for hooks") for r in sinks[n]["reasons"])
+            for n in others
+        ), {n: (sinks[n]["status"], sinks[n]["reasons"]) for n in others}
         before = len(rx.requests)
         rx.answer = lambda p: 200
         out = subprocess.run(

@@ -92,3 +92,18 @@ def test_optional_import_names_the_install_command() -> None:
     assert optional_import("json", "json", "x").dumps(1) == "1"
     with pytest.raises(WalstreamError, match=r"pip install 'walstream\[kafka\]'"):
         optional_import("walstream_no_such_module", "the thing", "kafka")
+
+
+def test_a_foreign_error_in_spark_text_is_named_by_its_exception_line() -> None:
+    """Not Spark's first line ("... Return Message: Traceback (most recent call last):"):
+    the operator sees the exception's type and message."""
+    try:
+        import pyarrow as pa
+
+        pa.table({"k": [1], "a": [[1]]}).join(pa.table({"k": [1]}), "k", join_type="left anti")
+    except Exception as exc:  # ArrowInvalid: a list column in a join
+        summary = error_summary(RuntimeError(spark_text(exc) + "\n SQLSTATE: 39000"))
+    assert summary.kind is Kind.TRANSIENT and summary.name == "RuntimeError"
+    assert summary.message.startswith("pyarrow.lib.ArrowInvalid: Data type list"), summary
+    deep = error_summary(RuntimeError(spark_text(RecursionError("maximum recursion depth"))))
+    assert deep.message == "RecursionError: maximum recursion depth"

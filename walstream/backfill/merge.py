@@ -385,6 +385,7 @@ class BackfillMerge:
             "CAST(NULL AS STRING) AS annotations",
             "CAST(NULL AS ARRAY<STRING>) AS unchanged_toast",
             "`_oid` AS table_oid",
+            "CAST(NULL AS ARRAY<STRING>) AS json_nulls",
             "backfill",
             "_sink",
         ), found

@@ -103,6 +103,14 @@ cdef int put_string(Out *o, const unsigned char *s, Py_ssize_t n) except -1:
     return 0
 
 
+cdef inline bint json_null(const unsigned char *v, Py_ssize_t n):
+    """Whether a json/jsonb text is the JSON null (the only JSON value starting with 'n')."""
+    cdef Py_ssize_t i = 0
+    while i < n and (v[i] == 32 or v[i] == 9 or v[i] == 10 or v[i] == 13):
+        i += 1
+    return i < n and v[i] == 110
+
+
 cdef inline bint is_ascii(const unsigned char *s, Py_ssize_t n):
     cdef Py_ssize_t i
     for i in range(n):
@@ -227,6 +235,8 @@ cdef class TupleEncoder:
                         return None
                     put(&o, <const char *>v, n)
                 elif kind == UTF8:
+                    if json_null(v, n):  # the Python path lists it (`json_nulls`)
+                        return None
                     put(&o, <const char *>v, n)
                 elif kind == BOOL:
                     if n == 1 and v[0] == 116:

@@ -138,14 +138,14 @@ class ChangeDecoder:
         try:
             fast = rel.fast(raw, off + 6)
             if fast is None:
-                record, pk, omitted = rel.fused(raw, off + 6)
+                record, pk, omitted, nulls = rel.fused(raw, off + 6)
             else:
                 record, pk = fast
-                omitted = None
+                omitted = nulls = None
         except (IndexError, struct.error, UnicodeDecodeError):
             return None  # the full parser reports what is wrong
         return [self._fast_row(rel, "insert" if kind == 73 else "update", pk, record, None,
-                               omitted)]  # fmt: skip
+                               omitted, nulls)]  # fmt: skip
 
     def _fast_delete(self, raw: bytes, off: int) -> list[ChangeRow] | None:
         """A Delete as `_change` makes it (`record` and `old` both the old tuple's JSON),
@@ -155,7 +155,7 @@ class ChangeDecoder:
             return None
         try:
             tuple_kind = raw[off + 5]
-            omitted = None
+            omitted = nulls = None
             if tuple_kind == 75:  # 'K': the key columns
                 keyed = rel.keys_record(raw, off + 6)
                 if keyed is None:
@@ -164,18 +164,18 @@ class ChangeDecoder:
             elif tuple_kind == 79:  # 'O': the whole old row (REPLICA IDENTITY FULL)
                 fast = rel.fast(raw, off + 6)
                 if fast is None:
-                    record, pk, omitted = rel.fused(raw, off + 6)
+                    record, pk, omitted, nulls = rel.fused(raw, off + 6)
                 else:
                     record, pk = fast
             else:
                 return None
         except (IndexError, struct.error, UnicodeDecodeError):
             return None  # the full parser reports what is wrong
-        return [self._fast_row(rel, "delete", pk, record, record, omitted)]
+        return [self._fast_row(rel, "delete", pk, record, record, omitted, nulls)]
 
     def _fast_row(
         self, rel: CompiledRelation, action: str, pk: list[str | None], record: str,
-        old: str | None, omitted: list[str] | None,
+        old: str | None, omitted: list[str] | None, nulls: list[str] | None,
     ) -> ChangeRow:  # fmt: skip
         txn = self.txn
         assert txn is not None
@@ -184,7 +184,7 @@ class ChangeDecoder:
         info = rel.info
         return ChangeRow(
             self.source, txn.lsn, seq, txn.xid, txn.committed_at_us, action, info.schema,
-            info.table, pk, record, old, txn.annotations, omitted, info.oid,
+            info.table, pk, record, old, txn.annotations, omitted, info.oid, nulls,
         )  # fmt: skip
 
     def apply(self, msg: po.PgOutputMessage) -> list[ChangeRow]:
@@ -257,22 +257,22 @@ class ChangeDecoder:
         rel = self._relation(msg.relation_oid)
         info = rel.info
         if isinstance(msg, po.Insert):
-            record, omitted = rel.record(msg.new)
-            return [self._row(txn, "insert", info, rel.pk(msg.new), record, None, omitted)]
+            record, omitted, nulls = rel.record(msg.new)
+            return [self._row(txn, "insert", info, rel.pk(msg.new), record, None, omitted, nulls)]
         if isinstance(msg, po.Update):
             old_json = None
             fill = None
             if msg.old is not None:
                 only_keys = msg.old_kind == "K"
-                old_json, _ = rel.record(msg.old, only_keys=only_keys)
+                old_json, _, _ = rel.record(msg.old, only_keys=only_keys)
                 fill = None if only_keys else msg.old
-            record, omitted = rel.record(msg.new, fill=fill)
+            record, omitted, nulls = rel.record(msg.new, fill=fill)
             pk = rel.pk(msg.new, fallback=msg.old)
-            return [self._row(txn, "update", info, pk, record, old_json, omitted)]
+            return [self._row(txn, "update", info, pk, record, old_json, omitted, nulls)]
         only_keys = msg.old_kind == "K"
-        old_json, omitted = rel.record(msg.old, only_keys=only_keys)
+        old_json, omitted, nulls = rel.record(msg.old, only_keys=only_keys)
         pk = rel.pk(msg.old)
-        return [self._row(txn, "delete", info, pk, old_json, old_json, omitted)]
+        return [self._row(txn, "delete", info, pk, old_json, old_json, omitted, nulls)]
 
     def _row(
         self,
@@ -283,6 +283,7 @@ class ChangeDecoder:
         record: str | None,
         old: str | None,
         omitted: list[str] | None,
+        nulls: list[str] | None = None,
     ) -> ChangeRow:
         seq = txn.seq
         txn.seq = seq + 1
@@ -301,6 +302,7 @@ class ChangeDecoder:
             txn.annotations,
             omitted,
             info.oid,
+            nulls,
         )
 
     # -- protocol 2 streaming ------------------------------------------------------------------

@@ -3,8 +3,9 @@
 The decoder is the throughput bottleneck of the whole pipeline (DESIGN.md
 section 9), so each relation gets straight-line code: no loop, no per-column
 dispatch, the common types' encoders inlined. It handles text and NULL
-columns; anything else (unchanged TOAST, binary, a column-count mismatch)
-returns None and the generic path takes over.
+columns; anything else (unchanged TOAST, binary, a column-count mismatch, a json/jsonb
+value that is the JSON null, which `ChangeRow.json_nulls` lists) returns None and the
+generic path takes over.
 
 Where it was built (bin/setup installs a C compiler), the tuple encoder is the compiled
 `_tuples.TupleEncoder`: the same output, ~10× faster. `WALSTREAM_PURE_PYTHON=1` keeps
@@ -161,6 +162,14 @@ def python_tuple_encoder(
             "    if k == 116:",
             "        e = pos + 5 + _I32(buf, pos + 1)[0]",
             f"        {v} = buf[pos + 5:e]",
+            *(
+                [
+                    f'        if {v}.lstrip()[:1] == b"n":',
+                    "            return None  # JSON null: listed",
+                ]
+                if codec is t.JSON
+                else []
+            ),
             "        pos = e",
             f"        p{i} = {expr}",
             "    elif k == 110:",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring
 
 from walstream.postgres import pgoutput as po
+from walstream.postgres.codecs import JSON
 from walstream.postgres.fastpath import compile_tuple_encoder
 from walstream.postgres.types import TypeRegistry
 
@@ -43,7 +44,8 @@ class RelationInfo:
 class CompiledRelation:
     """Per-relation encoders: column JSON keys, value encoders, key positions."""
 
-    __slots__ = ("encoders", "fast", "info", "key_idx", "key_order", "key_set", "keys", "names")
+    __slots__ = ("encoders", "fast", "info", "json_set", "key_idx", "key_order", "key_set", "keys",
+                 "names")  # fmt: skip
 
     def __init__(self, info: RelationInfo, types: TypeRegistry) -> None:
         self.info = info
@@ -59,6 +61,8 @@ class CompiledRelation:
             for i, j in sorted((i, j) for j, i in enumerate(self.key_idx))
         ]
         codecs = [types.codec(c.type_oid) for c in info.columns]
+        #: json and jsonb columns: a value that is the JSON null is listed (`json_nulls`)
+        self.json_set = frozenset(i for i, c in enumerate(codecs) if c is JSON)
         self.fast = compile_tuple_encoder(self.names, codecs, self.key_idx)
 
     def pk(self, values: po.TupleData, fallback: po.TupleData | None = None) -> list[str | None]:
@@ -70,16 +74,20 @@ class CompiledRelation:
             out.append(None if v is None or v is _UNCHANGED else v.decode("utf-8"))
         return out
 
-    def fused(self, buf: bytes, pos: int) -> tuple[str, list[str | None], list[str] | None]:
-        """Parse TupleData at `pos` and build (record JSON, pk, omitted columns) in one pass."""
+    def fused(
+        self, buf: bytes, pos: int
+    ) -> tuple[str, list[str | None], list[str] | None, list[str] | None]:
+        """Parse TupleData at `pos` and build (record JSON, pk, omitted columns, JSON-null
+        columns) in one pass."""
         (ncols,) = _I16(buf, pos)
         pos += 2
         keys, encs, names = self.keys, self.encoders, self.names
         parts: list[str] = []
         append = parts.append
         omitted: list[str] | None = None
+        nulls: list[str] | None = None
         key_vals: dict[int, bytes] = {}
-        key_set = self.key_set
+        key_set, json_set = self.key_set, self.json_set
         for i in range(ncols):
             kind = buf[pos]
             if kind == 116:  # 't'
@@ -87,6 +95,8 @@ class CompiledRelation:
                 v = buf[pos + 5 : pos + 5 + n]
                 pos += 5 + n
                 append(keys[i] + encs[i](v))
+                if i in json_set and v.lstrip()[:1] == b"n":
+                    nulls = [*(nulls or ()), names[i]]
                 if i in key_set:
                     key_vals[i] = v
             elif kind == 110:  # 'n'
@@ -102,7 +112,7 @@ class CompiledRelation:
         pk: list[str | None] = [
             None if (kv := key_vals.get(i)) is None else kv.decode("utf-8") for i in self.key_idx
         ]
-        return "{" + ",".join(parts) + "}", pk, omitted
+        return "{" + ",".join(parts) + "}", pk, omitted, nulls
 
     def keys_record(self, buf: bytes, pos: int) -> tuple[str, list[str | None]] | None:
         """A key-only old tuple (a delete under REPLICA IDENTITY DEFAULT) at `pos`: the
@@ -119,27 +129,28 @@ class CompiledRelation:
 
     def record(
         self, values: po.TupleData, fill: po.TupleData | None = None, only_keys: bool = False
-    ) -> tuple[str, list[str] | None]:
-        """JSON object of the tuple; unchanged TOAST filled from `fill` or left out and listed."""
+    ) -> tuple[str, list[str] | None, list[str] | None]:
+        """(JSON object of the tuple, the unchanged TOAST columns left out and listed, the
+        json/jsonb columns whose value is the JSON null); unchanged TOAST filled from `fill`."""
         parts = []
         omitted: list[str] | None = None
+        nulls: list[str] | None = None
         keys, encs = self.keys, self.encoders
-        key_set = self.key_set
+        key_set, json_set = self.key_set, self.json_set
         for i, v in enumerate(values):
             if only_keys and i not in key_set:
                 continue
-            if v is None:
-                parts.append(keys[i] + "null")
-            elif v is _UNCHANGED:
-                f = fill[i] if fill is not None and i < len(fill) else _UNCHANGED
-                if f is _UNCHANGED:
+            if v is _UNCHANGED:
+                v = fill[i] if fill is not None and i < len(fill) else _UNCHANGED
+                if v is _UNCHANGED:
                     if omitted is None:
                         omitted = []
                     omitted.append(self.names[i])
-                elif f is None:
-                    parts.append(keys[i] + "null")
-                else:
-                    parts.append(keys[i] + encs[i](f))
-            else:
-                parts.append(keys[i] + encs[i](v))
-        return "{" + ",".join(parts) + "}", omitted
+                    continue
+            if v is None:
+                parts.append(keys[i] + "null")
+                continue
+            parts.append(keys[i] + encs[i](v))
+            if i in json_set and v.lstrip()[:1] == b"n":
+                nulls = [*(nulls or ()), self.names[i]]
+        return "{" + ",".join(parts) + "}", omitted, nulls

@@ -215,11 +215,8 @@ class Monitor:
             c = counts.get(sink.name, {})
             reasons: list[Reason] = []
             status = OK
-            holding = next(
-                (sq.holding.get(sink.name) for sq in statuses
-                 if sq.name == sink.source and sink.name in sq.holding),
-                None,
-            )  # fmt: skip
+            held_by = next((sq.holding for sq in statuses if sq.name == sink.source), {})
+            holding = held_by.get(sink.name)
             if sink.name in paused:
                 status = PAUSED
                 why = paused[sink.name]
@@ -227,6 +224,14 @@ class Monitor:
             elif holding:
                 status = WARNING
                 reasons.append(reason(holding))
+            elif held_by:  # another sink of its source holds the batch: this one waits too
+                status = WARNING
+                reasons.append(reason(
+                    f"waits for {', '.join(sorted(held_by))}: the sinks of a source share its "
+                    "slot, so no batch reaches this one until "
+                    f"{'that sink goes' if len(held_by) == 1 else 'those sinks go'} on "
+                    f"(`walstream resume {sorted(held_by)[0]}`)"
+                ))  # fmt: skip
             failed = failing.get(sink.source)
             if failed and failed.last_error and f"sink {sink.name}" in failed.last_error:
                 status = ERROR

@@ -67,8 +67,10 @@ def fill_toast(
 
     The source's value is the one Postgres did not send unless a later change altered it;
     such a change carries the new value and is applied after this one, so a mirror ends
-    equal to the source. A row the source no longer has (a later change deletes or moves
-    it) keeps NULL, with a warning; without `source` an unknown value stops the batch.
+    equal to the source. A change of a row the source no longer has is left out: a later
+    change deletes the row, or moves it to a key the source gives the value of then (a
+    NULL written in its place would be copied by that move). Without `source` an unknown
+    value stops the batch.
     """
     pa = _pa()
     toast = rows.column("_toast")
@@ -95,13 +97,13 @@ def fill_toast(
         gone = [r for r in data if r["_toast"]]
         if gone:  # usually deleted or moved later in this very batch
             log.info(
-                "lake: %d change(s) left an unchanged TOAST value out for rows the source no "
-                "longer has (first: key %s, %s at %s:%s): written as NULL until a later change "
-                "deletes or moves the row", len(gone), key_of(gone[0], key),
-                ", ".join(gone[0]["_toast"]), gone[0]["_lsn"], gone[0]["_seq"],
+                "lake: %d change(s) left an unchanged TOAST value out for rows neither the lake "
+                "table nor the source has any more (first: key %s, %s at %s:%s): left out, as "
+                "a later change deletes the row or moves it to a key the source has",
+                len(gone), key_of(gone[0], key), ", ".join(gone[0]["_toast"]), gone[0]["_lsn"],
+                gone[0]["_seq"],
             )  # fmt: skip
-        for r in gone:
-            r["_toast"] = None
+            data = [r for r in data if not r["_toast"]]
     elif unknown:
         r = next(r for r in data if r["_toast"])
         raise SinkError(
@@ -133,8 +135,10 @@ def _fill(
         k, old = key_of(r, key), moved_from(r, key)
         if r["_toast"]:
             frm = k if old is None else old
-            base = prev.get(frm) or target.get(frm) or (source or {}).get(k)
-            if base is None or base.get("_toast"):  # none, or itself unknown so far
+            found = (prev.get(frm), target.get(frm), (source or {}).get(k))
+            # the first that is known (an earlier version whose own value is unknown is not)
+            base = next((b for b in found if b is not None and not b.get("_toast")), None)
+            if base is None:
                 unknown[k] = None
             else:
                 for c in r["_toast"]:

@@ -150,7 +150,8 @@ def delivery_columns(sink: SinkConfig) -> list[str]:
 
     `pk` and `unchanged_toast` are never in a message (the key and group are computed
     before); a SQL transform's `_message` replaces the formatted row entirely.
-    `table_oid` is in no format's message: only the mirror and Python transforms read it.
+    `table_oid` and `json_nulls` are in no format's message: only the mirror and Python
+    transforms read them.
     """
     if sink.destination.message_format() == "mirror":
         return [c for c in CHANGE_COLUMNS if c not in ("annotations", "xid")]
@@ -158,7 +159,7 @@ def delivery_columns(sink: SinkConfig) -> list[str]:
     if isinstance(sink.transform, dict):
         skip |= {"xid", "record", "old", "annotations"}
     if not isinstance(sink.transform, str):
-        skip.add("table_oid")
+        skip |= {"table_oid", "json_nulls"}
     return [c for c in CHANGE_COLUMNS if c not in skip]
 
 

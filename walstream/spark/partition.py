@@ -225,6 +225,7 @@ def arrow_schema() -> Any:
             ("committed_at", pa.timestamp("us", tz="UTC")), ("action", s), ("schema", s),
             ("table", s), ("pk", pa.list_(s)), ("record", s), ("old", s), ("annotations", s),
             ("unchanged_toast", pa.list_(s)), ("table_oid", pa.int64()),
+            ("json_nulls", pa.list_(s)),
         ]
     )  # fmt: skip
 

@@ -203,9 +203,12 @@ class Pipeline:
                     log.warning("source %s: batch %d goes on", self.source.name, batch_id)
                 return
             if reasons != said:
+                others = [s.name for s in self.sinks if s.name not in reasons]
                 log.warning(
-                    "source %s: batch %d waits: %s",
+                    "source %s: batch %d waits: %s%s",
                     self.source.name, batch_id, "; ".join(reasons.values()),
+                    f" (and with it sink{'s' if len(others) > 1 else ''} {', '.join(others)}: "
+                    "the sinks of a source share its slot)" if others else "",
                 )  # fmt: skip
                 said = reasons
             if self.draining.wait(1.0):

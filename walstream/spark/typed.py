@@ -27,14 +27,21 @@ from walstream.postgres.table_shape import RENAMED_FIX, TableShape
 _FALLIBLE = ("DECIMAL", "DATE", "TIMESTAMP", "ARRAY")
 
 
-def _typed(parsed: Any, shape: TableShape) -> tuple[Any, list[Any]]:
+def _typed(
+    parsed: Any, shape: TableShape, json_from: tuple[str, str | None] | None = None
+) -> tuple[Any, list[Any]]:
     """(the row as a struct of the shape's types, the columns whose value was lost) from
-    `parsed`: the JSON parsed with fallible columns as text."""
+    `parsed`: the JSON parsed with fallible columns as text. `json_from`: (the change
+    column `parsed` came from, the column listing its JSON nulls) to give json/jsonb
+    columns their JSON text (`_json_text`); without it they are Spark's text of the value."""
     from pyspark.sql import functions as F
 
     fields, lost = [], []
     for c in shape.columns:
         raw = parsed[c.name]
+        if json_from is not None and shape.pg_types.get(c.name) in ("json", "jsonb"):
+            fields.append(_json_text(raw, c.name, *json_from).alias(c.name))
+            continue
         if not c.type.startswith(_FALLIBLE):
             fields.append(raw.alias(c.name))
             continue
@@ -49,6 +56,25 @@ def _typed(parsed: Any, shape: TableShape) -> tuple[Any, list[Any]]:
         fields.append(typed.alias(c.name))
         lost.append(F.when(failed, F.lit(c.name)))
     return F.struct(*fields), lost
+
+
+def _json_text(text: Any, name: str, source: str, nulls: str | None) -> Any:
+    """A json/jsonb column's value as its JSON text. `text` is Spark's text of it: a JSON
+    string unquoted (`"123"` and `123` alike), the JSON null as NULL. Parsed once more as a
+    VARIANT, a scalar is its JSON (a string quoted, a number as written up to 38 digits);
+    an object or array keeps Spark's text (a variant would fail on duplicate keys); the
+    JSON null is `null` when `nulls` lists the column (the decoder's `json_nulls`), else
+    NULL: in `record` and `old` it reads like SQL NULL."""
+    from pyspark.sql import functions as F
+
+    value = F.from_json(F.col(source), f"`{name.replace('`', '``')}` VARIANT")[name]
+    kind = F.schema_of_variant(value)
+    scalar = value.isNotNull() & ~kind.startswith("OBJECT") & ~kind.startswith("ARRAY")
+    out = F.when(scalar & (kind != "VOID"), F.to_json(value)).otherwise(text)
+    if nulls is None:
+        return out
+    listed = F.array_contains(F.col(nulls), name)  # NULL (no list): not listed
+    return F.when(listed, F.lit("null")).otherwise(out)
 
 
 def _fallible(shape: TableShape) -> list[str]:
@@ -70,8 +96,8 @@ def typed_rows(df: Any, shape: TableShape, only: bool = False, whole_before: boo
     from pyspark.sql import functions as F
 
     parse = shape.ddl(as_text=_FALLIBLE)
-    row, lost = _typed(F.from_json(F.col("record"), parse), shape)
-    old, lost_old = _typed(F.from_json(F.col("old"), parse), shape)
+    row, lost = _typed(F.from_json(F.col("record"), parse), shape, ("record", "json_nulls"))
+    old, lost_old = _typed(F.from_json(F.col("old"), parse), shape, ("old", None))
     if not whole_before:
         lost_old = [x for x, c in zip(lost_old, _fallible(shape), strict=True) if c in shape.key]
     lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]

@@ -38,8 +38,8 @@ def test_generated_encoder_equals_generic_path():
     fast = rel.fast(buf, 1)
     assert fast is not None
     record, pk = fast
-    generic, omitted = rel.record(values)
-    assert record == generic and omitted is None
+    generic, omitted, json_nulls = rel.record(values)
+    assert record == generic and omitted is None and json_nulls is None
     assert json.loads(record) == {
         'we"ird {name}': 7, "t": 'é "x"\n', "b": True, "n": "1.50",
         "j": {"k": [1]}, "ts": "2024-01-02T03:04:05Z", "a": ["a", "b c", None],
@@ -59,7 +59,27 @@ def test_generated_encoder_hands_unusual_tuples_to_the_generic_path():
         rel.fast(b"\x00" + tuple_data(b"1", "u", b"f", None, None, None, None), 1) is None
     )  # unchanged TOAST
     assert rel.fast(b"\x00" + tuple_data(b"1", b"x"), 1) is None  # column count differs
-    record, pk, omitted = rel.fused(
+    record, pk, omitted, _ = rel.fused(
         b"\x00" + tuple_data(b"1", "u", b"f", None, None, None, None), 1
     )
     assert omitted == ["t"] and "t" not in json.loads(record) and pk == ["1"]
+
+
+def test_a_json_null_goes_to_the_generic_path_which_lists_it():
+    """jsonb's JSON null and SQL NULL are both `null` in the record: the column is listed in
+    `json_nulls` (the compiled and generated encoders leave such a tuple to the generic
+    path), and SQL NULL is not."""
+    rel = compiled()
+    for text in (b"null", b"  null "):  # json keeps its text as written
+        values = [b"1", b"x", b"t", b"2", text, None, None]
+        buf = b"\x00" + tuple_data(*values)
+        assert rel.fast(buf, 1) is None
+        record, pk, omitted, json_nulls = rel.fused(buf, 1)
+        assert pk == ["1"]
+        assert json.loads(record)["j"] is None and json_nulls == ["j"] and omitted is None
+        assert rel.record(values)[2] == ["j"]
+    # SQL NULL, a JSON string and an object holding null are not the JSON null
+    for value in (None, b'"null"', b'{"a": null}', b"[null]"):
+        values = [b"1", b"x", b"t", b"2", value, None, None]
+        assert rel.record(values)[2] is None
+        assert rel.fast(b"\x00" + tuple_data(*values), 1) is not None

@@ -229,16 +229,17 @@ def test_a_value_neither_the_batch_nor_the_target_has_comes_from_the_source():
 
     def source(keys: list[Any]) -> dict[Any, Any]:
         asked.extend(keys)
-        return {(3,): {"id": 3, "v": "now", "w": "from-source"}}
+        return {(3,): {"id": 3, "v": "now", "w": "from-source"}, (9,): {"id": 9, "w": "nine"}}
 
     batch = moves(
         ("update", 1, 3, "a", None, ["w"], None),  # the lake has no row 3 yet (a backfill goes)
         ("update", 2, 3, "b", None, ["w"], None),  # takes the first one's, once filled
-        ("update", 3, 4, "c", None, ["w"], None),  # gone from the source by now: NULL
+        ("update", 3, 4, "c", None, ["w"], None),  # gone from the source by now: left out
+        ("update", 4, 9, "d", None, ["w"], 4),  # 4 -> 9: no NULL copied, the source has 9
     )
     filled = fill_toast(batch, ["id"], no_target, source)
-    assert asked == [(3,), (4,)]  # one lookup, of the keys nothing else could fill
+    assert asked == [(3,), (4,), (9,)]  # one lookup, of the keys nothing else could fill
     assert [(r["id"], r["w"], r["_toast"]) for r in filled.to_pylist()] == [
-        (3, "from-source", None), (3, "from-source", None), (4, None, None)]  # fmt: skip
+        (3, "from-source", None), (3, "from-source", None), (9, "nine", None)]  # fmt: skip
     with pytest.raises(SinkError, match="no earlier version"):  # no source: it stops
         fill_toast(batch, ["id"], no_target)
