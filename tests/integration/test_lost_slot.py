@@ -334,3 +334,33 @@ def test_a_remote_checkpoint_is_read_through_spark_so_a_dropped_slot_is_not_made
     with pytest.raises(SetupError, match=r"through pyarrow, which cannot open it") as refused:
         Runtime(cfg, spark=spark).start()
     assert "s3://" in (refused.value.fix or "")
+
+
+def test_a_slot_lost_while_its_sink_is_paused_stops_the_run(spark, cdb, tmp_path, monkeypatch):
+    """The most common way a slot gets lost: nothing consumes it, because its sink is
+    paused. The batch waiting for the resume looks at the slot, and the run stops with the
+    error (before, it waited for a resume that could deliver nothing)."""
+    from walstream.delivery.parking import ParkingLot
+    from walstream.spark import pipeline
+
+    monkeypatch.setattr(pipeline, "SLOT_CHECK_SECONDS", 1.0)
+    cdb.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pub = cdb.create_publication("t")
+    slot = unique("slot")
+    cdb.slots.append(slot)
+    cfg = load_config_text(tmp_path, {
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": cdb.dsn, "slot": slot, "publication": pub,
+                     "heartbeat_interval": 0}],
+        "sinks": [{"name": "files", "source": "app",
+                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
+    })  # fmt: skip
+    with supervised(Runtime(cfg, spark=spark).start()) as rt:
+        wait_until(lambda: slot_exists(cdb, slot), 120)
+        ParkingLot(cfg.state_dsn).set_paused("files", True, "maintenance")
+        cdb.execute("INSERT INTO t VALUES (1, 'held')")
+        wait_until(lambda: any(sq.pipeline.holding for sq in rt.queries), 120,
+                   message=lambda: f"{rt.sources()}")  # fmt: skip
+        invalidate(cdb, slot)
+        wait_until(lambda: rt.fatal is not None, 60, message=lambda: f"{rt.sources()}")
+        assert f"replication slot {slot} of source 'app' was invalidated" in str(rt.fatal)

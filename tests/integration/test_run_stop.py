@@ -32,11 +32,19 @@ def slot_exists(db: Any, slot: str) -> bool:
     return bool(db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)))
 
 
-@pytest.mark.parametrize("second", [True, False], ids=["abandoned", "finished"])
-def test_ctrl_c_lets_the_batch_finish_and_a_second_abandons_it(db, tmp_path: Path, second: bool):
+@pytest.mark.parametrize(
+    ("second", "sig"),
+    [(True, signal.SIGINT), (False, signal.SIGINT), (False, signal.SIGTERM)],
+    ids=["abandoned", "finished", "finished-sigterm"],
+)
+def test_ctrl_c_lets_the_batch_finish_and_a_second_abandons_it(
+    db, tmp_path: Path, second: bool, sig: signal.Signals
+):
     """`finished`: after the first Ctrl-C the destination answers: the batch is delivered
     and the run ends by itself. `abandoned`: a second Ctrl-C ends the run at once; the
-    batch is delivered by the next start."""
+    batch is delivered by the next start. `finished-sigterm`: SIGTERM to the whole process
+    group, as systemd's stop sends it: Spark's JVM and Python workers get it too and must
+    leave it to walstream, which finishes the batch and exits 0."""
     db.execute("CREATE TABLE kv (k int PRIMARY KEY)")
     pub, slot = db.create_publication("kv"), unique("slot")
     db.slots.append(slot)
@@ -65,7 +73,7 @@ def test_ctrl_c_lets_the_batch_finish_and_a_second_abandons_it(db, tmp_path: Pat
             "INSERT INTO kv VALUES (1) RETURNING pg_current_wal_insert_lsn()::text"
         )[0]
         wait_until(hanging.is_set, 120, message=lambda: run.output()[-2000:])
-        os.killpg(run.proc.pid, signal.SIGINT)  # the first Ctrl-C
+        os.killpg(run.proc.pid, sig)  # the first Ctrl-C (or systemd's stop)
         wait_until(lambda: "Ctrl-C again to abandon it" in run.output(), 60,
                    message=lambda: run.output()[-4000:])  # fmt: skip
         # What is observed: the run goes on waiting for its batch, sending nothing new.

@@ -90,6 +90,10 @@ class Capture:
         self.error: BaseException | None = None
         self.last_message_at = time.monotonic()
         self.last_heartbeat_at = time.monotonic()
+        #: When a change (not a heartbeat) last arrived: a heartbeat is needed only after a
+        #: quiet `heartbeat_interval` (see `Heartbeat`'s `busy`).
+        self.last_change_at = 0.0
+        self._changed = False
         self.received_until = 0  # highest WAL position seen (for lag reporting)
         self._stop = threading.Event()
         #: Read past `max_buffer_bytes` (see `latest`); guarded by `cond`.
@@ -252,6 +256,8 @@ class Capture:
                         self._pending = burst[i + 1 :]
                         break
                 self.cond.notify_all()
+            if self._changed:
+                self.last_change_at, self._changed = self.last_message_at, False
 
     # -- ingest ----------------------------------------------------------------------------------
     def _ingest(self, raw: bytes) -> None:
@@ -294,6 +300,7 @@ class Capture:
             if msg.prefix == ANNOTATIONS_PREFIX and not txn.msgs:
                 txn.annotations = annotations_text(msg.content)  # context of the first piece
                 return
+        self._changed = True
         self.buffer.add(txn, raw, self.relations)
 
     def _feed_replay(self) -> None:

@@ -31,7 +31,7 @@ from walstream.delivery.deliver import DeliveryPlan, Stats
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
-from walstream.errors import ConfigError
+from walstream.errors import ConfigError, WalstreamError
 from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
@@ -51,6 +51,8 @@ from walstream.spark.tables import Upkeep, write_or_pause, write_tables
 from walstream.state.lake_sources import LakeSources
 
 log = logging.getLogger(__name__)
+#: How often a batch held by a paused sink looks at the source's slot (`_check_slot`).
+SLOT_CHECK_SECONDS = 10.0
 
 
 def validate(spark: Any, sink: SinkConfig) -> None:
@@ -194,7 +196,11 @@ class Pipeline:
         of this source and the slot stays where it is: the source's sinks share a slot.
         """
         said: dict[str, str] = {}
+        checked = time.monotonic()
         while True:
+            if time.monotonic() - checked >= SLOT_CHECK_SECONDS:
+                self._check_slot()
+                checked = time.monotonic()
             reasons = self.hold_reasons()
             with self.lock:
                 self.holding = reasons
@@ -213,6 +219,26 @@ class Pipeline:
                 said = reasons
             if self.draining.wait(1.0):
                 raise Stopping(f"walstream is stopping; batch {batch_id} runs on the next start")
+
+    def _check_slot(self) -> None:
+        """SlotLost when Postgres invalidated (or someone dropped) the source's slot while a
+        batch waits: nothing can be delivered from it any more, so the run stops instead of
+        waiting for a resume. An unreachable server is left to the capture to report."""
+        from walstream.postgres.replication import connect
+        from walstream.postgres.slots import SlotLost, check_not_lost, recovery_fix
+
+        slot = self.source.slot_name
+        try:
+            conn = connect(self.source.dsn.get_secret_value(), autocommit=True, connect_timeout=10)
+        except WalstreamError:
+            return
+        with conn:
+            if check_not_lost(conn, slot, self.source.name, None) is None:
+                raise SlotLost(
+                    f"replication slot {slot} of source {self.source.name!r} was dropped while "
+                    "a batch waited for a paused sink: its changes can no longer be read",
+                    recovery_fix(self.source.name),
+                )
 
     def hold_reasons(self) -> dict[str, str]:
         paused, skips = self.parking.states()

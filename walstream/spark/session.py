@@ -203,11 +203,19 @@ def build_spark(config: Any, quiet: bool = True) -> Any:
         builder = builder.config(k, v)
     # A new SparkContext takes SIGINT for itself: its handler cancels every job and raises
     # KeyboardInterrupt. walstream run's Ctrl-C lets the batch in flight finish first, so
-    # the handler that was there before stays.
+    # the handler that was there before stays. The JVM is started with SIGTERM ignored, as
+    # PySpark starts it with SIGINT ignored: a signal to the whole process group (systemd's
+    # stop, `kill -TERM -- -PGID`) then reaches only this process, which stops the query
+    # and the JVM itself (HotSpot keeps a termination signal ignored that it found so).
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGINT) if main else None
-    with no_pandas():  # PySpark's py4j converters would load it (see nopandas.py)
-        spark = builder.getOrCreate()
+    term = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main else None
+    try:
+        with no_pandas():  # PySpark's py4j converters would load it (see nopandas.py)
+            spark = builder.getOrCreate()
+    finally:
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
     if before is not None:
         signal.signal(signal.SIGINT, before)
     if not quiet:

@@ -198,7 +198,12 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             streaming=o.streaming, spill_dir=o.spill_dir,
         ).start()  # fmt: skip
         heartbeat = (
-            Heartbeat(o.writes_dsn, o.slot, o.heartbeat_interval).start()
+            Heartbeat(
+                o.writes_dsn,
+                o.slot,
+                o.heartbeat_interval,
+                busy=lambda: time.monotonic() - capture.last_change_at < o.heartbeat_interval,
+            ).start()
             if o.heartbeat_interval
             else None
         )
