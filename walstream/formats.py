@@ -98,13 +98,15 @@ def record(c: ChangeRow) -> str:
 
 def mirror(c: ChangeRow) -> str:
     """What the Postgres mirror sink needs of a change: the row, the old key or row (a
-    changed key), which unchanged TOAST values were not sent, the source table's OID."""
+    changed key), which unchanged TOAST values were not sent, the source table's OID, and
+    which json/jsonb values are the JSON null (`json_nulls`, only when there are some)."""
     toast = json.dumps(c.unchanged_toast) if c.unchanged_toast else "null"
     oid = c.table_oid if c.table_oid is not None else "null"
+    nulls = f',"json_nulls":{json.dumps(c.json_nulls)}' if c.json_nulls else ""
     return (
         f'{{"action":"{c.action}","schema":{_str(c.schema)},"table":{_str(c.table)},'
         f'"oid":{oid},"record":{c.record or "null"},"old":{c.old or "null"},'
-        f'"unchanged_toast":{toast}}}'
+        f'"unchanged_toast":{toast}{nulls}}}'
     )
 
 

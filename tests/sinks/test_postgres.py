@@ -84,9 +84,10 @@ def test_every_type_of_the_decoders_table_is_mirrored_faithfully(db, target) -> 
     apply(db, target, changes(db, slot, pub), chunk=2)
 
     json_cols = {f"c{i}" for i, (t, _, _) in enumerate(CASES) if t == "json"}
-    # What the canonical row cannot carry (documented): a jsonb 'null' (JSON null = SQL
-    # NULL in the record) and an array's lower bound ('[0:1]={5,6}' is the list [5, 6]).
-    lossy = {f"c{i}" for i, (t, lit, _) in enumerate(CASES) if lit in ("'null'", "'[0:1]={5,6}'")}
+    # What the canonical row cannot carry (documented): an array's lower bound ('[0:1]={5,6}'
+    # is the list [5, 6]). A jsonb 'null' is the JSON null there too (`json_nulls`).
+    lossy = {f"c{i}" for i, (t, lit, _) in enumerate(CASES) if lit == "'[0:1]={5,6}'"}
+    assert any(lit == "'null'" for _, lit, _ in CASES)
     assert table_text(target, "public.alltypes", json_cols, lossy) == table_text(
         db.dsn, "public.alltypes", json_cols, lossy
     )
@@ -94,7 +95,7 @@ def test_every_type_of_the_decoders_table_is_mirrored_faithfully(db, target) -> 
         got = conn.execute(
             f"SELECT {', '.join(sorted(lossy))} FROM alltypes WHERE id = 1"
         ).fetchone()
-        assert sorted(str(v) for v in got) == ["None", "[5, 6]"]
+        assert sorted(str(v) for v in got) == ["[5, 6]"]
         # the user-defined types were created, with their checks
         assert conn.execute("SELECT 'happy'::mood::text").fetchone()[0] == "happy"
         with pytest.raises(Exception, match="posint"):

@@ -188,7 +188,10 @@ def statement(table: TableDef, kind: str, changes: list[Any]) -> tuple[str, tupl
     cols = [table.columns[n] for n in names]
     rows = [
         {
-            n: to_text((c.get("record") or {}).get(n), col)
+            # a json/jsonb JSON null reads null in `record`, like SQL NULL: `json_nulls` tells
+            n: "null"
+            if n in (c.get("json_nulls") or ())
+            else to_text((c.get("record") or {}).get(n), col)
             for n, col in zip(names, cols, strict=True)
         }
         for c in changes
