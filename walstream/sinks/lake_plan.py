@@ -164,8 +164,16 @@ def split_moves(rows: Any, key: Sequence[str]) -> Any:
 
     if "_before" not in rows.column_names or rows.num_rows == 0:
         return rows
-    candidates = pc.and_(pc.equal(rows["_op"], "update"), pc.is_valid(rows["_before"]))
-    if not pc.any(candidates).as_py():
+    # In Arrow first: `_before` is there on every row (its fields NULL when Postgres sent no
+    # old tuple) and, under REPLICA IDENTITY FULL, holds the key of every update.
+    before = rows["_before"].combine_chunks()
+    moves: Any = None
+    for k in key:
+        old = pc.struct_field(before, k)
+        differs = pc.and_(pc.is_valid(old), pc.not_equal(old, rows[k].combine_chunks()))
+        moves = differs if moves is None else pc.or_(moves, differs)
+    moves = pc.and_(pc.equal(rows["_op"], "update"), pc.fill_null(moves, False))
+    if not pc.any(moves).as_py():
         return rows
     out: list[dict[str, Any]] = []
     moved = 0
