@@ -253,6 +253,7 @@ def rows_by_key(
         )
         try:
             cur = conn.execute(query, [v for k in part for v in k])
+            found = cur.fetchall()  # values are converted here
         except errors.InsufficientPrivilege as exc:
             raise SinkError(
                 f"lake: cannot read {shape.schema}.{shape.table} for the unchanged TOAST values "
@@ -261,8 +262,17 @@ def rows_by_key(
                 "backfill needs it too), or set REPLICA IDENTITY FULL on the table",
                 retryable=False,
             ) from exc
+        except errors.DataError as exc:  # a value Python has no type for (an infinite date)
+            raise SinkError(
+                f"lake: {shape.schema}.{shape.table}: a row read for the unchanged TOAST values "
+                f"of changes to rows the lake table does not have yet has a value its lake "
+                f"column cannot hold: {exc}",
+                "leave the column out of the sink (columns: exclude: [...]), or set REPLICA "
+                "IDENTITY FULL on the table so Postgres sends every value",
+                retryable=False,
+            ) from exc
         names = [d.name for d in cur.description or ()]
-        for values in cur.fetchall():
+        for values in found:
             row = dict(zip(names, values, strict=True))
             out[tuple(row[k] for k in key)] = row
     return out

@@ -224,6 +224,8 @@ class Pipeline:
         """SlotLost when Postgres invalidated (or someone dropped) the source's slot while a
         batch waits: nothing can be delivered from it any more, so the run stops instead of
         waiting for a resume. An unreachable server is left to the capture to report."""
+        import psycopg
+
         from walstream.postgres.replication import connect
         from walstream.postgres.slots import SlotLost, check_not_lost, recovery_fix
 
@@ -233,7 +235,12 @@ class Pipeline:
         except WalstreamError:
             return
         with conn:
-            if check_not_lost(conn, slot, self.source.name, None) is None:
+            try:
+                info = check_not_lost(conn, slot, self.source.name, None)
+            except psycopg.Error as exc:  # the catalog could not be read: look again later
+                log.debug("source %s: cannot look at slot %s: %s", self.source.name, slot, exc)
+                return
+            if info is None:
                 raise SlotLost(
                     f"replication slot {slot} of source {self.source.name!r} was dropped while "
                     "a batch waited for a paused sink: its changes can no longer be read",
