@@ -213,15 +213,9 @@ class Capture:
     def _raise_if_lost(self) -> None:
         """SlotLost when the slot was invalidated or dropped (see `slots.py`); nothing when
         it is fine or cannot be looked at (then the connection error stands)."""
-        from walstream.postgres.replication import connect
-        from walstream.postgres.slots import check_not_lost
+        from walstream.postgres.slots import check_slot_at
 
-        try:
-            conn = connect(self.dsn, autocommit=True, connect_timeout=10)
-        except WalstreamError:
-            return
-        with conn:
-            check_not_lost(conn, self.slot, self.source, self.buffer.floor[0])
+        check_slot_at(self.dsn, self.slot, self.source, self.buffer.floor[0])
 
     def _loop(self, cur: Any) -> None:
         last_status = time.monotonic()

@@ -118,6 +118,34 @@ def check_not_lost(conn: Any, slot: str, source: str, resume_from: int | None) -
     return info
 
 
+def check_slot_at(
+    dsn: str, slot: str, source: str, resume_from: int | None, *, dropped_while: str = ""
+) -> None:
+    """`check_not_lost` on a connection of its own: SlotLost when the slot was invalidated,
+    or is missing while the source resumes from `resume_from` or, given `dropped_while`
+    (what was going on), at all. Nothing when the server cannot be reached or its catalog
+    read: the caller's own error, or its next look, tells then."""
+    import psycopg
+
+    from walstream.postgres.replication import connect
+
+    try:
+        conn = connect(dsn, autocommit=True, connect_timeout=10)
+    except WalstreamError:
+        return
+    with conn:
+        try:
+            info = check_not_lost(conn, slot, source, resume_from)
+        except psycopg.Error:
+            return
+    if info is None and dropped_while:
+        raise SlotLost(
+            f"replication slot {slot} of source {source!r} was dropped {dropped_while}: its "
+            "changes can no longer be read",
+            recovery_fix(source),
+        )
+
+
 # -- what `walstream check` says of slots --------------------------------------------------
 def capacity_findings(conn: Any, slot: str | None) -> list[Finding]:
     out: list[Finding] = []

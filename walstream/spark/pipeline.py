@@ -31,7 +31,7 @@ from walstream.delivery.deliver import DeliveryPlan, Stats
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
-from walstream.errors import ConfigError, WalstreamError
+from walstream.errors import ConfigError
 from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
@@ -223,29 +223,12 @@ class Pipeline:
     def _check_slot(self) -> None:
         """SlotLost when Postgres invalidated (or someone dropped) the source's slot while a
         batch waits: nothing can be delivered from it any more, so the run stops instead of
-        waiting for a resume. An unreachable server is left to the capture to report."""
-        import psycopg
+        waiting for a resume."""
+        from walstream.postgres.slots import check_slot_at
 
-        from walstream.postgres.replication import connect
-        from walstream.postgres.slots import SlotLost, check_not_lost, recovery_fix
-
-        slot = self.source.slot_name
-        try:
-            conn = connect(self.source.dsn.get_secret_value(), autocommit=True, connect_timeout=10)
-        except WalstreamError:
-            return
-        with conn:
-            try:
-                info = check_not_lost(conn, slot, self.source.name, None)
-            except psycopg.Error as exc:  # the catalog could not be read: look again later
-                log.debug("source %s: cannot look at slot %s: %s", self.source.name, slot, exc)
-                return
-            if info is None:
-                raise SlotLost(
-                    f"replication slot {slot} of source {self.source.name!r} was dropped while "
-                    "a batch waited for a paused sink: its changes can no longer be read",
-                    recovery_fix(self.source.name),
-                )
+        check_slot_at(self.source.dsn.get_secret_value(), self.source.slot_name,
+                      self.source.name, None, dropped_while="while a batch waited for a paused "
+                      "sink")  # fmt: skip
 
     def hold_reasons(self) -> dict[str, str]:
         paused, skips = self.parking.states()
