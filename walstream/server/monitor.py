@@ -230,7 +230,7 @@ class Monitor:
                     f"waits for {', '.join(sorted(held_by))}: the sinks of a source share its "
                     "slot, so no batch reaches this one until "
                     f"{'that sink goes' if len(held_by) == 1 else 'those sinks go'} on "
-                    f"(`walstream resume {sorted(held_by)[0]}`)"
+                    "(its status says why and what to do)"
                 ))  # fmt: skip
             failed = failing.get(sink.source)
             if failed and failed.last_error and f"sink {sink.name}" in failed.last_error:
