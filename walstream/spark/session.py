@@ -214,8 +214,8 @@ def build_spark(config: Any, quiet: bool = True) -> Any:
         with no_pandas():  # PySpark's py4j converters would load it (see nopandas.py)
             spark = builder.getOrCreate()
     finally:
-        if term is not None:
-            signal.signal(signal.SIGTERM, term)
+        if main:  # None: a handler not set from Python, i.e. the default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if term is None else term)
     if before is not None:
         signal.signal(signal.SIGINT, before)
     if not quiet:
