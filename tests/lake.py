@@ -294,3 +294,37 @@ def differences(
     if not out and len(got) != len(want):
         out.append(f"{len(got)} rows, {len(want)} in the source (a key twice)")
     return "\n".join(sorted(out)[:40]) + (f"\n... {len(out)} in all" if len(out) > 40 else "")
+
+
+#: The modes a lake sink has, and the real table's key.
+MODES = ("mirror", "history", "changelog")
+REAL_KEY = ("region", "id")
+
+
+def every_mode_sinks(tmp_path: Path) -> list[dict[str, Any]]:
+    """A Delta and an Iceberg sink of source `app` in each mode: `delta-<mode>` under
+    tmp_path/d-<mode>, `iceberg-<mode>` as `<mode>.<table>` in the warehouse tmp_path/w."""
+    out: list[dict[str, Any]] = []
+    for mode in MODES:
+        out.append(
+            {
+                "name": f"delta-{mode}",
+                "source": "app",
+                "destination": {
+                    "type": "delta",
+                    "mode": mode,
+                    "path": str(tmp_path / f"d-{mode}" / "{table}"),
+                },
+            }
+        )
+        out.append({"name": f"iceberg-{mode}", "source": "app", "destination": {
+            "type": "iceberg", "mode": mode, "table": f"{mode}.{{table}}",
+            "catalog": {"warehouse": str(tmp_path / "w")}}})  # fmt: skip
+    return out
+
+
+def every_mode_rows(state_dsn: str, tmp_path: Path, fmt: str, mode: str, table: str) -> list[Any]:
+    """The rows of one of `every_mode_sinks`' tables, read with DuckDB."""
+    if fmt == "delta":
+        return delta_rows(tmp_path / f"d-{mode}" / table)
+    return iceberg_rows(state_dsn, f"{mode}.{table}")

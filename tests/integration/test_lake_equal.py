@@ -21,15 +21,17 @@ from tests.integration.test_crash import slot_inactive
 from tests.integration.test_run import oracle
 from tests.integration.test_run_crash import Run
 from tests.lake import (
+    MODES,
     REAL_JSON,
+    REAL_KEY,
     REAL_SELECT,
     REAL_TABLE,
     RealWriter,
     current_versions,
-    delta_rows,
     differences,
+    every_mode_rows,
+    every_mode_sinks,
     fill_real,
-    iceberg_rows,
     normalised,
 )
 from walstream.backfill.requests import request
@@ -41,8 +43,6 @@ from walstream.testing import wait_until
 pytestmark = pytest.mark.spark
 
 ROWS = 3_000
-MODES = ("mirror", "history", "changelog")
-KEY = ("region", "id")
 
 
 def write_extra(dsn: str, stop: threading.Event, seed: int) -> None:
@@ -63,9 +63,7 @@ def source(dsn: str) -> list[Any]:
 
 
 def lake(db: Any, tmp_path: Any, fmt: str, mode: str) -> list[dict[str, Any]]:
-    if fmt == "delta":
-        return delta_rows(tmp_path / f"d-{mode}" / "acct")
-    return iceberg_rows(db.dsn, f"{mode}.acct")
+    return every_mode_rows(db.dsn, tmp_path, fmt, mode, "acct")
 
 
 def test_lake_tables_of_a_real_table_through_backfill_writes_kills_and_a_new_column(db, tmp_path):
@@ -74,38 +72,13 @@ def test_lake_tables_of_a_real_table_through_backfill_writes_kills_and_a_new_col
     pub = db.create_publication("acct")
     # both slots before the first write: walstream's stream is the oracle's from there on
     oracle_slot, slot = db.create_slot(), db.create_slot()
-    sinks = []
-    for mode in MODES:
-        sinks.append(
-            {
-                "name": f"delta-{mode}",
-                "source": "app",
-                "destination": {
-                    "type": "delta",
-                    "mode": mode,
-                    "path": str(tmp_path / f"d-{mode}" / "{table}"),
-                },
-            }
-        )
-        sinks.append(
-            {
-                "name": f"iceberg-{mode}",
-                "source": "app",
-                "destination": {
-                    "type": "iceberg",
-                    "mode": mode,
-                    "table": f"{mode}.{{table}}",
-                    "catalog": {"warehouse": str(tmp_path / "w")},
-                },
-            }
-        )
     config = tmp_path / "walstream.yaml"
     config.write_text(yaml.safe_dump({
         "server": {"enabled": False},
         "spark": {"master": "local[2]", "checkpoint_dir": str(tmp_path / "ckpt")},
         "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub,
                      "max_changes_per_batch": 3000}],
-        "sinks": sinks,
+        "sinks": every_mode_sinks(tmp_path),
     }))  # fmt: skip
     plan = load_config(config)
     store = BackfillStore(plan.state_dsn)
@@ -150,9 +123,9 @@ def test_lake_tables_of_a_real_table_through_backfill_writes_kills_and_a_new_col
             try:
                 return all(
                     not differences(normalised(lake(db, tmp_path, fmt, "mirror"), REAL_JSON),
-                                    want, KEY)
+                                    want, REAL_KEY)
                     and not differences(normalised(current_versions(
-                        lake(db, tmp_path, fmt, "history")), REAL_JSON), want, KEY)
+                        lake(db, tmp_path, fmt, "history")), REAL_JSON), want, REAL_KEY)
                     and sum(r["_op"] != "read" for r in lake(db, tmp_path, fmt, "changelog"))
                     >= len(changes)
                     for fmt in ("delta", "iceberg")
@@ -166,10 +139,10 @@ def test_lake_tables_of_a_real_table_through_backfill_writes_kills_and_a_new_col
             for fmt in ("delta", "iceberg"):
                 try:
                     got = normalised(lake(db, tmp_path, fmt, "mirror"), REAL_JSON)
-                    out.append(f"{fmt} mirror:\n{differences(got, want, KEY)}")
+                    out.append(f"{fmt} mirror:\n{differences(got, want, REAL_KEY)}")
                     got = normalised(current_versions(lake(db, tmp_path, fmt, "history")),
                                      REAL_JSON)  # fmt: skip
-                    out.append(f"{fmt} history:\n{differences(got, want, KEY)}")
+                    out.append(f"{fmt} history:\n{differences(got, want, REAL_KEY)}")
                     log = lake(db, tmp_path, fmt, "changelog")
                     out.append(f"{fmt} changelog: {sum(r['_op'] != 'read' for r in log)} "
                                f"changes of {len(changes)}")  # fmt: skip

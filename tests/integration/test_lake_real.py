@@ -15,13 +15,14 @@ from tests.integration.test_backfill import config, request
 from tests.integration.test_run import oracle
 from tests.lake import (
     REAL_JSON,
+    REAL_KEY,
     REAL_TABLE,
     RealWriter,
     current_versions,
-    delta_rows,
     differences,
+    every_mode_rows,
+    every_mode_sinks,
     fill_real,
-    iceberg_rows,
     normalised,
     real_source,
 )
@@ -32,34 +33,10 @@ from walstream.testing import wait_until
 pytestmark = [pytest.mark.spark]
 
 ROWS = 1_000
-MODES = ("mirror", "history", "changelog")
-KEY = ("region", "id")
-
-
-def sinks(tmp_path: Any) -> list[dict[str, Any]]:
-    out = []
-    for mode in MODES:
-        out.append(
-            {
-                "name": f"delta-{mode}",
-                "source": "app",
-                "destination": {
-                    "type": "delta",
-                    "mode": mode,
-                    "path": str(tmp_path / f"d-{mode}" / "{table}"),
-                },
-            }
-        )
-        out.append({"name": f"iceberg-{mode}", "source": "app", "destination": {
-            "type": "iceberg", "mode": mode, "table": f"{mode}.{{table}}",
-            "catalog": {"warehouse": str(tmp_path / "w")}}})  # fmt: skip
-    return out
 
 
 def lake(db: Any, tmp_path: Any, fmt: str, mode: str) -> list[dict[str, Any]]:
-    if fmt == "delta":
-        return delta_rows(tmp_path / f"d-{mode}" / "acct")
-    return iceberg_rows(db.dsn, f"{mode}.acct")
+    return every_mode_rows(db.dsn, tmp_path, fmt, mode, "acct")
 
 
 def not_paused(runtime: Runtime) -> bool:
@@ -78,7 +55,7 @@ def test_every_mode_of_both_formats_equals_a_real_table_backfilled_while_it_chan
     keys = fill_real(db.dsn, ROWS)
     pub = db.create_publication("acct")
     oracle_slot, slot = db.create_slot(), db.create_slot()
-    cfg = config(db, tmp_path, pub, slot, sinks(tmp_path), max_changes_per_batch=5000)
+    cfg = config(db, tmp_path, pub, slot, every_mode_sinks(tmp_path), max_changes_per_batch=5000)
     writer = RealWriter(db.dsn, keys, seed=3)
     # Changes of rows the lake does not have yet, before any backfill was asked for: an
     # unchanged TOAST value the lake cannot fill from an earlier version.
@@ -114,12 +91,12 @@ def test_every_mode_of_both_formats_equals_a_real_table_backfilled_while_it_chan
         runtime.stop()
     for fmt in ("delta", "iceberg"):
         mirror = normalised(lake(db, tmp_path, fmt, "mirror"), REAL_JSON)
-        assert not differences(mirror, want, KEY), (
-            f"{fmt} mirror:\n{differences(mirror, want, KEY)}"
+        assert not differences(mirror, want, REAL_KEY), (
+            f"{fmt} mirror:\n{differences(mirror, want, REAL_KEY)}"
         )
         history = normalised(current_versions(lake(db, tmp_path, fmt, "history")), REAL_JSON)
-        assert not differences(history, want, KEY), (
-            f"{fmt} history:\n{differences(history, want, KEY)}"
+        assert not differences(history, want, REAL_KEY), (
+            f"{fmt} history:\n{differences(history, want, REAL_KEY)}"
         )
     for op in ("update, TOAST unchanged", "key change", "key change (text part)", "delete",
                "insert", "jsonb and array update"):  # fmt: skip

@@ -73,6 +73,18 @@ def load_config_text(tmp_path: Path, raw: dict[str, Any]) -> Any:
     return load_config(path)
 
 
+def files_config(db: TestDatabase, tmp_path: Path, slot: str, pub: str) -> dict[str, Any]:
+    """Source `app` without heartbeats (nothing moves the slot but delivery) into a file
+    sink `files` under tmp_path/out."""
+    return {
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub,
+                     "heartbeat_interval": 0}],
+        "sinks": [{"name": "files", "source": "app",
+                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
+    }  # fmt: skip
+
+
 def slot_exists(db: TestDatabase, slot: str) -> bool:
     return bool(db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)))
 
@@ -162,14 +174,8 @@ def test_a_running_walstream_warns_of_a_slot_near_its_limit_in_health_metrics_an
     pub, slot = cdb.create_publication("t"), cdb.create_slot()
     state = fill_until_warned(cdb, slot, "filler")
     assert state.safe_wal_bytes is not None
-    cfg = load_config_text(tmp_path, {
-        "server": {"port": 0},
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": cdb.dsn, "slot": slot, "publication": pub,
-                     "heartbeat_interval": 0}],
-        "sinks": [{"name": "files", "source": "app",
-                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
-    })  # fmt: skip
+    cfg = load_config_text(tmp_path, {**files_config(cdb, tmp_path, slot, pub),
+                                      "server": {"port": 0}})  # fmt: skip
     caplog.set_level(logging.WARNING, logger="walstream.runtime")
     with supervised(Runtime(cfg, spark=spark).start()) as rt:
         url = rt.server.url
@@ -200,13 +206,7 @@ def test_run_stops_on_a_lost_slot_and_recover_backfills_the_sinks(spark, cdb, tm
     slot = unique("slot")
     cdb.slots.append(slot)
     path = tmp_path / "walstream.yaml"
-    path.write_text(yaml.safe_dump({
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": cdb.dsn, "slot": slot, "publication": pub,
-                     "heartbeat_interval": 0}],  # nothing moves the slot but delivery
-        "sinks": [{"name": "files", "source": "app",
-                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
-    }))  # fmt: skip
+    path.write_text(yaml.safe_dump(files_config(cdb, tmp_path, slot, pub)))
     cfg = load_config(path)
     with supervised(Runtime(cfg, spark=spark).start()) as rt:
         cdb.execute("INSERT INTO t SELECT g, 'first' FROM generate_series(1, 5) g")
@@ -348,13 +348,7 @@ def test_a_slot_lost_while_its_sink_is_paused_stops_the_run(spark, cdb, tmp_path
     pub = cdb.create_publication("t")
     slot = unique("slot")
     cdb.slots.append(slot)
-    cfg = load_config_text(tmp_path, {
-        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "sources": [{"name": "app", "dsn": cdb.dsn, "slot": slot, "publication": pub,
-                     "heartbeat_interval": 0}],
-        "sinks": [{"name": "files", "source": "app",
-                   "destination": {"type": "file", "path": str(tmp_path / "out")}}],
-    })  # fmt: skip
+    cfg = load_config_text(tmp_path, files_config(cdb, tmp_path, slot, pub))
     with supervised(Runtime(cfg, spark=spark).start()) as rt:
         wait_until(lambda: slot_exists(cdb, slot), 120)
         ParkingLot(cfg.state_dsn).set_paused("files", True, "maintenance")
