@@ -344,17 +344,13 @@ def _keys_filter(key: list[str], keys: list[Key]) -> Any:
     for k in unique:
         one: Any = None
         for name, value in zip(key, k, strict=True):
-            eq = ex.IsNull(name) if value is None else ex.EqualTo(name, value)
+            eq = ex.EqualTo(name, value)
             one = eq if one is None else ex.And(one, eq)
         level.append(one)
     while len(level) > 1:
         pairs = [level[i : i + 2] for i in range(0, len(level), 2)]
         level = [ex.Or(*p) if len(p) == 2 else p[0] for p in pairs]
-    ins = [
-        ex.In(name, sorted({k[i] for k in unique if k[i] is not None}, key=repr))
-        for i, name in enumerate(key)
-        if all(k[i] is not None for k in unique)
-    ]
+    ins = [ex.In(name, sorted({k[i] for k in unique}, key=repr)) for i, name in enumerate(key)]
     out = level[0]
     for cond in ins:
         out = ex.And(cond, out)

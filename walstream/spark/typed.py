@@ -97,7 +97,9 @@ def typed_rows(df: Any, shape: TableShape, only: bool = False, whole_before: boo
 
     parse = shape.ddl(as_text=_FALLIBLE)
     row, lost = _typed(F.from_json(F.col("record"), parse), shape, ("record", "json_nulls"))
-    old, lost_old = _typed(F.from_json(F.col("old"), parse), shape, ("old", None))
+    # `_before`'s json text is written only by a changelog: no second parse of `old` else
+    old, lost_old = _typed(F.from_json(F.col("old"), parse), shape,
+                           ("old", None) if whole_before else None)  # fmt: skip
     if not whole_before:
         lost_old = [x for x, c in zip(lost_old, _fallible(shape), strict=True) if c in shape.key]
     lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]
