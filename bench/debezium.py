@@ -51,6 +51,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,8 +81,10 @@ SPARK_CONF: dict[str, str] = {}
 SOURCE: dict[str, Any] = {}
 #: walstream's Kafka sink settings in this run (--batch-size); empty: its defaults.
 SINK: dict[str, int] = {}
-#: Seconds each system runs at the latency run's rate before it is measured.
+#: Seconds each system runs at the latency run's rate before it is measured (--warm-seconds).
 WARM_SECONDS = 15.0
+#: Rows per transaction of the latency run's writer (--txn-rows).
+TXN_ROWS = 50
 
 
 @dataclass
@@ -386,12 +389,12 @@ def said(system: str, run: Run) -> None:
 
 
 def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, seconds: float,
-            work: Path, first_id: int) -> Run:  # fmt: skip
+            work: Path, first_id: int, i: int = 0) -> Run:  # fmt: skip
     """Start `system` on a new slot; once it delivers, write at `rate` for `seconds`."""
-    slot = f"{system[:3]}_lat{rate}"
+    slot = f"{system[:3]}_lat{rate}_{i}"
     with connect(pg.dsn(), autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-    prefix = f"{system[:3]}lat{rate}"
+    prefix = f"{system[:3]}lat{rate}x{i}"
     topic = f"{prefix}.public.probe"
     log = work / f"{system}.log"
     tally = Tally(broker.bootstrap_servers, topic, values=True)
@@ -402,9 +405,9 @@ def latency(system: str, pg: EmbeddedPostgres, broker: TansuBroker, rate: int, s
             conn.execute("INSERT INTO probe VALUES (%s, now(), 'ready')", (first_id,))
         tally.wait(proc, 1, 300, log)
         # Both systems warm up at the rate first (JIT, caches); that part is not measured.
-        warm = steady(pg.dsn(), "probe", rate, WARM_SECONDS, first_id + 1)
+        warm = steady(pg.dsn(), "probe", rate, WARM_SECONDS, first_id + 1, TXN_ROWS)
         tally.wait(proc, 1 + warm, 120, log)
-        written = steady(pg.dsn(), "probe", rate, seconds, first_id + 1 + warm)
+        written = steady(pg.dsn(), "probe", rate, seconds, first_id + 1 + warm, TXN_ROWS)
         tally.wait(proc, 1 + warm + written, 120, log)
     finally:
         mb, pss = peak.stop()
@@ -441,13 +444,23 @@ def mixed(conn: Any, start: int, n: int) -> None:
 
 
 def main() -> None:
+    global HANDLER, WARM_SECONDS, TXN_ROWS
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--rates", default="2000,5000", help="changes/s of the latency runs")
     ap.add_argument("--latency-seconds", type=float, default=20.0)
+    ap.add_argument("--warm-seconds", type=float, default=WARM_SECONDS,
+                    help="seconds at the rate before the latency run is measured")  # fmt: skip
+    ap.add_argument("--txn-rows", type=int, default=TXN_ROWS,
+                    help="rows per transaction of the latency run's writer")  # fmt: skip
     ap.add_argument("--only", default="backlog,mixed,snapshot,latency")
+    ap.add_argument("--note-bytes", type=int, default=0,
+                    help="the snapshot table's note column padded to this many bytes (wider rows)")  # fmt: skip
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of each scenario, the systems' order alternating; the report "
+                         "gives medians and the spread of the ratio")  # fmt: skip
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="which of them to run")
     ap.add_argument(
         "--spark-conf", type=json.loads, default={},
@@ -486,18 +499,21 @@ def main() -> None:
     only = set(args.only.split(","))
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     SPARK_CONF.update(args.spark_conf)
-    global HANDLER
     HANDLER = args.handler
+    WARM_SECONDS, TXN_ROWS = args.warm_seconds, args.txn_rows
     if args.batch_size:
         SINK["batch_size"] = args.batch_size
     SOURCE.update(args.source)
     work = Path(tempfile.mkdtemp(prefix="walstream-bench-dbz-"))
-    results: dict[str, dict[str, Run]] = {}
+    results: dict[str, dict[str, list[Run]]] = {}
     floor = None
     if "walstream" in systems and ({"backlog", "mixed"} & only):
         floor = startfloor.measure()  # alone on the machine, before the scenarios
         print(f"Spark's own start floor (rate source into a Python foreachBatch): first rows "
               f"after {floor['first_rows']:.1f}s (Spark up after {floor['spark_up']:.1f}s)")  # fmt: skip
+    # Run i takes the systems in turn, the first of them alternating: a machine that slows
+    # down in the middle of the run falls on both.
+    turns = [systems if i % 2 == 0 else systems[::-1] for i in range(args.repeat)]
     with EmbeddedPostgres(settings={"fsync": "off", "synchronous_commit": "off"}) as pg:
         with connect(pg.dsn(), autocommit=True) as conn:
             conn.execute(TABLE)
@@ -506,7 +522,7 @@ def main() -> None:
         for scenario in ("backlog", "mixed"):
             if scenario not in only:
                 continue
-            slots = {s: f"{s[:3]}_{scenario}" for s in systems}
+            slots = {(i, s): f"{s[:3]}_{scenario}_{i}" for i in range(args.repeat) for s in systems}
             with connect(pg.dsn(), autocommit=True) as conn:
                 for slot in slots.values():
                     conn.execute(
@@ -530,97 +546,119 @@ def main() -> None:
                     f"{scenario}: {args.changes:,} changes written, {t1 - t0:.1f}s "
                     f"(then VACUUM ANALYZE and CHECKPOINT, {time.perf_counter() - t1:.1f}s)"
                 )
-            for system in systems:
-                with TansuBroker() as broker:
-                    run = drain(system, pg, broker, slots[system], args.changes, work)
-                results.setdefault(scenario, {})[system] = run
-                said(system, run)
-                with connect(pg.dsn(), autocommit=True) as conn:
-                    conn.execute("SELECT pg_drop_replication_slot(%s)", (slots[system],))
+            for i, turn in enumerate(turns):
+                for system in turn:
+                    with TansuBroker() as broker:
+                        run = drain(system, pg, broker, slots[i, system], args.changes, work)
+                    results.setdefault(scenario, {}).setdefault(system, []).append(run)
+                    said(system, run)
+                    with connect(pg.dsn(), autocommit=True) as conn:
+                        conn.execute("SELECT pg_drop_replication_slot(%s)", (slots[i, system],))
         if "snapshot" in only:
             with connect(pg.dsn(), autocommit=True) as conn:
                 conn.execute(f"CREATE TABLE {SNAPSHOT_TABLE} (LIKE accounts_history INCLUDING ALL)")
                 t0 = time.perf_counter()
                 write(conn, 1, args.changes, args.changes, SNAPSHOT_TABLE)
+                if args.note_bytes:  # wider rows: the note column padded to that many bytes
+                    conn.execute(
+                        f"UPDATE {SNAPSHOT_TABLE} SET note = rpad(note, %s, '.')",
+                        (args.note_bytes,),
+                    )
                 conn.execute(
                     f"CREATE PUBLICATION {SNAPSHOT_PUBLICATION} FOR TABLE {SNAPSHOT_TABLE}"
                 )
                 conn.execute(f"VACUUM (ANALYZE) {SNAPSHOT_TABLE}")
                 conn.execute("CHECKPOINT")
             print(f"snapshot: a table of {args.changes:,} rows, {time.perf_counter() - t0:.1f}s")
-            for system in systems:
-                slot = f"{system[:3]}_snapshot"  # each system makes its own
-                with TansuBroker() as broker:
-                    run = drain(system, pg, broker, slot, args.changes, work, snapshot=True)
-                results.setdefault("snapshot", {})[system] = run
-                said(system, run)
-                with connect(pg.dsn(), autocommit=True) as conn:
-                    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            for i, turn in enumerate(turns):
+                for system in turn:
+                    slot = f"{system[:3]}_snapshot_{i}"  # each system makes its own
+                    with TansuBroker() as broker:
+                        run = drain(system, pg, broker, slot, args.changes, work, snapshot=True)
+                    results.setdefault("snapshot", {}).setdefault(system, []).append(run)
+                    said(system, run)
+                    with connect(pg.dsn(), autocommit=True) as conn:
+                        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         if "latency" in only:
             next_id = 0
             for rate in (int(r) for r in args.rates.split(",")):
-                for system in systems:
-                    with TansuBroker() as broker:
-                        run = latency(system, pg, broker, rate, args.latency_seconds, work, next_id)
-                    next_id += run.messages + 1_000
-                    results.setdefault(f"latency {rate:,}/s", {})[system] = run
-                    p50, p99 = percentiles(run.latencies or [])
-                    print(
-                        f"  latency at {rate:,}/s, {system}: p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"
-                    )
+                for i, turn in enumerate(turns):
+                    for system in turn:
+                        with TansuBroker() as broker:
+                            run = latency(system, pg, broker, rate, args.latency_seconds, work,
+                                          next_id, i)  # fmt: skip
+                        next_id += run.messages + 1_000
+                        by_system = results.setdefault(f"latency {rate:,}/s", {})
+                        by_system.setdefault(system, []).append(run)
+                        p50, p99 = percentiles(run.latencies or [])
+                        print(f"  latency at {rate:,}/s, {system}: p50 {p50:,.0f} ms, "
+                              f"p99 {p99:,.0f} ms")  # fmt: skip
     report(results, floor)
 
 
-def report(results: dict[str, dict[str, Run]], floor: dict[str, float] | None = None) -> None:
+def report(results: dict[str, dict[str, list[Run]]], floor: dict[str, float] | None = None) -> None:
+    """Each figure's median over the runs for both systems, and their ratio; with several
+    runs, the spread of the ratio (run i of one system against run i of the other)."""
     print()
-    print(f"{'figure (same run)':<52}{'walstream':>14}{'Debezium':>14}{'ratio':>9}")
-    mem: dict[str, float] = {}
-    pss: dict[str, float] = {}
+    print(f"{'figure (median of the runs)':<52}{'walstream':>14}{'Debezium':>14}{'ratio':>9}")
+    mem: dict[str, list[float]] = {}
+    pss: dict[str, list[float]] = {}
 
-    def row(name: str, ws: float, dbz: float, unit: str, target: str | None, higher: bool) -> None:
-        ratio = ws / dbz if dbz else float("nan")
+    def row(name: str, ws: list[float], dbz: list[float], unit: str, target: str | None,
+            higher: bool) -> None:  # fmt: skip
+        w, d = statistics.median(ws), statistics.median(dbz)
+        ratio = w / d if d else float("nan")
+        ratios = sorted(a / b for a, b in zip(ws, dbz, strict=True) if b)
+        spread = f"{ratios[0]:.2f}-{ratios[-1]:.2f}x" if len(ratios) > 1 else ""
         fmt = (lambda v: f"{v:,.0f}/s") if unit == "/s" else (lambda v: f"{v:,.0f} {unit}")
-        print(f"{name:<52}{fmt(ws):>14}{fmt(dbz):>14}{ratio:>8.2f}x  {target or ''}")
-        figure("debezium", name, ws, unit, reference=f"Debezium {name}", reference_value=dbz,
+        print(f"{name:<52}{fmt(w):>14}{fmt(d):>14}{ratio:>8.2f}x  {spread:<13}{target or ''}")
+        figure("debezium", name, w, unit, reference=f"Debezium {name}", reference_value=d,
                target=target)  # fmt: skip
+
+    def rate(runs: list[Run], start: bool = False) -> list[float]:
+        return [r.messages / (r.start_to_last if start else r.first_to_last) for r in runs]
 
     for scenario, runs in results.items():
         ws, dbz = runs.get("walstream"), runs.get("debezium")
-        if ws is None or dbz is None:
+        if not ws or not dbz:
             continue
         if scenario == "snapshot":  # rows a table has: the issue sets no target for them
-            row("snapshot (backfill) → Kafka, first→last message", ws.messages / ws.first_to_last,
-                dbz.messages / dbz.first_to_last, "/s", None, True)  # fmt: skip
-            row("snapshot (backfill) → Kafka, including start", ws.messages / ws.start_to_last,
-                dbz.messages / dbz.start_to_last, "/s", None, True)  # fmt: skip
-            row("snapshot (backfill): peak RSS of the process tree", ws.peak_mb, dbz.peak_mb,
-                "MB", None, False)  # fmt: skip
+            row("snapshot (backfill) → Kafka, first→last message", rate(ws), rate(dbz), "/s",
+                None, True)  # fmt: skip
+            row("snapshot (backfill) → Kafka, including start", rate(ws, True), rate(dbz, True),
+                "/s", None, True)  # fmt: skip
+            row("snapshot (backfill): peak RSS of the process tree", [r.peak_mb for r in ws],
+                [r.peak_mb for r in dbz], "MB", None, False)  # fmt: skip
             continue
-        for system, run in runs.items():
-            mem[system] = max(mem.get(system, 0.0), run.peak_mb)
-            pss[system] = max(pss.get(system, 0.0), run.peak_pss_mb)
-        if run.latencies is None:
-            row(f"{scenario} → Kafka, first→last message", ws.messages / ws.first_to_last,
-                dbz.messages / dbz.first_to_last, "/s", ">= 2x", True)  # fmt: skip
-            row(f"{scenario} → Kafka, including start", ws.messages / ws.start_to_last,
-                dbz.messages / dbz.start_to_last, "/s", ">= 1x", True)  # fmt: skip
-            row(f"{scenario}: first message after start", ws.first_after, dbz.first_after,
-                "s", "<= 10 s", False)  # fmt: skip
+        for system, mine in runs.items():
+            for i, run in enumerate(mine):  # per run: the largest of its scenarios
+                for into, value in ((mem, run.peak_mb), (pss, run.peak_pss_mb)):
+                    got = into.setdefault(system, [])
+                    got.extend([0.0] * (i + 1 - len(got)))
+                    got[i] = max(got[i], value)
+        if ws[0].latencies is None:
+            row(f"{scenario} → Kafka, first→last message", rate(ws), rate(dbz), "/s", ">= 2x",
+                True)  # fmt: skip
+            row(f"{scenario} → Kafka, including start", rate(ws, True), rate(dbz, True), "/s",
+                ">= 1x", True)  # fmt: skip
+            row(f"{scenario}: first message after start", [r.first_after for r in ws],
+                [r.first_after for r in dbz], "s", "<= 10 s", False)  # fmt: skip
             if floor is not None:
                 name = f"{scenario}: first message after start, against Spark's own"
-                print(f"{name:<52}{ws.first_after:>12,.1f} s{floor['first_rows']:>12,.1f} s"
-                      f"{ws.first_after / floor['first_rows']:>8.2f}x  (Spark: rate source "
+                first = statistics.median(r.first_after for r in ws)
+                print(f"{name:<52}{first:>12,.1f} s{floor['first_rows']:>12,.1f} s"
+                      f"{first / floor['first_rows']:>8.2f}x  (Spark: rate source "
                       "into a foreachBatch)")  # fmt: skip
-                figure("debezium", name, ws.first_after, "s",
+                figure("debezium", name, first, "s",
                        reference="Spark's start floor: its rate source into a Python foreachBatch",
                        reference_value=floor["first_rows"])  # fmt: skip
         else:
-            (w50, w99), (d50, d99) = (
-                percentiles(ws.latencies or []),
-                percentiles(dbz.latencies or []),
-            )
-            row(f"{scenario} commit → Kafka p50", w50, d50, "ms", None, False)
-            row(f"{scenario} commit → Kafka p99", w99, d99, "ms", None, False)
+            w = [percentiles(r.latencies or []) for r in ws]
+            d = [percentiles(r.latencies or []) for r in dbz]
+            row(f"{scenario} commit → Kafka p50", [p[0] for p in w], [p[0] for p in d], "ms",
+                None, False)  # fmt: skip
+            row(f"{scenario} commit → Kafka p99", [p[1] for p in w], [p[1] for p in d], "ms",
+                None, False)  # fmt: skip
     if mem:
         row("peak RSS of the process tree", mem["walstream"], mem["debezium"], "MB", "<= 1.5x",
             False)  # fmt: skip

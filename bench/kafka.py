@@ -49,8 +49,8 @@ from walstream.testing import TansuBroker, TopicReader
 PROBE = "CREATE TABLE {} (id bigint PRIMARY KEY, at timestamptz, note text);"
 
 
-def steady(dsn: str, table: str, rate: int, seconds: float, first: int = 0) -> int:
-    """Insert `rate` rows/s into `table` (ids from `first`) in 50-row transactions for
+def steady(dsn: str, table: str, rate: int, seconds: float, first: int = 0, per: int = 50) -> int:
+    """Insert `rate` rows/s into `table` (ids from `first`) in `per`-row transactions for
     `seconds`; rows written.
 
     Commits with synchronous_commit on, as production does: the bench server runs
@@ -66,9 +66,9 @@ def steady(dsn: str, table: str, rate: int, seconds: float, first: int = 0) -> i
                 sql.SQL(
                     "INSERT INTO {} SELECT g, now(), 'x' FROM generate_series(%s::bigint, %s::bigint) g"
                 ).format(sql.Identifier(table)),
-                (first + written, first + written + 49),
+                (first + written, first + written + per - 1),
             )
-            written += 50
+            written += per
             ahead = written / rate - (time.perf_counter() - t0)
             if ahead > 0:
                 time.sleep(ahead)
