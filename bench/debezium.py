@@ -241,7 +241,9 @@ def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, pre
             "sources": [{"name": "bench", "dsn": pg.dsn(), "slot": slot,
                          "publication": publication, **SOURCE}],
             "sinks": [{
-                "name": "kafka", "source": "bench", "format": "debezium", **SINK,
+                # a sink of its own per slot: the state database remembers a sink by name,
+                # and `backfill: on_create` backfills only a sink it has not seen
+                "name": f"kafka_{slot}", "source": "bench", "format": "debezium", **SINK,
                 **({"backfill": "on_create"} if snapshot else {}),
                 "destination": {
                     "type": "kafka", "bootstrap_servers": broker.bootstrap_servers,
