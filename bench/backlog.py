@@ -62,12 +62,11 @@ def _descendants(root: int) -> dict[int, str]:
             continue
         try:
             stat = (d / "stat").read_text()
-            parents[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            names[int(d.name)] = (
-                (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            )
-        except OSError:
+            cmdline = (d / "cmdline").read_bytes()
+        except OSError:  # gone between the listing and the reads: neither is kept
             continue
+        parents[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        names[int(d.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
     out: dict[int, str] = {}
     for pid in parents:
         p = pid

