@@ -101,7 +101,7 @@ def pg_timestamp_to_datetime(us_since_2000: int) -> datetime:
 
 
 class ChangeRow(NamedTuple):
-    """One change in the canonical shape (DESIGN.md section 2).
+    """One change in the canonical shape (docs/architecture.md §2).
 
     `committed_at_us` is microseconds since the Unix epoch (UTC); the Spark
     column is a timestamp. `unchanged_toast` lists columns left out of `record`

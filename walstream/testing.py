@@ -109,7 +109,7 @@ def tansu_binary() -> Path:
 class TansuBroker:
     """The tansu Kafka-protocol broker with in-memory storage, on a free loopback port.
 
-    Quirks (DESIGN.md section 9): the first consumer-group join waits half of
+    Quirks (docs/architecture.md §9): the first consumer-group join waits half of
     `session.timeout.ms`; the reported high watermark is wrong; transactions are
     accepted but read_committed still sees aborted records.
     """

@@ -155,3 +155,20 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     assert _floor("server") < _floor("sinks")  # server is above sinks
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_docs_the_code_cites_exist() -> None:
+    """Every `docs/NAME.md` a module names is in the repository, and no module cites the
+    design page that never was (its contracts are docs/architecture.md)."""
+    import re
+
+    root = PACKAGE.parent
+    cited: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        assert "DESIGN.md" not in text, f"{path.relative_to(root)} cites DESIGN.md"
+        for name in re.findall(r"docs/([\w-]+\.md)", text):
+            cited[name].add(str(path.relative_to(root)))
+    missing = {n: sorted(p) for n, p in cited.items() if not (root / "docs" / n).is_file()}
+    assert "architecture.md" in cited, "the code cites docs/architecture.md"
+    assert not missing, missing

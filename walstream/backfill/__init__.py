@@ -1,4 +1,4 @@
-"""Backfills (DESIGN.md section 6): a table's existing rows, read in key-range chunks by
+"""Backfills (docs/architecture.md §6): a table's existing rows, read in key-range chunks by
 Spark tasks between watermarks, joined to the stream where it reaches each chunk's high
 watermark.
 

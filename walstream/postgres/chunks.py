@@ -1,4 +1,4 @@
-"""Key-range chunks of a table, for backfills (DESIGN.md section 6).
+"""Key-range chunks of a table, for backfills (docs/architecture.md §6).
 
 A table is cut into ranges of its primary key, in key order: each range holds up
 to `size` rows (of those matching an optional `where` predicate) and is read with

@@ -6,7 +6,7 @@ ISO 8601 intervals, hex bytea, round-trip floats). Every codec has two faces:
 `value(text)` gives the Python/JSON value, `json(raw_bytes)` gives the JSON text
 of that value directly (the decoder's fast path, no intermediate objects).
 
-Mapping (DESIGN.md section 2): bool → true/false; integers → numbers; float4/8
+Mapping (docs/architecture.md §2): bool → true/false; integers → numbers; float4/8
 → numbers, NaN/±Infinity → the strings "NaN"/"Infinity"/"-Infinity"; numeric →
 exact string; bytea → base64 string; json/jsonb → nested JSON; timestamptz →
 ISO 8601 in UTC with `Z`; timestamp (no zone) → ISO 8601 without zone; date,

@@ -28,7 +28,7 @@ __all__ = ["ANNOTATIONS_PREFIX", "WATERMARK", "WATERMARK_PREFIX", "ChangeDecoder
            "TxnContext", "annotations_json"]  # fmt: skip
 
 ANNOTATIONS_PREFIX = "walstream:annotations"
-#: Backfill watermarks (DESIGN.md section 6): a transactional logical message with this
+#: Backfill watermarks (docs/architecture.md §6): a transactional logical message with this
 #: prefix becomes a change row with action `watermark` and the message as `record`. No
 #: sink selects that action; the pipeline reads them to place backfill chunks.
 WATERMARK_PREFIX = "walstream:backfill"

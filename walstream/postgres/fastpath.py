@@ -1,7 +1,7 @@
 """Generate a per-relation function that parses a tuple and builds its JSON in one pass.
 
-The decoder is the throughput bottleneck of the whole pipeline (DESIGN.md
-section 9), so each relation gets straight-line code: no loop, no per-column
+The decoder is the throughput bottleneck of the whole pipeline (docs/architecture.md
+§3), so each relation gets straight-line code: no loop, no per-column
 dispatch, the common types' encoders inlined. It handles text and NULL
 columns; anything else (unchanged TOAST, binary, a column-count mismatch, a json/jsonb
 value that is the JSON null, which `ChangeRow.json_nulls` lists) returns None and the
