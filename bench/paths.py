@@ -19,7 +19,7 @@ the same backlog:
   task) decoded into canonical Arrow batches inside the counting `mapInArrow`: what
   a design that hands Python the slices instead of rows could reach.
 
-The first path also warms the JVM up; run it first. docs/performance.md has figures.
+The first path also warms the JVM up; run it first. docs/performance-log.md has figures.
 """
 
 from __future__ import annotations

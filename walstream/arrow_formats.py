@@ -3,7 +3,7 @@
 `formats.py` formats one change row in Python. In a streaming batch, the delivery
 worker formats its Arrow batch of change columns here instead, and the JVM only hands
 the columns over (building the message in Spark SQL cost the JVM more than this costs
-the worker: docs/performance.md, "2026-11-27, night"). Values that repeat across a batch
+the worker: docs/performance-log.md, "2026-11-27, night"). Values that repeat across a batch
 (names, commit times, actions) are formatted once per distinct value by the Python
 functions of `formats.py` themselves; the per-row values (`record`, `old`, LSN, seq,
 idempotency key) are joined in with one Arrow kernel per piece. The bytes are those of

@@ -29,7 +29,7 @@ def task_bytes(configured: int | None, master: str, cores: int) -> int:
     (Spark streams Arrow between them) and no shuffle is needed; spreading a batch over
     tasks pays a shuffle by group key and runs decoding and delivery one stage after the
     other, which only pays off with cores to spare (1M changes into Kafka on 2 cores:
-    45k/s against 39k/s, see docs/performance.md).
+    45k/s against 39k/s, see docs/performance-log.md).
     """
     if configured is not None:
         return configured

@@ -68,7 +68,7 @@ def selection_expr(sink: SinkConfig) -> str:
 
 
 #: Spark hands a NULL array to a Python task ~7x slower than an empty one (from Arrow
-#: to rows and back; 48k against 371k rows/s in one column, docs/performance.md):
+#: to rows and back; 48k against 371k rows/s in one column, docs/performance-log.md):
 #: a task gets an empty array instead, which every consumer reads as "none".
 NO_NULL_ARRAY = "coalesce(`{0}`, CAST(array() AS ARRAY<STRING>))"
 

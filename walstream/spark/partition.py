@@ -76,7 +76,7 @@ class PackedSlice:
 #: bytes several times over in the driver JVM (the partition, the serialized task) and the
 #: streaming source and the reading worker each hold them once more. Measured: a batch of
 #: 200,000 changes a task of ~1.6 MB instead of 10-22 MB, the driver JVM's peak ~200 MB
-#: lower, no latency cost (docs/performance.md, "a batch's task compressed").
+#: lower, no latency cost (docs/performance-log.md, "a batch's task compressed").
 CODEC, CODEC_LEVEL = "zstd", 1
 
 

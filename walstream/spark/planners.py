@@ -7,7 +7,7 @@ driver: finding the registered sources (`lookup_data_sources`), creating ours
 for reuse (it ends it after a minute idle) and the daemon for the life of the session.
 On a 2-core machine that is six processes and ~250 MB resident (RSS summed) that a
 running query never uses again: a sixth of `walstream run`'s peak while it drains a
-backlog (docs/performance.md, "2026-11-28: Spark's planning processes ended once the
+backlog (docs/performance-log.md, "2026-11-28: Spark's planning processes ended once the
 queries run").
 
 `release` stops those daemons, and with them their workers, the way Spark stops them

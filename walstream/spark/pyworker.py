@@ -4,7 +4,7 @@ Spark puts `$SPARK_HOME/python/lib/pyspark.zip` first on every Python worker's
 PYTHONPATH, so a worker imports PySpark from that zip. Python compiles a module
 imported from a zip every time (it caches bytecode only beside files), and every fresh
 process pays it: ~0.5-0.7 s on this machine for what a worker imports
-(docs/performance.md, "Start"). A Python data source costs four fresh processes one
+(docs/performance-log.md, "Start"). A Python data source costs four fresh processes one
 after another before its first batch, besides the daemon.
 
 With pip's PySpark, the zip holds the very package installed beside it, already

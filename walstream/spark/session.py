@@ -42,7 +42,7 @@ LOG_PROFILE = Path(__file__).with_name("log4j2.properties")
 JAVA_FLOOR = 17
 _VERSION = re.compile(r'version "(?:1\.)?(\d+)')
 _LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
-#: A local master's defaults, sized for a small machine (docs/performance.md, "Memory"):
+#: A local master's defaults, sized for a small machine (docs/performance-log.md, "Memory"):
 #: Spark's own 1 GB heap, G1's bookkeeping and an initial heap of 1/64 of RAM made its JVM
 #: 0.8-1 GB resident.
 LOCAL_CONF = {"spark.driver.memory": "512m"}  # Spark refuses less than 450 MB
@@ -52,7 +52,7 @@ LOCAL_CONF = {"spark.driver.memory": "512m"}  # Spark refuses less than 450 MB
 #: full collection, shrunk when more than 25% is): large short-lived arrays (a batch's task,
 #: Arrow buffers) go straight to the old generation, and with the defaults (40% / 70%) its
 #: garbage piled up to the heap's limit between collections. Measured: the JVM 60-100 MB
-#: less resident at the same rate and latency (docs/performance.md, "middling speed").
+#: less resident at the same rate and latency (docs/performance-log.md, "middling speed").
 LOCAL_JAVA_OPTIONS = (
     "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=25"
 )
@@ -62,7 +62,7 @@ LOCAL_JAVA_OPTIONS = (
 #: partition, Arrow buffers, a task's bytes in the JVM) were then carved from the heap and
 #: stayed resident after they were freed. A fixed threshold maps each block of 1 MB or more
 #: on its own and unmaps it when freed; the heap's free top is given back past 4 MB.
-#: Measured (docs/performance.md, "glibc's allocator"): `walstream run` into Kafka 65-100 MB
+#: Measured (docs/performance-log.md, "glibc's allocator"): `walstream run` into Kafka 65-100 MB
 #: less resident at the same rate and latency (128 KB for both cost ~25 ms of p50 latency).
 #: The environment's own values win.
 LOCAL_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "4194304"}
@@ -70,7 +70,7 @@ LOCAL_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_
 ARROW_NO_BYTE_BOUND = 2**31 - 1
 #: ...and on a machine of at most 2 cores, only the quick JIT compiler (C1): C2's compiler
 #: threads took 20-60% of a core for minutes, on the cores the stream needs. Measured on 2
-#: cores (docs/performance.md, "Start"): the first message of a 200k backlog 4-6 s sooner,
+#: cores (docs/performance-log.md, "Start"): the first message of a 200k backlog 4-6 s sooner,
 #: the same throughput, lake backfills faster, latency no worse, ~150 MB less resident.
 SMALL_MACHINE_JIT = "-XX:TieredStopAtLevel=1"
 _GC_CHOICE = re.compile(r"-XX:\+Use\w+GC\b")
@@ -162,7 +162,7 @@ def spark_conf(config: Any, quiet: bool = True) -> dict[str, str]:
         # Rows go to a delivery task's Python in Arrow batches of at most 10,000
         # (maxRecordsPerBatch). A byte bound as well makes Spark add up every column's
         # size after each row: ~7 µs of JVM per change into Kafka, a fifth of its work
-        # (docs/performance.md). The source's own Arrow batches (8,192 rows) have no byte
+        # (docs/performance-log.md). The source's own Arrow batches (8,192 rows) have no byte
         # bound either, so this holds no more than a batch from the source already does.
         "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_NO_BYTE_BOUND),
     }

@@ -11,7 +11,7 @@ It warms one worker fewer than Spark has cores (at least one): the start-up step
 runs beside fork Python processes of their own on the driver (the source's
 registration and planning), and on a 2-core machine two warm-up tasks left them no core.
 There, warming one worker brought the first message 1.3-2.4 s sooner in each of three
-paired runs (docs/performance.md).
+paired runs (docs/performance-log.md).
 """
 
 from __future__ import annotations
