@@ -40,7 +40,7 @@ from typing import Any, ClassVar, NamedTuple, Self
 from urllib.parse import urlsplit
 
 from walstream.change import idempotency_key
-from walstream.fields import Model
+from walstream.fields import Duration, Model
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,26 @@ class DestinationSettings(Model):
     def unwrapped(self) -> DestinationSettings:
         """The destination that receives the messages (a wrapper's innermost one)."""
         return self
+
+
+#: How long a message sink retries a failing chunk inline before it parks (or fails the
+#: batch), unless its settings say otherwise.
+RETRY_TIMEOUT = 60.0
+
+
+class MessageDestination(DestinationSettings):
+    """Settings of a sink that delivers messages (Kafka, webhooks, Redis Streams, NATS,
+    RabbitMQ, the Postgres mirror): a chunk that fails with a retryable error is retried
+    inline for `retry_timeout` seconds, then its messages are parked."""
+
+    retry_timeout: Duration = RETRY_TIMEOUT
+
+
+def retry_timeout(destination: DestinationSettings) -> float:
+    """A sink's inline retry time: a message sink's own setting, else RETRY_TIMEOUT."""
+    if isinstance(destination, MessageDestination):
+        return destination.retry_timeout
+    return RETRY_TIMEOUT
 
 
 class Message(NamedTuple):

@@ -15,14 +15,21 @@ from pydantic import Field
 
 from walstream.errors import SinkError
 from walstream.fields import Duration, LocalPath
-from walstream.sinks.base import BatchInfo, DestinationSettings, Message, Sink, SinkContext
+from walstream.sinks.base import (
+    BatchInfo,
+    DestinationSettings,
+    Message,
+    MessageDestination,
+    Sink,
+    SinkContext,
+)
 from walstream.sinks.registry import register, sink_for
 
 if TYPE_CHECKING:
     AnyDestination = DestinationSettings  # at run time: every registered one (registry.py)
 
 
-class FaultyDestination(DestinationSettings):
+class FaultyDestination(MessageDestination):
     """A fault-injecting wrapper around another destination (chaos tests, rehearsals).
 
     While it is active (always, or while the file `while_exists` exists), messages

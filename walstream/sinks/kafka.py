@@ -17,9 +17,9 @@ from pydantic import Field
 
 from walstream.change import format_lsn
 from walstream.errors import SinkError
-from walstream.fields import Duration, is_name
+from walstream.fields import is_name
 from walstream.nopandas import no_pandas
-from walstream.sinks.base import DestinationSettings, Message, Sink
+from walstream.sinks.base import Message, MessageDestination, Sink
 from walstream.sinks.kafka_clients import (
     _LOCK,
     _TOPICS,
@@ -32,7 +32,7 @@ from walstream.sinks.kafka_clients import (
 from walstream.sinks.registry import register
 
 
-class KafkaDestination(DestinationSettings):
+class KafkaDestination(MessageDestination):
     type: Literal["kafka"]
     bootstrap_servers: str = Field(min_length=1)
     topic: str = Field(min_length=1)  # a topic name, or a Spark SQL expression
@@ -40,7 +40,6 @@ class KafkaDestination(DestinationSettings):
     producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
     create_topics: bool = False
     topic_partitions: int = Field(1, ge=1)
-    retry_timeout: Duration = 60.0  # retry inside a batch this long before the batch fails
     has_tombstones: ClassVar[bool] = True
 
     def client_settings(self) -> dict[str, Any]:

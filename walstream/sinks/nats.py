@@ -23,12 +23,12 @@ from pydantic import Field, SecretStr, model_validator
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration, is_name
 from walstream.sinks import aio
-from walstream.sinks.base import DestinationSettings, Message, Sink, servers_for_messages
+from walstream.sinks.base import Message, MessageDestination, Sink, servers_for_messages
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
 
 
-class NatsDestination(DestinationSettings):
+class NatsDestination(MessageDestination):
     """NATS JetStream: a publish per message with the `Nats-Msg-Id` header (the idempotency
     key), acknowledged by the stream, which drops a replayed message as a duplicate."""
 
@@ -41,7 +41,6 @@ class NatsDestination(DestinationSettings):
     password: SecretStr | None = None
     token: SecretStr | None = None
     timeout: Duration = 10.0  # connect and acknowledgement timeout
-    retry_timeout: Duration = 60.0
 
     def route_expression(self) -> str | None:
         return None if is_name(self.subject, "._-*>") else self.subject

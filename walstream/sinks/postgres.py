@@ -41,9 +41,9 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr
 
 from walstream.errors import SinkError
-from walstream.fields import Dsn, Duration
+from walstream.fields import Dsn
 from walstream.sinks import mirror_book, mirror_rename, mirror_sql
-from walstream.sinks.base import DestinationSettings, Message, Sink, SinkContext
+from walstream.sinks.base import Message, MessageDestination, Sink, SinkContext
 from walstream.sinks.clients import Clients
 from walstream.sinks.mirror_book import APPLY, SUPERSEDED, row_key
 from walstream.sinks.mirror_definitions import load_definition
@@ -59,7 +59,7 @@ from walstream.sinks.mirror_sql import (
 from walstream.sinks.registry import register
 
 
-class PostgresDestination(DestinationSettings):
+class PostgresDestination(MessageDestination):
     """A copy of every source table in another Postgres database, or another schema.
 
     Tables are created from the source's definitions (types, user-defined types,
@@ -73,7 +73,6 @@ class PostgresDestination(DestinationSettings):
     schema_: str | None = Field(None, alias="schema", pattern=r"^[a-z_][a-z0-9_]*$")
     create_tables: bool = True
     source_dsn: SecretStr | None = None
-    retry_timeout: Duration = 60.0
     _book_schema: str = PrivateAttr("walstream")  # set by the plan (`resolved`)
 
     def message_format(self) -> str | None:

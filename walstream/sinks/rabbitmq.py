@@ -25,12 +25,12 @@ from pydantic import Field, SecretStr
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration, is_name
 from walstream.sinks import aio
-from walstream.sinks.base import DestinationSettings, Message, Sink, url_for_messages
+from walstream.sinks.base import Message, MessageDestination, Sink, url_for_messages
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
 
 
-class RabbitMqDestination(DestinationSettings):
+class RabbitMqDestination(MessageDestination):
     """RabbitMQ: persistent messages with publisher confirms; `message_id` is the
     idempotency key. The exchange must exist (or `declare_exchange`)."""
 
@@ -40,7 +40,6 @@ class RabbitMqDestination(DestinationSettings):
     routing_key: str = Field(min_length=1)  # a routing key, or a Spark SQL expression
     declare_exchange: str | None = None  # e.g. "topic": declare `exchange` durable, this type
     timeout: Duration = 10.0
-    retry_timeout: Duration = 60.0
 
     def route_expression(self) -> str | None:
         return None if is_name(self.routing_key, "._-*#") else self.routing_key

@@ -18,12 +18,12 @@ from pydantic import Field, SecretStr
 
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration, is_name
-from walstream.sinks.base import DestinationSettings, Message, Sink, url_for_messages
+from walstream.sinks.base import Message, MessageDestination, Sink, url_for_messages
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
 
 
-class RedisStreamDestination(DestinationSettings):
+class RedisStreamDestination(MessageDestination):
     """Redis Streams: one XADD per message (fields `message`, `idempotency_key`, `key`),
     pipelined per chunk on one connection, so a stream receives them in order."""
 
@@ -32,7 +32,6 @@ class RedisStreamDestination(DestinationSettings):
     stream: str = Field(min_length=1)  # a stream name, or a Spark SQL expression
     maxlen: int | None = Field(None, ge=1)  # trim each stream to about this many entries
     timeout: Duration = 10.0  # socket timeout per chunk
-    retry_timeout: Duration = 60.0
 
     def route_expression(self) -> str | None:
         return None if is_name(self.stream, "._-:{}") else self.stream

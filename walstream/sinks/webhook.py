@@ -35,7 +35,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration
-from walstream.sinks.base import DestinationSettings, Message, Sink, url_for_messages
+from walstream.sinks.base import Message, MessageDestination, Sink, url_for_messages
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
 
@@ -43,7 +43,7 @@ from walstream.sinks.registry import register
 MIN_WEBHOOK_SECRET = 24
 
 
-class WebhookDestination(DestinationSettings):
+class WebhookDestination(MessageDestination):
     """HTTP webhooks: one request per message, or per chunk with `batch: true`
     (`{"data": [...]}`), signed per the Standard Webhooks spec when `secrets` are set."""
 
@@ -56,7 +56,6 @@ class WebhookDestination(DestinationSettings):
     gzip: bool = False
     secrets: list[SecretStr] = Field(default_factory=list)  # whsec_...; several while rotating
     concurrency: int = Field(1, ge=1, le=256)  # requests at once (per task); order kept per group
-    retry_timeout: Duration = 60.0
 
     @field_validator("secrets")
     @classmethod

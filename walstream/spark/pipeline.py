@@ -22,16 +22,13 @@ from typing import Any
 
 from walstream.backfill.merge import BackfillMerge
 from walstream.backoff import Backoff
-from walstream.config import (
-    SinkConfig,
-    SourceConfig,
-    sink_snapshot,
-)
+from walstream.config import SinkConfig, SourceConfig, sink_snapshot
 from walstream.delivery.deliver import DeliveryPlan, Stats
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
 from walstream.errors import ConfigError
+from walstream.sinks.base import retry_timeout
 from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import sink_for
 from walstream.spark.expressions import projection
@@ -348,7 +345,7 @@ class Pipeline:
                 format=sink.destination.message_format() or sink.format,
                 db=self.db,
                 batch_size=sink.batch_size,
-                retry_timeout=getattr(sink.destination, "retry_timeout", 60.0),
+                retry_timeout=retry_timeout(sink.destination),
                 ledger=self.ledger,
                 query_id="",  # per batch: BatchPart
                 batch_id=-1,

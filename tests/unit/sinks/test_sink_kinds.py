@@ -1,0 +1,45 @@
+"""Which sinks are message sinks: those whose settings take `retry_timeout` (inline retries,
+then parking), read by the pipeline from one place (`sinks.base.retry_timeout`)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from walstream.sinks.base import RETRY_TIMEOUT, MessageDestination, retry_timeout
+from walstream.sinks.registry import destination_union, sink_types
+
+MESSAGE_SINKS = {"kafka", "webhook", "redis_stream", "nats", "rabbitmq", "postgres", "faulty"}
+#: The least each type needs besides `type` and `retry_timeout`.
+REQUIRED = {
+    "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topic": "t"},
+    "webhook": {"url": "http://127.0.0.1:9/hook"},
+    "redis_stream": {"url": "redis://127.0.0.1:6379", "stream": "s"},
+    "nats": {"servers": "nats://127.0.0.1:4222", "subject": "s"},
+    "rabbitmq": {"url": "amqp://127.0.0.1:5672", "exchange": "x", "routing_key": "k"},
+    "postgres": {"dsn": "postgresql://127.0.0.1/db"},
+    "faulty": {"inner": {"type": "file", "path": "/tmp/walstream-faulty"}},
+}
+
+
+def test_the_message_sinks_are_those_whose_settings_are_message_settings() -> None:
+    kinds = {name for name, cls in sink_types().items()
+             if issubclass(cls.settings_model, MessageDestination)}  # fmt: skip
+    assert kinds == MESSAGE_SINKS
+
+
+@pytest.mark.parametrize("name", sorted(MESSAGE_SINKS))
+def test_a_message_sink_takes_its_retry_timeout(name: str) -> None:
+    adapter = TypeAdapter(destination_union())
+    default = adapter.validate_python({"type": name, **REQUIRED[name]})
+    assert retry_timeout(default) == (0.5 if name == "faulty" else RETRY_TIMEOUT)
+    set_ = adapter.validate_python({"type": name, **REQUIRED[name], "retry_timeout": "7s"})
+    assert retry_timeout(set_) == 7.0
+
+
+def test_a_batch_sink_refuses_retry_timeout_and_keeps_the_default() -> None:
+    adapter = TypeAdapter(destination_union())
+    file = adapter.validate_python({"type": "file", "path": "/tmp/walstream-x"})
+    assert retry_timeout(file) == RETRY_TIMEOUT
+    with pytest.raises(ValidationError, match="retry_timeout"):
+        adapter.validate_python({"type": "file", "path": "/tmp/walstream-x", "retry_timeout": "7s"})
