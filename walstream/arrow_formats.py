@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from walstream.formats import _DEBEZIUM_OP, _str, changed_values, iso_timestamp
+from walstream.formats import DEBEZIUM_OP, changed_values, iso_timestamp, json_string
 
 #: The formats this module makes (the mirror's is made in Python).
 ARROW_FORMATS = ("sequin", "debezium", "record")
@@ -43,12 +43,12 @@ def batch_messages(fmt: str, batch: Any, *, sink: str, db: str) -> Any:
     if fmt == "sequin":
         pieces = [
             '{"record":', record, ',"changes":', _changes(col, null), ',"action":"',
-            col["action"], '","metadata":{"table_schema":', _each(col["schema"], _str),
-            ',"table_name":', _each(col["table"], _str), ',"commit_timestamp":"',
+            col["action"], '","metadata":{"table_schema":', _each(col["schema"], json_string),
+            ',"table_name":', _each(col["table"], json_string), ',"commit_timestamp":"',
             _each(at, iso_timestamp), '","commit_lsn":', col["lsn"].cast(pa.string()),
             ',"commit_idx":', col["seq"].cast(pa.string()), ',"idempotency_key":"',
             col["_ikey"], '","transaction_annotations":', pc.coalesce(col["annotations"], null),
-            f',"sink":{{"name":{_str(sink)}}},"source":{{"name":', _each(col["source"], _str),
+            f',"sink":{{"name":{json_string(sink)}}},"source":{{"name":', _each(col["source"], json_string),
             "}}}",
         ]  # fmt: skip
     elif fmt == "debezium":
@@ -60,12 +60,12 @@ def batch_messages(fmt: str, batch: Any, *, sink: str, db: str) -> Any:
         )  # fmt: skip
         pieces = [
             '{"before":', before, ',"after":', pc.if_else(delete, null, record),
-            ',"source":{"connector":"walstream","name":', _each(col["source"], _str),
-            f',"db":{_str(db)},"schema":', _each(col["schema"], _str), ',"table":',
-            _each(col["table"], _str), ',"lsn":', col["lsn"].cast(pa.string()), ',"txId":',
+            ',"source":{"connector":"walstream","name":', _each(col["source"], json_string),
+            f',"db":{json_string(db)},"schema":', _each(col["schema"], json_string), ',"table":',
+            _each(col["table"], json_string), ',"lsn":', col["lsn"].cast(pa.string()), ',"txId":',
             pc.coalesce(col["xid"].cast(pa.string()), null), ',"ts_ms":',
             _each(at, lambda us: str(us // 1000)), '},"op":"',
-            _each(action, lambda a: _DEBEZIUM_OP.get(a)),  # unknown: NULL, left to Python
+            _each(action, lambda a: DEBEZIUM_OP.get(a)),  # unknown: NULL, left to Python
             f'","ts_ms":{time.time_ns() // 1_000_000}}}',
         ]  # fmt: skip
     else:

@@ -16,7 +16,8 @@ from datetime import UTC, datetime, timedelta
 from walstream.change import ChangeRow, change_key
 
 FORMATS = ("sequin", "debezium", "record")
-_DEBEZIUM_OP = {"insert": "c", "update": "u", "delete": "d", "read": "r", "truncate": "t"}
+#: Debezium's `op` of each action.
+DEBEZIUM_OP = {"insert": "c", "update": "u", "delete": "d", "read": "r", "truncate": "t"}
 _SNAPSHOT = ',"snapshot":"incremental"'  # Debezium's marker on incremental-snapshot reads
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -30,7 +31,8 @@ def iso_timestamp(us: int) -> str:
 
 
 @functools.lru_cache(maxsize=4096)  # schema, table and source names repeat on every message
-def _str(value: str) -> str:
+def json_string(value: str) -> str:
+    """`value` as a JSON string (non-ASCII characters kept as they are)."""
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -52,17 +54,17 @@ def changed_values(record: str | None, old: str | None) -> str:
 
 def sequin(sink: str) -> Formatter:
     """`{"record", "changes", "action", "metadata": {...}}` as Sequin sends it."""
-    sink_json = _str(sink)
+    sink_json = json_string(sink)
 
     def fmt(c: ChangeRow) -> str:
         changes = changed_values(c.record, c.old) if c.action == "update" else "null"
         return (
             f'{{"record":{c.record or "null"},"changes":{changes},"action":"{c.action}",'
-            f'"metadata":{{"table_schema":{_str(c.schema)},"table_name":{_str(c.table)},'
+            f'"metadata":{{"table_schema":{json_string(c.schema)},"table_name":{json_string(c.table)},'
             f'"commit_timestamp":"{iso_timestamp(c.committed_at_us)}","commit_lsn":{c.lsn},'
             f'"commit_idx":{c.seq},"idempotency_key":"{change_key(c)}",'
             f'"transaction_annotations":{c.annotations or "null"},'
-            f'"sink":{{"name":{sink_json}}},"source":{{"name":{_str(c.source)}}}}}}}'
+            f'"sink":{{"name":{sink_json}}},"source":{{"name":{json_string(c.source)}}}}}}}'
         )
 
     return fmt
@@ -70,7 +72,7 @@ def sequin(sink: str) -> Formatter:
 
 def debezium(db: str) -> Formatter:
     """Debezium's envelope: `{"before", "after", "source": {...}, "op", "ts_ms"}`."""
-    db_json = _str(db)
+    db_json = json_string(db)
 
     def fmt(c: ChangeRow) -> str:
         if c.action == "delete":
@@ -81,10 +83,10 @@ def debezium(db: str) -> Formatter:
             before, after = "null", c.record or "null"
         return (
             f'{{"before":{before},"after":{after},"source":{{"connector":"walstream",'
-            f'"name":{_str(c.source)},"db":{db_json},"schema":{_str(c.schema)},'
-            f'"table":{_str(c.table)},"lsn":{c.lsn},"txId":{"null" if c.xid is None else c.xid},'
+            f'"name":{json_string(c.source)},"db":{db_json},"schema":{json_string(c.schema)},'
+            f'"table":{json_string(c.table)},"lsn":{c.lsn},"txId":{"null" if c.xid is None else c.xid},'
             f'"ts_ms":{c.committed_at_us // 1000}{_SNAPSHOT if c.backfill is not None else ""}}},'
-            f'"op":"{_DEBEZIUM_OP[c.action]}",'
+            f'"op":"{DEBEZIUM_OP[c.action]}",'
             f'"ts_ms":{time.time_ns() // 1_000_000}}}'
         )
 
@@ -104,7 +106,7 @@ def mirror(c: ChangeRow) -> str:
     oid = c.table_oid if c.table_oid is not None else "null"
     nulls = f',"json_nulls":{json.dumps(c.json_nulls)}' if c.json_nulls else ""
     return (
-        f'{{"action":"{c.action}","schema":{_str(c.schema)},"table":{_str(c.table)},'
+        f'{{"action":"{c.action}","schema":{json_string(c.schema)},"table":{json_string(c.table)},'
         f'"oid":{oid},"record":{c.record or "null"},"old":{c.old or "null"},'
         f'"unchanged_toast":{toast}{nulls}}}'
     )
@@ -147,7 +149,7 @@ _ESCAPED = _sql_lit(r'["\\\x00-\x1f]')
 
 
 def _sql_json_str(col: str) -> str:
-    """A string column as a JSON string, as `_str` writes it (NULL: left to Python)."""
+    """A string column as a JSON string, as `json_string` writes it (NULL: left to Python)."""
     return (
         f"CASE WHEN NOT {col} RLIKE {_ESCAPED} THEN concat('\"', {col}, '\"') "
         f"WHEN {col} RLIKE {_CONTROL} THEN NULL "
@@ -188,7 +190,7 @@ def sql_format(name: str, *, sink: str, db: str, backfill: bool) -> str | None:
             f'\',"commit_timestamp":"\', {ts}, \'","commit_lsn":\', lsn, '
             f'\',"commit_idx":\', seq, \',"idempotency_key":"\', {sql_idempotency_key(backfill)}, '
             f"'\",\"transaction_annotations\":', coalesce(annotations, 'null'), "
-            f'\',"sink":{{"name":\', {_sql_lit(_str(sink))}, \'}},"source":{{"name":\', '
+            f'\',"sink":{{"name":\', {_sql_lit(json_string(sink))}, \'}},"source":{{"name":\', '
             f"{_sql_json_str('source')}, '}}}}}}')"
         )
     if name == "debezium":
@@ -198,7 +200,7 @@ def sql_format(name: str, *, sink: str, db: str, backfill: bool) -> str | None:
         )
         after = "CASE WHEN action = 'delete' THEN 'null' ELSE coalesce(record, 'null') END"
         op = "CASE action " + " ".join(
-            f"WHEN '{a}' THEN '{o}'" for a, o in _DEBEZIUM_OP.items()
+            f"WHEN '{a}' THEN '{o}'" for a, o in DEBEZIUM_OP.items()
         ) + " END"  # fmt: skip
         snapshot = (
             f"CASE WHEN backfill IS NOT NULL THEN {_sql_lit(_SNAPSHOT)} ELSE '' END"
@@ -208,7 +210,7 @@ def sql_format(name: str, *, sink: str, db: str, backfill: bool) -> str | None:
         return (
             f"concat('{{\"before\":', {before}, ',\"after\":', {after}, "
             f'\',"source":{{"connector":"walstream","name":\', {_sql_json_str("source")}, '
-            f"',\"db\":', {_sql_lit(_str(db))}, ',\"schema\":', {_sql_json_str('`schema`')}, "
+            f"',\"db\":', {_sql_lit(json_string(db))}, ',\"schema\":', {_sql_json_str('`schema`')}, "
             f"',\"table\":', {_sql_json_str('`table`')}, ',\"lsn\":', lsn, "
             f"',\"txId\":', coalesce(CAST(xid AS STRING), 'null'), "
             f'\',"ts_ms":\', unix_millis(committed_at), {snapshot}, \'}},"op":"\', {op}, '

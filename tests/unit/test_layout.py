@@ -172,3 +172,21 @@ def test_the_docs_the_code_cites_exist() -> None:
     missing = {n: sorted(p) for n, p in cited.items() if not (root / "docs" / n).is_file()}
     assert "architecture.md" in cited, "the code cites docs/architecture.md"
     assert not missing, missing
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A `_name` is its module's own: another module that needs it needs a public one (a
+    private *module*, like the compiled `postgres._tuples`, may be imported)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+            if not module.startswith("walstream"):
+                continue
+            for alias in node.names:  # type: ignore[attr-defined]
+                name = alias.name
+                where = PACKAGE.parent.joinpath(*module.split("."), name)
+                is_module = where.with_suffix(".pyx").exists() or where.with_suffix(".py").exists()
+                if name.startswith("_") and not name.startswith("__") and not is_module:
+                    found.append(f"{path.relative_to(PACKAGE.parent)}: {module}.{name}")
+    assert not found, found

@@ -21,12 +21,12 @@ from walstream.fields import is_name
 from walstream.nopandas import no_pandas
 from walstream.sinks.base import Message, MessageDestination, Sink
 from walstream.sinks.kafka_clients import (
-    _LOCK,
-    _TOPICS,
     LIBRDKAFKA_LOG,
-    _cause,
-    _forget,
-    _kafka,
+    confluent,
+    forget_producer,
+    forget_topics,
+    known_topics,
+    login_cause,
     producer_for,
 )
 from walstream.sinks.registry import register
@@ -75,7 +75,7 @@ class KafkaSink(Sink):
 
     # -- classification -----------------------------------------------------------------------
     def _fatal_codes(self) -> set[int]:
-        E = _kafka().KafkaError
+        E = confluent().KafkaError
         codes = {
             E.MSG_SIZE_TOO_LARGE, E.RECORD_LIST_TOO_LARGE, E.INVALID_RECORD,
             E.TOPIC_AUTHORIZATION_FAILED, E.CLUSTER_AUTHORIZATION_FAILED,
@@ -86,7 +86,7 @@ class KafkaSink(Sink):
         return codes
 
     def _error(self, err: Any, topic: str | None, delivered: frozenset[int]) -> SinkError:
-        E = _kafka().KafkaError
+        E = confluent().KafkaError
         fatal = err.code() in self._fatal_codes()
         where = f"topic {topic!r} on {self.config.bootstrap_servers}"
         if err.code() in (E.UNKNOWN_TOPIC_OR_PART, E._UNKNOWN_TOPIC):
@@ -106,8 +106,7 @@ class KafkaSink(Sink):
 
     # -- delivery -----------------------------------------------------------------------------
     def _ensure_topics(self, producer: Any, topics: set[str]) -> None:
-        with _LOCK:
-            known = _TOPICS.setdefault(id(producer), set())
+        known = known_topics(producer)
         missing = topics - known
         if not missing:
             return
@@ -115,13 +114,13 @@ class KafkaSink(Sink):
         existing = set(meta.topics)
         new = missing - existing
         if new and self.config.create_topics:
-            admin = _kafka().admin.AdminClient(
+            admin = confluent().admin.AdminClient(
                 {
                     **{k: v for k, v in self.settings.items() if not k.startswith(_PRODUCER_ONLY)},
                     "logger": LIBRDKAFKA_LOG,
                 }
             )
-            NewTopic = _kafka().admin.NewTopic
+            NewTopic = confluent().admin.NewTopic
             futures = admin.create_topics(
                 [NewTopic(t, num_partitions=self.config.topic_partitions) for t in sorted(new)]
             )
@@ -190,13 +189,13 @@ class KafkaSink(Sink):
         SinkError whose `delivered` holds the indices acknowledged when any failed.
         `named`: each message's idempotency key, LSN and table, for its headers.
         `locate(failed)` maps failed reports to indices."""
-        kafka = _kafka()
+        kafka = confluent()
         producer = producer_for(self.settings)
         try:
             self._ensure_topics(producer, set(topics))
         except kafka.KafkaException as exc:
             raise self._error(
-                _cause(producer, exc.args[0]), self.config.topic, frozenset()
+                login_cause(producer, exc.args[0]), self.config.topic, frozenset()
             ) from exc
         # One callback for the whole chunk (a closure per message costs more than the
         # produce call's Python side); a failed report is traced back to its index
@@ -242,7 +241,7 @@ class KafkaSink(Sink):
         while acked + len(failed) < expected:
             producer.flush(1.0)
             if time.monotonic() > deadline:
-                _forget(producer)
+                forget_producer(producer)
                 raise SinkError(
                     f"Kafka: {expected - acked - len(failed)} delivery reports missing after "
                     f"message.timeout.ms on {self.config.bootstrap_servers}",
@@ -253,16 +252,15 @@ class KafkaSink(Sink):
             errors.update(locate(failed))
         if errors:
             first = min(errors)
-            err = _cause(producer, errors[first])
+            err = login_cause(producer, errors[first])
             if err.fatal() or err.code() in _reset_codes():
-                _forget(producer)  # the retry gets a new producer (and producer id)
-            with _LOCK:  # a deleted topic is looked up (and created) again on the retry
-                _TOPICS.pop(id(producer), None)
+                forget_producer(producer)  # the retry gets a new producer (and producer id)
+            forget_topics(producer)  # a deleted topic is looked up (and created) again
             delivered = frozenset(range(len(topics))) - errors.keys()
             raise self._error(err, topics[first], delivered)
 
     def test_connection(self) -> None:
-        kafka = _kafka()
+        kafka = confluent()
         try:
             meta = producer_for(self.settings).list_topics(timeout=5)
         except kafka.KafkaException as exc:
@@ -292,7 +290,7 @@ def _reset_codes() -> set[int]:
     answer every produce with PRODUCER_FENCED (seen with tansu) and the cached
     producer would fail forever. A fresh producer starts a fresh sequence.
     """
-    E = _kafka().KafkaError
+    E = confluent().KafkaError
     return {
         E._MSG_TIMED_OUT, E.PRODUCER_FENCED, E._FENCED, E.INVALID_PRODUCER_EPOCH,
         E.OUT_OF_ORDER_SEQUENCE_NUMBER, E.UNKNOWN_PRODUCER_ID, E._TIMED_OUT_QUEUE,

@@ -41,12 +41,13 @@ LIBRDKAFKA_LOG = logging.getLogger("walstream.kafka.librdkafka")
 LIBRDKAFKA_LOG.addFilter(_OncePerMinute())
 
 
-def _kafka() -> Any:
+def confluent() -> Any:
+    """The confluent_kafka module (an error naming the extra to install when it is missing)."""
     return optional_import("confluent_kafka", "confluent-kafka (the Kafka sink)", "kafka")
 
 
 #: A producer's last refused login (its error_cb hears it): librdkafka only lets the
-#: messages time out, and this says why (see `_cause`).
+#: messages time out, and this says why (see `login_cause`).
 _LOGIN_REFUSED: dict[int, Any] = {}
 
 
@@ -55,7 +56,7 @@ def producer_for(settings: dict[str, Any]) -> Any:
     key = tuple(sorted((k, str(v)) for k, v in settings.items()))
 
     def make() -> Any:
-        E = _kafka().KafkaError
+        E = confluent().KafkaError
         refused: list[Any] = []
 
         def on_error(err: Any) -> None:
@@ -63,17 +64,19 @@ def producer_for(settings: dict[str, Any]) -> Any:
                 refused[:] = [err]
             LIBRDKAFKA_LOG.warning("%s", err.str())
 
-        producer = _kafka().Producer({**settings, "logger": LIBRDKAFKA_LOG, "error_cb": on_error})
+        producer = confluent().Producer(
+            {**settings, "logger": LIBRDKAFKA_LOG, "error_cb": on_error}
+        )
         _LOGIN_REFUSED[id(producer)] = refused
         return producer
 
     return _PRODUCERS.get(key, make)
 
 
-def _cause(producer: Any, err: Any) -> Any:
+def login_cause(producer: Any, err: Any) -> Any:
     """The refused login behind a message that timed out or a broker that seemed
     unreachable, if there was one; else `err`."""
-    E = _kafka().KafkaError
+    E = confluent().KafkaError
     if err.code() not in (E._MSG_TIMED_OUT, E._TIMED_OUT, E._TRANSPORT):
         return err
     producer.poll(0)  # serves the error callbacks queued meanwhile
@@ -81,7 +84,20 @@ def _cause(producer: Any, err: Any) -> Any:
     return refused[0] if refused else err
 
 
-def _forget(producer: Any) -> None:
+def known_topics(producer: Any) -> set[str]:
+    """The topics known to exist for `producer`: the set itself, to add topics found."""
+    with _LOCK:
+        return _TOPICS.setdefault(id(producer), set())
+
+
+def forget_topics(producer: Any) -> None:
+    """Look every topic of `producer` up again (a deleted one is created again)."""
+    with _LOCK:
+        _TOPICS.pop(id(producer), None)
+
+
+def forget_producer(producer: Any) -> None:
+    """Drop `producer`: the next chunk gets a new one (and a new producer id)."""
     with _LOCK:
         _TOPICS.pop(id(producer), None)
         _LOGIN_REFUSED.pop(id(producer), None)
