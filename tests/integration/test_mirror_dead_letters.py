@@ -80,7 +80,7 @@ def test_two_sinks_into_one_target_table_are_refused_before_anything_starts(db, 
     """Checked from the publications and the target's identity (not its DSN's text):
     two sources' public.users into one database's public.users names both sinks."""
     from walstream.config import parse_config
-    from walstream.delivery.mirror_targets import check_targets
+    from walstream.sinks.registry import preflight
 
     for d in (db, other_db):
         d.execute("CREATE TABLE users (id int PRIMARY KEY)")
@@ -100,7 +100,7 @@ def test_two_sinks_into_one_target_table_are_refused_before_anything_starts(db, 
         })  # fmt: skip
 
     with pytest.raises(ConfigError) as err:
-        check_targets(config(None))  # type: ignore[arg-type]
+        preflight(config(None))
     assert "sinks copy-a and copy-b would both write into public.users" in err.value.problem
     assert "destination.schema" in (err.value.fix or "")
-    check_targets(config("from_b"))  # type: ignore[arg-type]  # its own schema: fine
+    preflight(config("from_b"))  # its own schema: fine

@@ -89,9 +89,9 @@ def check(
 def check_config(path: Path) -> list[Finding]:
     """Findings for a whole config: the file, each source, each sink (expressions, destination)."""
     from walstream.config import load_config
-    from walstream.delivery.mirror_targets import check_targets
     from walstream.errors import ConfigError
     from walstream.runtime import check_destinations
+    from walstream.sinks.registry import preflight
     from walstream.spark.expressions import expressions
     from walstream.spark.pipeline import validate
     from walstream.spark.session import build_spark
@@ -117,9 +117,9 @@ def check_config(path: Path) -> list[Finding]:
         else:
             findings.append(Finding("error", f"sink {name}", problem.problem, problem.fix))
     try:
-        check_targets(cfg)
+        preflight(cfg)
     except ConfigError as exc:
-        findings.append(Finding("error", "mirror targets", exc.problem, exc.fix))
+        findings.append(Finding("error", "sinks", exc.problem, exc.fix))
     checked = [s for s in cfg.sinks if expressions(s)]
     for sink in cfg.sinks:
         if sink not in checked:

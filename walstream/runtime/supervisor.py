@@ -23,7 +23,6 @@ from walstream.backfill.typed import reads_typed
 from walstream.backoff import QUERY_RESTART
 from walstream.config import Plan, SourceConfig
 from walstream.delivery.ledger import Ledger
-from walstream.delivery.mirror_targets import check_targets
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
 from walstream.delivery.retrier import Retrier
@@ -44,6 +43,7 @@ from walstream.server import Server
 from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
 from walstream.server.status import SourceStatus
+from walstream.sinks.registry import preflight
 from walstream.spark.checkpoint import check_staging, committed_lsn, is_remote
 from walstream.spark.pipeline import Pipeline, validate
 from walstream.spark.planners import release_after_planning
@@ -120,7 +120,7 @@ class Runtime:
             )  # fmt: skip
         if is_remote(cfg.spark.checkpoint_dir):
             check_staging(cfg.spark.checkpoint_dir)  # else every batch would fail on it
-        check_targets(cfg)  # mirrors: no feedback loop, no two sources in one table
+        preflight(cfg)  # each sink type's checks (mirrors: no feedback loop, no mixed tables)
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
         ledger.ensure()
         self.parking = parking = ParkingLot(cfg.state_dsn, cfg.state.schema_)

@@ -83,6 +83,12 @@ class DestinationSettings(Model):
         """The grouping this destination needs (None: the sink's `group_by`, default per row)."""
         return None
 
+    @classmethod
+    def preflight(cls, plan: Any, sinks: Sequence[Any]) -> None:
+        """Checks across the whole config before anything runs, for `sinks` (the plan's
+        sinks of this type, wrapped ones included): a ConfigError names the problem and the
+        fix. Default: none."""
+
     def for_shard(self, shard: int) -> Self:
         """These settings for the sink's copy in shard `shard` of a sharded source."""
         return self.model_copy()

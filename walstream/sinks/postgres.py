@@ -42,7 +42,7 @@ from pydantic import Field, PrivateAttr, SecretStr
 
 from walstream.errors import SinkError
 from walstream.fields import Dsn
-from walstream.sinks import mirror_book, mirror_rename, mirror_sql
+from walstream.sinks import mirror_book, mirror_rename, mirror_sql, mirror_targets
 from walstream.sinks.base import Message, MessageDestination, Sink, SinkContext
 from walstream.sinks.clients import Clients
 from walstream.sinks.mirror_book import APPLY, SUPERSEDED, row_key
@@ -77,6 +77,11 @@ class PostgresDestination(MessageDestination):
 
     def message_format(self) -> str | None:
         return "mirror"
+
+    @classmethod
+    def preflight(cls, plan: Any, sinks: Sequence[Any]) -> None:
+        """No feedback loop, no two source tables in one target table (`mirror_targets`)."""
+        mirror_targets.check_targets(plan, sinks)
 
     def resolved(self, context: SinkContext) -> PostgresDestination:
         copy = self.model_copy(

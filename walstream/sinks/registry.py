@@ -72,3 +72,14 @@ def sink_for(destination: DestinationSettings) -> Sink:
     if cls is None:
         raise ValueError(f"no sink for destination type {destination.type!r}")
     return cls(destination)
+
+
+def preflight(plan: Any) -> None:
+    """Each sink type's checks across the whole config, before anything runs
+    (`DestinationSettings.preflight`, given the plan's sinks of that type): a ConfigError
+    names the first problem."""
+    by_type: dict[type[DestinationSettings], list[Any]] = {}
+    for sink in plan.sinks:
+        by_type.setdefault(type(sink.destination.unwrapped()), []).append(sink)
+    for settings, sinks in by_type.items():
+        settings.preflight(plan, sinks)

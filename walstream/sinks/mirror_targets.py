@@ -19,12 +19,11 @@ target table when it is first written).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from walstream.config import Plan, SinkConfig
 from walstream.errors import ConfigError
-from walstream.sinks.postgres import PostgresDestination
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +66,13 @@ def _published(conn: Any, publication: str) -> Published | None:
                      frozenset((s, t) for s, t in tables))  # fmt: skip
 
 
-def mirror_destination(sink: SinkConfig) -> PostgresDestination | None:
-    dest = sink.destination.unwrapped()
-    return dest if isinstance(dest, PostgresDestination) else None
-
-
-def check_targets(config: Plan) -> None:
-    """ConfigError for a mirror sink that would mix two source tables in one target table
-    or write into a table its own source publishes (see the module docstring)."""
+def check_targets(config: Any, sinks: Sequence[Any]) -> None:
+    """ConfigError for a mirror sink of `sinks` (the config's Postgres mirror sinks) that
+    would mix two source tables in one target table or write into a table its own source
+    publishes (see the module docstring)."""
     from walstream.postgres.replication import connect
 
-    mirrors = [(s, d) for s in config.sinks if (d := mirror_destination(s)) is not None]
+    mirrors = [(s, s.destination.unwrapped()) for s in sinks]
     if not mirrors:
         return
     published: dict[str, Published | None] = {}
