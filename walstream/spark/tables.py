@@ -90,6 +90,33 @@ def on_source(dsn: str, fn: Callable[[Any], T]) -> T:
     return once_more(connect, fn)
 
 
+@dataclass
+class _Write:
+    """What every table of one `write_tables` call shares."""
+
+    sink: SinkConfig
+    table_sink: TableSink
+    query_id: str
+    batch_id: int
+    skip_before: int | None
+    typed_reads: TypedReads | None
+    stage: str | None
+    sources: LakeSources | None
+    dsn: str
+    complete: bool  # every change of a table reaches the sink: an insert is a new key
+    no_rows: bool  # no stream rows: only typed backfill rows, and no Spark job
+    several: bool  # the batch's tables were found by a job (`rows` is persisted)
+    rows: Any
+    t_found: float = 0.0
+    out: TablesWritten = field(default_factory=TablesWritten)
+
+    def batch(self, shape: Any, rows: Any) -> TableBatch:
+        return TableBatch(
+            self.sink.name, self.query_id, self.batch_id, shape, rows, self.complete,
+            None if rows is None else functools.partial(_source_rows, self.dsn, shape),
+        )  # fmt: skip
+
+
 def write_tables(
     df: Any, sink: SinkConfig, table_sink: TableSink, query_id: str, batch_id: int,
     skip_before: int | None = None, reads: Any = None, publication: str | None = None,
@@ -103,139 +130,158 @@ def write_tables(
     `stage`: a directory for files the executors write (a changelog table's, see
     `lake_files.py`); without it every table's rows come to the driver. `sources`: where
     a renamed or re-created source table is noticed before its first write (`renamed`).
+    Each table takes one of three routes: files the executors wrote (`_staged`), a
+    backfill's staged files as they are (`_adopted`), typed rows through the driver
+    (`_typed`).
     """
-    import pyarrow as pa
-
-    dest = table_sink.config
     where = selection_expr(sink)
     if skip_before is not None:
         where = f"lsn >= {int(skip_before)} AND {where}"
     rows = df.where(where)
-    # every change of a table reaches the sink: an insert is then a new key (an append)
-    complete = (
-        skip_before is None and sink.filter is None and not sink.event_types
-        and set(sink.actions) >= {"insert", "update", "delete", "truncate"}
-    )  # fmt: skip
     typed_reads = reads if isinstance(reads, TypedReads) else None
     if reads is not None and typed_reads is None:  # ReadRows: a sink with a filter
         rows = rows.unionByName(reads.rows.where(where).drop("backfill"))
-    assert dest.source_dsn is not None, "the plan fills in source_dsn"
-    out = TablesWritten()
-    t0 = time.monotonic()
-    dsn = dest.source_dsn.get_secret_value()
-    placed_tables = [] if typed_reads is None else list(
-        dict.fromkeys((c.schema, c.table) for c in typed_reads.chunks)
+    assert table_sink.config.source_dsn is not None, "the plan fills in source_dsn"
+    w = _Write(
+        sink, table_sink, query_id, batch_id, skip_before, typed_reads, stage, sources,
+        table_sink.config.source_dsn.get_secret_value(),
+        complete=(skip_before is None and sink.filter is None and not sink.event_types
+                  and set(sink.actions) >= {"insert", "update", "delete", "truncate"}),
+        no_rows=empty and (reads is None or typed_reads is not None), several=False, rows=rows,
     )  # fmt: skip
-    # no stream rows: only the typed backfill rows' tables, and no Spark job
-    no_rows = empty and (reads is None or typed_reads is not None)
+    t0 = time.monotonic()
+    shapes = _shapes(w, publication)
+    w.t_found = time.monotonic() - t0
+    try:
+        for shape in shapes:
+            _write_table(w, shape)
+    finally:
+        if w.several:
+            w.rows.unpersist()
+    return w.out
+
+
+def _shapes(w: _Write, publication: str | None) -> list[Any]:
+    """The shapes of the tables this batch writes: the publication's one table (no job),
+    else those the batch's rows and backfill reads have (a job; `w.rows` persisted)."""
+    dest = w.table_sink.config
+    placed_tables = [] if w.typed_reads is None else list(
+        dict.fromkeys((c.schema, c.table) for c in w.typed_reads.chunks)
+    )  # fmt: skip
     candidates = (
-        on_source(dsn, lambda c: [t for t in publication_tables(c, publication)
-                                  if sink.wants_table(*t)])
-        if publication is not None and not no_rows
+        on_source(w.dsn, lambda c: [t for t in publication_tables(c, publication)
+                                    if w.sink.wants_table(*t)])
+        if publication is not None and not w.no_rows
         else []
     )  # fmt: skip
-    several = len(candidates) != 1 and not no_rows
+    w.several = len(candidates) != 1 and not w.no_rows
 
     def shapes_of(tables: list[tuple[str, str]]) -> list[Any]:
-        return on_source(dsn, lambda c: [
+        return on_source(w.dsn, lambda c: [
             load_shape(c, schema, table, need_key=dest.mode != "changelog").select(
                 dest.columns.include, dest.columns.exclude
             )
             for schema, table in tables
         ])  # fmt: skip
 
-    shapes = None
-    if no_rows:
-        shapes = shapes_of(placed_tables)
-    elif not several:
+    if w.no_rows:
+        return shapes_of(placed_tables)
+    if not w.several:
         try:
-            shapes = shapes_of(candidates)
+            return shapes_of(candidates)
         except TableGone:
             # The publication's one table went away after the publication was read (dropped,
             # perhaps created again since): the batch's own tables decide, so that a batch
             # without its rows goes on and one with them pauses the sink, as it should.
-            several = True
-    if shapes is None:  # the tables the batch's rows (and backfill reads) have
-        rows = rows.persist()
-        try:
-            tables = [(r[0], r[1]) for r in rows.select("schema", "table").distinct().collect()]
-            tables += [t for t in placed_tables if t not in tables]
-            shapes = shapes_of(tables)
-        except BaseException:
-            rows.unpersist()
-            raise
-    t_found = time.monotonic() - t0
+            w.several = True
+    w.rows = w.rows.persist()
     try:
-        for shape in shapes:
-            t1 = time.monotonic()
-            placed = None if typed_reads is None else place(typed_reads, shape, skip_before)
-            if stage is not None and not no_rows and placed is None and _on_executors(dest):
-                done = _changelog_files(
-                    rows, shape, table_sink, TableBatch(sink.name, query_id, batch_id, shape,
-                                                        None, complete),
-                    f"{stage}/{batch_id}/{shape.schema}.{shape.table}", not several,
-                    functools.partial(renamed, sources, sink.name, table_sink, shape),
-                )  # fmt: skip
-                if done is not None:
-                    staged, wrote = done
-                    out.count(staged.rows, wrote, (shape.schema, shape.table), staged.newest_us)
-                    log.debug(
-                        "batch %d: sink %s committed %d file(s) the executors wrote, %d rows of "
-                        "%s.%s, to %s%s", batch_id, sink.name, len(staged.files), staged.rows,
-                        shape.schema, shape.table, wrote.target,
-                        " (replayed: written before)" if wrote.replayed else "",
-                    )  # fmt: skip
-                continue
-            arrow = (
-                None if no_rows
-                # one table published: its rows are the batch's, and another name stops it
-                else typed_rows(rows, shape, not several, dest.mode == "changelog").toArrow()
-            )  # fmt: skip
-            if arrow is not None and arrow.num_rows == 0:
-                arrow = None
-            if placed is not None and arrow is None and placed.whole:
-                # only backfill rows, none dropped: the staged files may do as they are
-                files = FilesBatch(sink.name, query_id, batch_id, shape, placed.files())
-                renamed(sources, sink.name, table_sink, shape)
-                adopted = table_sink.adopt_files(files)
-                if adopted is not None:
-                    out.count(adopted.rows, adopted, (shape.schema, shape.table),
-                              placed.newest_us)  # fmt: skip
-                    log.debug(
-                        "batch %d: sink %s committed %d staged backfill file(s) of %s.%s, %d "
-                        "rows, to %s%s", batch_id, sink.name, len(files.files), shape.schema,
-                        shape.table, adopted.rows, adopted.target,
-                        " (replayed: written before)" if adopted.replayed else "",
-                    )  # fmt: skip
-                    continue
-            reads_part = None if placed is None else placed.rows()
-            if arrow is None and reads_part is None:
-                continue
-            typed = None if arrow is None else to_batch(arrow, shape)
-            if reads_part is not None:  # backfill rows, at their high watermarks' places
-                typed = reads_part if typed is None else pa.concat_tables(
-                    [typed, reads_part.cast(typed.schema)]
-                ).sort_by([("_lsn", "ascending"), ("_seq", "ascending")])  # fmt: skip
-            assert typed is not None
-            batch = TableBatch(
-                sink.name, query_id, batch_id, shape, typed, complete,
-                functools.partial(_source_rows, dsn, shape),
-            )  # fmt: skip
-            renamed(sources, sink.name, table_sink, shape)
-            t2 = time.monotonic()
-            written: Written = table_sink.write_batch(batch)
-            out.add(typed, written, (shape.schema, shape.table))
-            log.debug(
-                "batch %d: sink %s wrote %d rows of %s.%s to %s%s (tables %.3fs, typed rows "
-                "%.3fs, commit %.3fs)", batch_id, sink.name, written.rows, shape.schema,
-                shape.table, written.target,
-                " (replayed: written before)" if written.replayed else "",
-                t_found, t2 - t1, time.monotonic() - t2,
-            )  # fmt: skip
-    finally:
-        if several:
-            rows.unpersist()
-    return out
+        tables = [(r[0], r[1]) for r in w.rows.select("schema", "table").distinct().collect()]
+        tables += [t for t in placed_tables if t not in tables]
+        return shapes_of(tables)
+    except BaseException:
+        w.rows.unpersist()
+        raise
+
+
+def _write_table(w: _Write, shape: Any) -> None:
+    """One table's rows of the batch, by the first route that takes them."""
+    t1 = time.monotonic()
+    placed = None if w.typed_reads is None else place(w.typed_reads, shape, w.skip_before)
+    dest = w.table_sink.config
+    if w.stage is not None and not w.no_rows and placed is None and _on_executors(dest):
+        _staged(w, shape)
+        return
+    arrow = (
+        None if w.no_rows
+        # one table published: its rows are the batch's, and another name stops it
+        else typed_rows(w.rows, shape, not w.several, dest.mode == "changelog").toArrow()
+    )  # fmt: skip
+    if arrow is not None and arrow.num_rows == 0:
+        arrow = None
+    if placed is not None and arrow is None and placed.whole and _adopted(w, shape, placed):
+        return  # only backfill rows, none dropped: the staged files did as they are
+    _typed(w, shape, arrow, None if placed is None else placed.rows(), t1)
+
+
+def _staged(w: _Write, shape: Any) -> None:
+    """A changelog table's rows, written to files by the executors and committed as such."""
+    done = _changelog_files(
+        w.rows, shape, w.table_sink, w.batch(shape, None),
+        f"{w.stage}/{w.batch_id}/{shape.schema}.{shape.table}", not w.several,
+        functools.partial(renamed, w.sources, w.sink.name, w.table_sink, shape),
+    )  # fmt: skip
+    if done is None:
+        return
+    staged, wrote = done
+    w.out.count(staged.rows, wrote, (shape.schema, shape.table), staged.newest_us)
+    log.debug(
+        "batch %d: sink %s committed %d file(s) the executors wrote, %d rows of %s.%s, to "
+        "%s%s", w.batch_id, w.sink.name, len(staged.files), staged.rows, shape.schema,
+        shape.table, wrote.target, " (replayed: written before)" if wrote.replayed else "",
+    )  # fmt: skip
+
+
+def _adopted(w: _Write, shape: Any, placed: Any) -> bool:
+    """A backfill's staged files committed as they are; False when the sink cannot."""
+    files = FilesBatch(w.sink.name, w.query_id, w.batch_id, shape, placed.files())
+    renamed(w.sources, w.sink.name, w.table_sink, shape)
+    adopted = w.table_sink.adopt_files(files)
+    if adopted is None:
+        return False
+    w.out.count(adopted.rows, adopted, (shape.schema, shape.table), placed.newest_us)
+    log.debug(
+        "batch %d: sink %s committed %d staged backfill file(s) of %s.%s, %d rows, to %s%s",
+        w.batch_id, w.sink.name, len(files.files), shape.schema, shape.table, adopted.rows,
+        adopted.target, " (replayed: written before)" if adopted.replayed else "",
+    )  # fmt: skip
+    return True
+
+
+def _typed(w: _Write, shape: Any, arrow: Any, reads_part: Any, t1: float) -> None:
+    """The table's stream rows (`arrow`) and backfill rows (`reads_part`, at their high
+    watermarks' places) as one typed batch, written by the sink through the driver."""
+    import pyarrow as pa
+
+    if arrow is None and reads_part is None:
+        return
+    typed = None if arrow is None else to_batch(arrow, shape)
+    if reads_part is not None:
+        typed = reads_part if typed is None else pa.concat_tables(
+            [typed, reads_part.cast(typed.schema)]
+        ).sort_by([("_lsn", "ascending"), ("_seq", "ascending")])  # fmt: skip
+    assert typed is not None
+    batch = w.batch(shape, typed)
+    renamed(w.sources, w.sink.name, w.table_sink, shape)
+    t2 = time.monotonic()
+    written: Written = w.table_sink.write_batch(batch)
+    w.out.add(typed, written, (shape.schema, shape.table))
+    log.debug(
+        "batch %d: sink %s wrote %d rows of %s.%s to %s%s (tables %.3fs, typed rows %.3fs, "
+        "commit %.3fs)", w.batch_id, w.sink.name, written.rows, shape.schema, shape.table,
+        written.target, " (replayed: written before)" if written.replayed else "",
+        w.t_found, t2 - t1, time.monotonic() - t2,
+    )  # fmt: skip
 
 
 def _source_rows(dsn: str, shape: Any, keys: list[tuple[Any, ...]]) -> dict[Any, Any]:
