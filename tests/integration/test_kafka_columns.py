@@ -18,6 +18,7 @@ from walstream.delivery.columns import deliver_ledger_columns
 from walstream.delivery.deliver import DeliveryPlan, Stats, deliver_partition
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import DEAD, ParkingLot
+from walstream.delivery.route import Route
 from walstream.formats import formatter
 from walstream.spark.tasks import _rows
 from walstream.testing import TansuBroker
@@ -80,7 +81,7 @@ def plan(
     return DeliveryPlan(
         sink="k", destination=cfg.sinks[0].destination, format="sequin", db="app",
         batch_size=100, retry_timeout=5.0, ledger=ledger, query_id="q", batch_id=batch_id,
-        partitions=1, parking=parking, columnar=True, fresh=True, unblocked=True,
+        partitions=1, parking=parking, route=Route.LEDGER_COLUMNS, fresh=True, unblocked=True,
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""The package's shape: imports point down the floors, no cycles, no module over 400 lines.
+"""The package's shape: imports point down the floors, no cycles, no long function without
+a reason, no private names across modules, no concrete sink in a generic layer.
 
 Read from the source with `ast` (every import, also inside functions and under
 TYPE_CHECKING), so the rule in CONTRIBUTING.md stays true as the code changes.
@@ -33,7 +34,8 @@ FLOORS: list[set[str]] = [
         "nopandas",
     },
 ]
-MAX_LINES = 400
+#: A function with more own lines than this says why (`# long: ...`) or is split.
+MAX_OWN_LINES = 80
 
 
 def _module(path: Path) -> str:
@@ -141,13 +143,65 @@ def test_no_import_cycles_between_modules_or_parts() -> None:
     assert _cycles(dict(parts)) == []
 
 
-def test_no_module_is_over_400_lines() -> None:
-    long = {
-        _module(p): n
-        for p in PACKAGE.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}, "split these"
+def own_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's own lines: its body, less its docstring and the functions and classes
+    nested in it (they are counted on their own)."""
+    assert fn.end_lineno is not None
+    lines = set(range(fn.body[0].lineno, fn.end_lineno + 1))
+    first = fn.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        assert first.end_lineno is not None
+        lines -= set(range(first.lineno, first.end_lineno + 1))
+    for node in ast.walk(fn):
+        if node is not fn and isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        ):
+            assert node.end_lineno is not None
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            lines -= set(range(start, node.end_lineno + 1))
+    return len(lines)
+
+
+def long_functions(source: str) -> dict[str, int]:
+    """Functions over MAX_OWN_LINES own lines with no `# long: <reason>` comment on the
+    lines right above their `def` (or its decorators)."""
+    text = source.splitlines()
+    out = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        n = own_lines(node)
+        if n <= MAX_OWN_LINES:
+            continue
+        top = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+        above = []
+        while top > 0 and text[top - 1].strip().startswith("#"):
+            above.append(text[top - 1].strip())
+            top -= 1
+        if not any(c.startswith("# long:") and len(c) > len("# long: ") + 10 for c in above):
+            out[f"{node.name}:{node.lineno}"] = n
+    return out
+
+
+def test_no_function_is_long_without_a_reason() -> None:
+    """A function over 80 own lines says why next to it (`# long: ...`) or is split: the
+    shape of the code is its functions, not its files' lengths."""
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        for name, n in long_functions(path.read_text()).items():
+            long[f"{path.relative_to(PACKAGE.parent)}:{name}"] = n
+    assert long == {}, "split these, or say why next to them (# long: <reason>)"
+
+
+def test_the_function_size_check_sees_a_long_function() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_OWN_LINES + 1))
+    nested = "\n".join(f"        y{i} = {i}" for i in range(MAX_OWN_LINES))
+    long = f'def f():\n    """Doc."""\n{body}\n'
+    assert long_functions(long) == {"f:1": MAX_OWN_LINES + 1}
+    assert long_functions("# long: it walks every case of the protocol\n" + long) == {}
+    assert long_functions("# long:\n" + long) == {"f:2": MAX_OWN_LINES + 1}  # no reason
+    outer = f"def g():\n    def h():\n{nested}\n    return h\n"
+    assert long_functions(outer) == {}  # h's lines are h's, g has two
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:

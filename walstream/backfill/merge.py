@@ -161,12 +161,11 @@ class BackfillMerge:
             log.warning("backfill %d is done: every chunk is delivered", id_)
 
     # -- in a batch with running backfills ---------------------------------------------------
-    def reads(
+    def _marks(
         self, df: Any, batch_id: int, query_id: str, running: dict[int, tuple[str, str, str]]
-    ) -> dict[str, Any]:
-        """sink -> the read rows this batch delivers: a DataFrame (change columns + backfill),
-        or for a sink in `typed` a `TypedReads`."""
-        spark = df.sparkSession
+    ) -> list[tuple[Mark, int]]:
+        """The batch's watermarks of running backfills of this source, in WAL order, each
+        with its commit time (µs), recorded in the store; counts the batch's changes."""
         found = (
             df.where(f"action = '{WATERMARK}'")
             .selectExpr("lsn", "seq", "unix_micros(committed_at) AS us", "record")
@@ -189,6 +188,15 @@ class BackfillMerge:
             marks.append((mark, int(r.us)))
         marks.sort(key=lambda x: x[0].cursor)
         self.store.record_marks([m for m, _ in marks], query_id)
+        return marks
+
+    def reads(
+        self, df: Any, batch_id: int, query_id: str, running: dict[int, tuple[str, str, str]]
+    ) -> dict[str, Any]:
+        """sink -> the read rows this batch delivers: a DataFrame (change columns + backfill),
+        or for a sink in `typed` a `TypedReads`."""
+        spark = df.sparkSession
+        marks = self._marks(df, batch_id, query_id, running)
 
         keys = self._keys_view(df, running)
         targets = self._targets(running)

@@ -21,7 +21,9 @@ from walstream.backfill.read import ChunkResult, ChunkTask, read_chunk
 from walstream.config import SinkConfig
 from walstream.postgres.chunks import Table
 from walstream.postgres.table_shape import TableShape, load_shape
+from walstream.sinks.base import Kind
 from walstream.sinks.lake import LakeDestination
+from walstream.sinks.registry import capabilities
 
 
 def lake_shape(conn: Any, sink: SinkConfig, table: Table) -> TableShape | None:
@@ -42,7 +44,8 @@ def read_task(task: ChunkTask) -> ChunkResult:
 def reads_typed(sink: SinkConfig) -> bool:
     """Whether the sink's backfills are read typed: a lake sink, unless a SQL filter (or
     event types) over the change row must see the read rows as change rows."""
-    return sink.destination.writes_tables and sink.filter is None and not sink.event_types
+    tables = capabilities(sink.destination).kind is Kind.TABLES
+    return tables and sink.filter is None and not sink.event_types
 
 
 @dataclass(frozen=True)

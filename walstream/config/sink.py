@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from walstream.fields import Duration, Model, Name
-from walstream.sinks.registry import destination_union
+from walstream.sinks.base import DestinationSettings, Kind
+from walstream.sinks.registry import capabilities, destination_union
 
 Action = Literal["insert", "update", "delete", "truncate", "read"]
 ACTIONS: tuple[Action, ...] = ("insert", "update", "delete", "truncate", "read")
@@ -65,7 +66,7 @@ class SinkConfig(Model):
 
     @model_validator(mode="after")
     def _table_rules(self) -> SinkConfig:
-        if not self.destination.writes_tables:
+        if capabilities(self.destination).kind is not Kind.TABLES:
             return self
         kind = self.destination.type
         if self.transform is not None:
@@ -100,12 +101,23 @@ class SinkConfig(Model):
 
     @model_validator(mode="after")
     def _tombstones_need_kafka(self) -> SinkConfig:
-        if self.tombstones and not self.destination.unwrapped().has_tombstones:
+        if self.tombstones and not capabilities(self.destination).tombstones:
             raise ValueError(
                 "tombstones: only a Kafka destination has tombstones (a null-value message "
                 "that lets log compaction drop the key); remove the setting"
             )
         return self
+
+    def plain_messages(self) -> bool:
+        """The sink's messages are its format's as they are: default key and grouping, no
+        route expression, filter, event types or transform; and it takes read rows."""
+        dest = self.destination
+        return (
+            self.transform is None and self.filter is None and not self.event_types
+            and not self.group_by and dest.group_by() is None and dest.route_expression() is None
+            and dest.key_expression() == DestinationSettings.key_expression(dest)
+            and "read" in self.actions
+        )  # fmt: skip
 
     def wants_table(self, schema: str, table: str) -> bool:
         return not self.tables or any(

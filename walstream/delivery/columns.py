@@ -19,13 +19,14 @@ from walstream.delivery.deliver import (
     Settle,
     Stats,
     deliver_chunk,
+    deliver_partition,
     messages,
     send,
 )
 from walstream.errors import SinkError
 from walstream.secrets import scrubbed, secret_values
-from walstream.sinks.base import BatchInfo, Sink
-from walstream.sinks.registry import sink_for
+from walstream.sinks.base import BatchInfo, TaskSink
+from walstream.sinks.registry import task_sink_for
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +36,19 @@ def deliver_columns(
     partition: int,
     batches: Iterable[Any],
     rows: Callable[[Iterable[Any]], Iterable[Row]],
-    sink: Sink | None = None,
+    sink: TaskSink | None = None,
 ) -> Stats:
-    """Deliver a partition to a `columnar` sink as Arrow batches of SQL-formatted messages.
+    """Deliver a partition to a batch sink as Arrow batches of formatted messages
+    (`Route.COLUMNS`).
 
     Only for sinks that replace batches (no ledger, no parking) and plans without a
     Python transform or tombstones. A batch with a row SQL could not format (its
     `_message` or `_ikey` is NULL) is formatted in Python (`rows` makes Rows of it)
     and delivered message by message, in its place.
     """
-    sink = sink or sink_for(plan.destination)
-    assert sink.columnar and sink.replaces_batches and plan.transform_function is None
+    sink = sink or task_sink_for(plan.destination)
+    caps = sink.capabilities
+    assert caps.columns and not caps.ledger and plan.transform_function is None
     stats = Stats(partition)
     sink.begin(BatchInfo(plan.sink, plan.batch_id, partition, plan.partitions))
     try:
@@ -87,24 +90,26 @@ def deliver_ledger_columns(
     partition: int,
     batches: Iterable[Any],
     rows: Callable[[Iterable[Any]], Iterable[Row]],
-    sink: Sink | None = None,
+    sink: TaskSink | None = None,
 ) -> Stats:
-    """Deliver a partition to a `columnar` sink that keeps the ledger (Kafka) from Arrow
+    """Deliver a partition to a message sink taking columns that keeps the ledger (Kafka) from Arrow
     columns: each chunk of `batch_size` SQL-formatted rows goes to `deliver_columns` whole,
     with no Python step per message but the sink's own send loop.
 
-    Only the common case takes this path: a task's first attempt at a fresh batch (the
+    Only the common case takes this path (`Route.LEDGER_COLUMNS`): a fresh batch (the
     ledger holds nothing of it) of a sink with nothing parked, no Python transform and no
-    tombstones. What the sink did not take of a chunk goes through the message path —
+    tombstones; a retried task attempt goes row by row (`deliver_partition` asks the
+    ledger what the earlier attempt delivered). What the sink did not take of a chunk goes through the message path —
     inline retries, parking, dead letters — exactly as `deliver_partition` would send it,
     and so does everything after a chunk that parked something (its groups are blocked
     now) and any batch with a row SQL could not format. Each chunk is recorded in the
     ledger as `deliver_partition` records it.
     """
-    sink = sink or sink_for(plan.destination)
-    assert sink.columnar and not sink.replaces_batches
-    assert plan.fresh and plan.unblocked and plan.transform_function is None
-    assert not plan.tombstones
+    sink = sink or task_sink_for(plan.destination)
+    assert sink.capabilities.columns and sink.capabilities.ledger
+    assert plan.transform_function is None and not plan.tombstones
+    if not (plan.fresh and plan.unblocked):  # a retried attempt (BatchPart.apply)
+        return deliver_partition(plan, partition, rows(batches), sink)
     stats = Stats(partition)
     settle = Settle(plan, partition, stats, plan.parking, 0, ledger=True)
     blocked: set[str] = set()

@@ -29,11 +29,12 @@ from walstream.change import ChangeRow, read_idempotency_key
 from walstream.delivery.decide import ParkEntry, outcomes, within_room
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import DEAD, PARKED, ParkingLot
+from walstream.delivery.route import Route
 from walstream.errors import ConfigError, SinkError
 from walstream.formats import formatter
 from walstream.secrets import scrubbed, secret_values
-from walstream.sinks.base import BatchInfo, Message, Sink
-from walstream.sinks.registry import sink_for
+from walstream.sinks.base import BatchInfo, Message, TaskSink
+from walstream.sinks.registry import task_sink_for
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class DeliveryPlan:
     max_parked: int = 100_000
     on_full: str = "pause"  # "discard": past max_parked, what would be parked is dropped
     sink_config: dict[str, Any] | None = None  # snapshot for dead letters, secrets removed
-    columnar: bool = False  # deliver Arrow batches of SQL-formatted messages (deliver_columns)
+    route: Route = Route.ROWS  # how the tasks deliver (delivery/route.py); per batch
     worker_format: str | None = None  # the worker makes `_message` in this format (arrow_formats)
     fresh: bool = False  # the ledger holds nothing of this batch: no need to ask it
     unblocked: bool = False  # the sink has nothing parked: no group is blocked
@@ -133,7 +134,7 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             )  # fmt: skip
 
 
-def send(sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
+def send(sink: TaskSink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
     """Deliver a chunk, retrying what was not delivered while the error is retryable."""
     _, exc = attempt(sink, chunk, plan)
     if exc is not None:
@@ -141,7 +142,7 @@ def send(sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
 
 
 def attempt(
-    sink: Sink, chunk: Sequence[Message], plan: DeliveryPlan
+    sink: TaskSink, chunk: Sequence[Message], plan: DeliveryPlan
 ) -> tuple[list[int], SinkError | None]:
     """Deliver a chunk with inline retries (retryable errors, up to `retry_timeout`).
 
@@ -179,11 +180,11 @@ def attempt(
 
 
 def deliver_partition(
-    plan: DeliveryPlan, partition: int, rows: Iterable[Row], sink: Sink | None = None
+    plan: DeliveryPlan, partition: int, rows: Iterable[Row], sink: TaskSink | None = None
 ) -> Stats:
-    sink = sink or sink_for(plan.destination)
+    sink = sink or task_sink_for(plan.destination)
     stats = Stats(partition)
-    use_ledger = not sink.replaces_batches
+    use_ledger = sink.capabilities.ledger
     through = (
         plan.ledger.delivered_through(
             plan.sink, plan.query_id, plan.batch_id, partition, plan.partitions
@@ -266,7 +267,7 @@ class Settle:
 
 
 def deliver_chunk(
-    sink: Sink, chunk: list[Message], plan: DeliveryPlan, blocked: set[str], stats: Stats
+    sink: TaskSink, chunk: list[Message], plan: DeliveryPlan, blocked: set[str], stats: Stats
 ) -> list[ParkEntry]:
     """Deliver what is not blocked; return what to park, in cursor order.
 
@@ -277,7 +278,7 @@ def deliver_chunk(
     once (not retryable).
     """
     poison = {id(m) for m in chunk if m.error is not None}
-    if plan.parking is None or sink.replaces_batches:
+    if plan.parking is None or not sink.capabilities.ledger:
         if poison:
             bad = next(m for m in chunk if m.error is not None)
             raise SinkError(

@@ -24,8 +24,8 @@ from walstream.delivery.parking import Parked, ParkingLot
 from walstream.errors import SinkError
 from walstream.periodic import Periodic
 from walstream.secrets import scrubbed, secret_values
-from walstream.sinks.base import BatchInfo, Message, Sink
-from walstream.sinks.registry import sink_for
+from walstream.sinks.base import BatchInfo, Message, TaskSink
+from walstream.sinks.registry import capabilities, task_sink_for
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,13 @@ class Retrier:
         interval: float = 1.0,
         leads: Callable[[str], bool] | None = None,
     ) -> None:
-        self.sinks = [s for s in sinks if not sink_for(s.destination).replaces_batches]
+        self.sinks = [s for s in sinks if capabilities(s.destination).ledger]
         #: Whether this process leads a source (high availability): only the leader retries.
         self.leads = leads or (lambda source: True)
         self.parking = parking
         self.on_delivered = on_delivered
         self.interval = interval
-        self._sinks: dict[str, Sink] = {}
+        self._sinks: dict[str, TaskSink] = {}
         # A failed pass (the state database is down, say) is tried again on the next tick.
         self.task = Periodic(
             "walstream-retrier",
@@ -89,10 +89,10 @@ class Retrier:
                 delivered += self._retry_group(sink, group)
         return delivered
 
-    def _sink(self, config: SinkConfig) -> Sink:
+    def _sink(self, config: SinkConfig) -> TaskSink:
         s = self._sinks.get(config.name)
         if s is None:
-            s = self._sinks[config.name] = sink_for(config.destination)
+            s = self._sinks[config.name] = task_sink_for(config.destination)
             s.begin(BatchInfo(config.name, -1, 0, 1))
         return s
 

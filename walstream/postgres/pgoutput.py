@@ -220,6 +220,23 @@ class PgOutputParser:
             return _U32.unpack_from(buf, pos)[0], pos + 4
         return None, pos
 
+    def _relation(self, buf: bytes) -> Relation:
+        xid, pos = self._xid(buf, 1)
+        (oid,) = _U32.unpack_from(buf, pos)
+        schema, pos = read_cstring(buf, pos + 4)
+        name, pos = read_cstring(buf, pos)
+        ident = chr(buf[pos])
+        (ncols,) = _I16.unpack_from(buf, pos + 1)
+        pos += 3
+        cols = []
+        for _ in range(ncols):
+            flags = buf[pos]
+            cname, pos = read_cstring(buf, pos + 1)
+            type_oid, typmod = struct.unpack_from("!Ii", buf, pos)
+            pos += 8
+            cols.append(Column(cname, type_oid, typmod, bool(flags & 1)))
+        return Relation(oid, schema, name, ident, tuple(cols), xid)
+
     def _parse(self, buf: bytes) -> PgOutputMessage:
         kind = buf[0:1]
         if kind == b"B":
@@ -255,21 +272,7 @@ class PgOutputParser:
             old, _ = read_tuple(buf, pos + 5)
             return Delete(oid, old_kind, old, xid)
         if kind == b"R":
-            xid, pos = self._xid(buf, 1)
-            (oid,) = _U32.unpack_from(buf, pos)
-            schema, pos = read_cstring(buf, pos + 4)
-            name, pos = read_cstring(buf, pos)
-            ident = chr(buf[pos])
-            (ncols,) = _I16.unpack_from(buf, pos + 1)
-            pos += 3
-            cols = []
-            for _ in range(ncols):
-                flags = buf[pos]
-                cname, pos = read_cstring(buf, pos + 1)
-                type_oid, typmod = struct.unpack_from("!Ii", buf, pos)
-                pos += 8
-                cols.append(Column(cname, type_oid, typmod, bool(flags & 1)))
-            return Relation(oid, schema, name, ident, tuple(cols), xid)
+            return self._relation(buf)
         if kind == b"Y":
             xid, pos = self._xid(buf, 1)
             (oid,) = _U32.unpack_from(buf, pos)

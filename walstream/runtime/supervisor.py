@@ -139,6 +139,28 @@ class Runtime:
             checked = pool.map(functools.partial(validate, self.spark), cfg.sinks)
             register_source(self.spark)
             list(checked)
+        self._start_queries(ledger, parking, backfills, locks)
+        self.retrier = Retrier(
+            cfg.sinks, parking, on_delivered=self._retried, leads=self.leads
+        ).start()
+        self.coordinator = Coordinator(cfg, self.spark, backfills, leads=self.leads).start()
+        self.housekeeping = [
+            t.start()
+            for t in retention_tasks(
+                self.config, self.outbox, self.streams, self.leads, self.metrics
+            )
+        ]
+        if cfg.server.enabled:
+            self.server = Server(self, self.monitor, self.metrics).start()
+        return self
+
+    def _start_queries(
+        self, ledger: Ledger, parking: ParkingLot, backfills: BackfillStore,
+        locks: dict[str, Leadership],
+    ) -> None:  # fmt: skip
+        """Each source's pipeline, and its query where this process leads the source."""
+        cfg = self.config
+        assert self.spark is not None
         parallelism = self.spark.sparkContext.defaultParallelism
         for source in cfg.sources:
             sq = SourceQuery(source, None)  # type: ignore[arg-type]
@@ -167,19 +189,6 @@ class Runtime:
                     "source %s: another walstream leads it (it holds the lock on %s); standing "
                     "by to take over", source.name, sq.lock.name,
                 )  # fmt: skip
-        self.retrier = Retrier(
-            cfg.sinks, parking, on_delivered=self._retried, leads=self.leads
-        ).start()
-        self.coordinator = Coordinator(cfg, self.spark, backfills, leads=self.leads).start()
-        self.housekeeping = [
-            t.start()
-            for t in retention_tasks(
-                self.config, self.outbox, self.streams, self.leads, self.metrics
-            )
-        ]
-        if cfg.server.enabled:
-            self.server = Server(self, self.monitor, self.metrics).start()
-        return self
 
     def _scrub(self, text: str) -> str:
         """`text` without any secret of the config (errors are shown by the API)."""

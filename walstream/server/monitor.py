@@ -213,40 +213,7 @@ class Monitor:
         for sink in rt.config.sinks:
             p = progress.get(sink.name)
             c = counts.get(sink.name, {})
-            reasons: list[Reason] = []
-            status = OK
-            held_by = next((sq.holding for sq in statuses if sq.name == sink.source), {})
-            holding = held_by.get(sink.name)
-            if sink.name in paused:
-                status = PAUSED
-                why = paused[sink.name]
-                reasons.append(reason(f"paused{f': {why}' if why else ''}; resume to go on"))
-            elif holding:
-                status = WARNING
-                reasons.append(reason(holding))
-            elif held_by:  # another sink of its source holds the batch: this one waits too
-                status = WARNING
-                reasons.append(reason(
-                    f"waits for {', '.join(sorted(held_by))}: the sinks of a source share its "
-                    "slot, so no batch reaches this one until "
-                    f"{'that sink goes' if len(held_by) == 1 else 'those sinks go'} on "
-                    "(its status says why and what to do)"
-                ))  # fmt: skip
-            failed = failing.get(sink.source)
-            if failed and failed.last_error and f"sink {sink.name}" in failed.last_error:
-                status = ERROR
-                reasons.append(
-                    _error("", failed.last_error_kind, failed.last_error, f"/api/sinks/{sink.name}")
-                )
-            if c.get(PARKED):
-                status = worst([status, WARNING])
-                reasons.append(reason(f"{c[PARKED]:,} parked message(s) waiting for a retry"))
-            if c.get(DEAD):
-                status = worst([status, WARNING])
-                reasons.append(reason(f"{c[DEAD]:,} dead letter(s): retry or discard them"))
-            source_state = next((s for s in snap.sources if s["name"] == sink.source), None)
-            if source_state is not None and source_state["status"] == STANDBY:
-                status = STANDBY
+            status, reasons = self._sink_status(sink, paused, statuses, failing, c, snap)
             snap.sinks.append({
                 "name": sink.name,
                 "source": sink.source,
@@ -274,6 +241,47 @@ class Monitor:
             source["last_event_at"] = _iso(newest) if newest else None
             source["last_event_age_seconds"] = _age(newest / 1e6) if newest else None
         return snap
+
+    def _sink_status(
+        self, sink: Any, paused: dict[str, str | None], statuses: list[SourceStatus],
+        failing: dict[str, SourceStatus], c: dict[str, int], snap: Snapshot,
+    ) -> tuple[str, list[Reason]]:  # fmt: skip
+        """A sink's status and its reasons: paused, held, failing, parked, dead letters."""
+        reasons: list[Reason] = []
+        status = OK
+        held_by = next((sq.holding for sq in statuses if sq.name == sink.source), {})
+        holding = held_by.get(sink.name)
+        if sink.name in paused:
+            status = PAUSED
+            why = paused[sink.name]
+            reasons.append(reason(f"paused{f': {why}' if why else ''}; resume to go on"))
+        elif holding:
+            status = WARNING
+            reasons.append(reason(holding))
+        elif held_by:  # another sink of its source holds the batch: this one waits too
+            status = WARNING
+            reasons.append(reason(
+                f"waits for {', '.join(sorted(held_by))}: the sinks of a source share its "
+                "slot, so no batch reaches this one until "
+                f"{'that sink goes' if len(held_by) == 1 else 'those sinks go'} on "
+                "(its status says why and what to do)"
+            ))  # fmt: skip
+        failed = failing.get(sink.source)
+        if failed and failed.last_error and f"sink {sink.name}" in failed.last_error:
+            status = ERROR
+            reasons.append(
+                _error("", failed.last_error_kind, failed.last_error, f"/api/sinks/{sink.name}")
+            )
+        if c.get(PARKED):
+            status = worst([status, WARNING])
+            reasons.append(reason(f"{c[PARKED]:,} parked message(s) waiting for a retry"))
+        if c.get(DEAD):
+            status = worst([status, WARNING])
+            reasons.append(reason(f"{c[DEAD]:,} dead letter(s): retry or discard them"))
+        source_state = next((s for s in snap.sources if s["name"] == sink.source), None)
+        if source_state is not None and source_state["status"] == STANDBY:
+            status = STANDBY
+        return status, reasons
 
     def _source(self, sq: SourceStatus) -> dict[str, Any]:
         reasons: list[Reason] = []

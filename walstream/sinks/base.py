@@ -1,34 +1,34 @@
-"""The Sink contract: what every destination implements and what it may assume.
+"""The sink contracts: three kinds of destination, what each implements and may assume.
 
-A sink instance lives in one Spark task (one partition of one micro-batch) on an
-executor. The delivery layer calls, in this order:
+A sink type is one module: its `DestinationSettings` subclass (the `destination:`
+section, with `type: <name>`) and its sink class, a subclass of one of the three
+kinds below naming those settings and its optional-dependency extra, decorated with
+`@register` (see `registry.py`). Each kind declares one frozen `Capabilities`; the
+delivery route of a batch is picked from it in one place (`delivery/route.py`).
+
+- `MessageSink` (Kafka, webhooks, Redis Streams, NATS, RabbitMQ, the Postgres
+  mirror): lives in one Spark task (one partition of one micro-batch) and delivers
+  ordered lists of messages. `deliver` returns only when every message it was given
+  is durably accepted; then the delivery ledger records them and the slot may move.
+  A failure raises `SinkError` (`retryable`; `delivered` = the indices known to be
+  delivered for a partial failure); the delivery layer retries inline, parks, or
+  dead-letters — the sink never sleeps, retries beyond its client or drops a message.
+- `BatchSink` (files, pull streams): the same task protocol, but `finish()` is the
+  durability point and a replay of a batch's partition replaces what an
+  interrupted run wrote: no ledger, no parking; a failure fails the batch.
+- `TableSink` (Delta, Iceberg; `walstream/sinks/lake.py`): on the driver, one typed
+  batch of one table per micro-batch in one commit that records the batch.
+
+The task protocol of the first two, in order:
 
     begin(batch)           once per partition, before anything else
     deliver(messages)      zero or more times, each with up to `batch_size` messages
     finish()               once, after the last deliver of the partition succeeded
     close()                always, also after an error
 
-Ordering the sink may assume: messages come in WAL order (`cursor`) within a
-partition, and all messages of one group key are in the same partition. A sink
-must keep that order for messages of the same group (Kafka: same key, same
-partition, idempotent producer; files: append order).
-
-What `deliver` guarantees before it returns normally: every message it was given
-is durably accepted by the destination (acknowledged by the broker, written by
-the server) — unless `replaces_batches` is true, in which case durability is
-reached in `finish()` and a replay of the same batch and partition overwrites
-what an interrupted run wrote. Only after that may the delivery ledger record the
-messages as delivered, and only then may the replication slot move past them.
-
-Errors: `deliver` raises `walstream.errors.SinkError` with `retryable` set and,
-for a partial failure, `delivered` = the indices known to be delivered. A sink
-never retries on its own beyond its client's built-in retries, never sleeps to
-back off, never drops a message: the delivery layer decides (retry inline, park
-and retry later, dead-letter, or fail the batch for sinks that replace batches).
-
-A sink type is one module: its `DestinationSettings` subclass (the `destination:`
-section, with `type: <name>`), its `Sink` subclass naming those settings and its
-optional-dependency extra, decorated with `@register` (see `registry.py`).
+Messages come in WAL order (`cursor`) within a partition, and all messages of one
+group key are in the same partition; a sink keeps that order for each group (Kafka:
+same key, same partition, idempotent producer; files: append order).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple, Self
 from urllib.parse import urlsplit
 
@@ -64,10 +65,6 @@ class DestinationSettings(Model):
     """
 
     type: str
-    #: The destination has tombstones (Kafka: a null-value message after a delete).
-    has_tombstones: ClassVar[bool] = False
-    #: The destination writes typed rows into tables (lake sinks), not messages.
-    writes_tables: ClassVar[bool] = False
 
     def key_expression(self) -> str:
         return "concat_ws(',', pk)"
@@ -158,45 +155,44 @@ class BatchInfo:
     partitions: int
 
 
+class Kind(StrEnum):
+    """The three sink kinds (see the module docstring)."""
+
+    MESSAGES = "messages"
+    BATCHES = "batches"
+    TABLES = "tables"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a sink type can take, declared once by its kind and class: the delivery
+    route (`delivery/route.py`) and the config's checks read this, never the class."""
+
+    kind: Kind
+    #: Takes Arrow batches of formatted messages (`deliver_columns`), not only Messages.
+    columns: bool = False
+    #: Has tombstones (Kafka: a null-value message after a delete, for log compaction).
+    tombstones: bool = False
+
+    @property
+    def ledger(self) -> bool:
+        """Delivered messages are recorded in the ledger and failures parked (message
+        sinks); a batch sink's replay replaces its output instead."""
+        return self.kind is Kind.MESSAGES
+
+
 class Sink(ABC):
-    """One destination, as used inside one Spark task (see the module docstring)."""
+    """What every sink kind has: its settings, its extra, its capabilities, a connection
+    test, and the driver's hooks around a micro-batch."""
 
     #: The settings model of the `destination:` section this sink serves.
     settings_model: ClassVar[type[DestinationSettings]]
     #: `pip install 'walstream[<extra>]'` installs what the sink needs (None: nothing).
     extra: ClassVar[str | None] = None
-
-    #: True when `finish()` is the durability point and a replayed batch replaces its output.
-    replaces_batches: ClassVar[bool] = False
-    #: True when the sink takes whole Arrow batches of SQL-formatted messages
-    #: (`deliver_columns`): no Python step per message but the sink's own send loop.
-    columnar: ClassVar[bool] = False
+    capabilities: ClassVar[Capabilities]
 
     def __init__(self, config: Any) -> None:
         self.config = config
-
-    def begin(self, batch: BatchInfo) -> None:
-        self.batch = batch
-
-    @abstractmethod
-    def deliver(self, messages: Sequence[Message]) -> None:
-        """Deliver all messages in order; return only when they are durably accepted."""
-
-    def deliver_columns(self, batch: Any) -> None:
-        """Deliver an Arrow RecordBatch in order: columns `lsn`, `seq`, `schema`, `table`,
-        `action`, `_key`, `_route` (when the sink routes), `_ikey` (idempotency key) and
-        `_message` (the formatted message), none of the last two NULL. Only for
-        `columnar` sinks, with the guarantees of `deliver`; a partial failure's
-        `SinkError.delivered` holds the row indices delivered. A sink that keeps the
-        ledger gets at most `batch_size` rows per call (no tombstones: with them, and
-        on a replay, it gets messages)."""
-        raise NotImplementedError
-
-    def finish(self) -> None:  # noqa: B027 - optional hook
-        """The partition is complete (nothing to do for streaming destinations)."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release what `begin` or `deliver` acquired; called also after an error."""
 
     @abstractmethod
     def test_connection(self) -> None:
@@ -212,6 +208,46 @@ class Sink(ABC):
     ) -> None:
         """Every partition of the batch delivered; `last`: its greatest cursor (None: no
         message). Called before the batch's commit, so it may run again on a replay."""
+
+
+class TaskSink(Sink):
+    """The task protocol message and batch sinks share (see the module docstring)."""
+
+    def begin(self, batch: BatchInfo) -> None:
+        self.batch = batch
+
+    @abstractmethod
+    def deliver(self, messages: Sequence[Message]) -> None:
+        """Deliver all messages in order; return only when they are durably accepted (a
+        batch sink: accepted for `finish`)."""
+
+    def deliver_columns(self, batch: Any) -> None:
+        """Deliver an Arrow RecordBatch in order: columns `lsn`, `seq`, `schema`, `table`,
+        `action`, `_key`, `_route` (when the sink routes), `_ikey` (idempotency key) and
+        `_message` (the formatted message), none of the last two NULL. Only for sinks
+        with `capabilities.columns`, with the guarantees of `deliver`; a partial
+        failure's `SinkError.delivered` holds the row indices delivered. A message sink
+        gets at most `batch_size` rows per call (no tombstones: with them, and on a
+        replay, it gets messages)."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """The partition is complete (a batch sink makes its output durable here)."""
+
+    def close(self) -> None:
+        """Release what `begin` or `deliver` acquired; called also after an error."""
+
+
+class MessageSink(TaskSink):
+    """A destination of messages, each durable when `deliver` returns: ledger, parking."""
+
+    capabilities = Capabilities(Kind.MESSAGES)
+
+
+class BatchSink(TaskSink):
+    """A destination whose batch output is durable at `finish` and replaced on a replay."""
+
+    capabilities = Capabilities(Kind.BATCHES)
 
 
 def url_for_messages(url: str, default_port: int | None = None) -> str:

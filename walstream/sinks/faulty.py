@@ -9,6 +9,7 @@ remove it to heal.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
@@ -17,11 +18,13 @@ from walstream.errors import SinkError
 from walstream.fields import Duration, LocalPath
 from walstream.sinks.base import (
     BatchInfo,
+    Capabilities,
     DestinationSettings,
+    Kind,
     Message,
     MessageDestination,
-    Sink,
     SinkContext,
+    TaskSink,
 )
 from walstream.sinks.registry import register, sink_for
 
@@ -68,14 +71,19 @@ class FaultyDestination(MessageDestination):
 
 
 @register
-class FaultySink(Sink):
+class FaultySink(TaskSink):
+    #: Per instance: the wrapped sink's, without columns.
+    capabilities = Capabilities(Kind.MESSAGES)
     settings_model = FaultyDestination
     config: FaultyDestination
 
     def __init__(self, config: FaultyDestination) -> None:
         super().__init__(config)
-        self.inner = sink_for(config.inner)
-        self.replaces_batches = self.inner.replaces_batches  # type: ignore[misc]
+        inner = sink_for(config.inner)
+        assert isinstance(inner, TaskSink), "a faulty sink wraps a message or batch sink"
+        self.inner = inner
+        # the wrapped sink's kind, but messages only: faults are injected per message
+        self.capabilities = replace(inner.capabilities, columns=False)  # type: ignore[misc]
         self.keys = {k.encode() for k in config.fail_keys}
 
     def active(self) -> bool:

@@ -17,7 +17,14 @@ from typing import IO, Any, Literal
 
 from walstream.errors import SinkError
 from walstream.fields import LocalPath
-from walstream.sinks.base import BatchInfo, DestinationSettings, Message, Sink
+from walstream.sinks.base import (
+    BatchInfo,
+    BatchSink,
+    Capabilities,
+    DestinationSettings,
+    Kind,
+    Message,
+)
 from walstream.sinks.registry import register
 
 
@@ -47,10 +54,9 @@ def _fsync_dir(path: Path) -> None:
 
 
 @register
-class FileSink(Sink):
+class FileSink(BatchSink):
     settings_model = FileDestination
-    replaces_batches = True
-    columnar = True
+    capabilities = Capabilities(Kind.BATCHES, columns=True)
     config: FileDestination
 
     def begin(self, batch: BatchInfo) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -19,7 +19,13 @@ from walstream.change import format_lsn
 from walstream.errors import SinkError
 from walstream.fields import is_name
 from walstream.nopandas import no_pandas
-from walstream.sinks.base import Message, MessageDestination, Sink
+from walstream.sinks.base import (
+    Capabilities,
+    Kind,
+    Message,
+    MessageDestination,
+    MessageSink,
+)
 from walstream.sinks.kafka_clients import (
     LIBRDKAFKA_LOG,
     confluent,
@@ -40,7 +46,6 @@ class KafkaDestination(MessageDestination):
     producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
     create_topics: bool = False
     topic_partitions: int = Field(1, ge=1)
-    has_tombstones: ClassVar[bool] = True
 
     def client_settings(self) -> dict[str, Any]:
         return {"bootstrap.servers": self.bootstrap_servers, **self.producer}
@@ -63,10 +68,10 @@ DEFAULTS: dict[str, Any] = {
 
 
 @register
-class KafkaSink(Sink):
+class KafkaSink(MessageSink):
     settings_model = KafkaDestination
     extra = "kafka"
-    columnar = True
+    capabilities = Capabilities(Kind.MESSAGES, columns=True, tombstones=True)
     config: KafkaDestination
 
     def __init__(self, config: KafkaDestination) -> None:

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import re
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from walstream.fields import Duration, Model, Size
 from walstream.postgres.table_shape import TableShape
-from walstream.sinks.base import DestinationSettings, Message, Sink, SinkContext
+from walstream.sinks.base import Capabilities, DestinationSettings, Kind, Sink, SinkContext
 
 Mode = Literal["mirror", "history", "changelog"]
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -69,7 +69,6 @@ class Optimize(Model):
 class LakeDestination(DestinationSettings):
     """Settings every lake sink has: mode, partitioning, columns, maintenance."""
 
-    writes_tables: ClassVar[bool] = True
     mode: Mode = "mirror"
     partition_by: list[str] = Field(default_factory=list)
     columns: Columns = Field(default_factory=lambda: Columns.model_validate({}))
@@ -180,10 +179,8 @@ class Written:
 class TableSink(Sink):
     """A sink writing typed batches into tables on the driver (see the module docstring)."""
 
+    capabilities = Capabilities(Kind.TABLES)
     config: LakeDestination
-
-    def deliver(self, messages: Sequence[Message]) -> None:
-        raise TypeError(f"{type(self).__name__} writes tables (write_batch), not messages")
 
     @abstractmethod
     def target(self, schema: str, table: str) -> str:

@@ -23,7 +23,7 @@ from pydantic import Field, SecretStr, model_validator
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration, is_name
 from walstream.sinks import aio
-from walstream.sinks.base import Message, MessageDestination, Sink, servers_for_messages
+from walstream.sinks.base import Message, MessageDestination, MessageSink, servers_for_messages
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
 
@@ -78,7 +78,7 @@ def _nats() -> Any:
 
 
 @register
-class NatsSink(Sink):
+class NatsSink(MessageSink):
     settings_model = NatsDestination
     extra = "nats"
     config: NatsDestination

@@ -43,7 +43,7 @@ from pydantic import Field, PrivateAttr, SecretStr
 from walstream.errors import SinkError
 from walstream.fields import Dsn
 from walstream.sinks import mirror_book, mirror_rename, mirror_sql, mirror_targets
-from walstream.sinks.base import Message, MessageDestination, Sink, SinkContext
+from walstream.sinks.base import Message, MessageDestination, MessageSink, SinkContext
 from walstream.sinks.clients import Clients
 from walstream.sinks.mirror_book import APPLY, SUPERSEDED, row_key
 from walstream.sinks.mirror_definitions import load_definition
@@ -129,7 +129,7 @@ def _forget(dsn: str) -> None:
 
 
 @register
-class PostgresSink(Sink):
+class PostgresSink(MessageSink):
     settings_model = PostgresDestination
     config: PostgresDestination
 

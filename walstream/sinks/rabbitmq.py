@@ -25,7 +25,7 @@ from pydantic import Field, SecretStr
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration, is_name
 from walstream.sinks import aio
-from walstream.sinks.base import Message, MessageDestination, Sink, url_for_messages
+from walstream.sinks.base import Message, MessageDestination, MessageSink, url_for_messages
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
 
@@ -57,7 +57,7 @@ def _aiormq() -> Any:
 
 
 @register
-class RabbitMqSink(Sink):
+class RabbitMqSink(MessageSink):
     settings_model = RabbitMqDestination
     extra = "rabbitmq"
     config: RabbitMqDestination

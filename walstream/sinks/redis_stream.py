@@ -18,7 +18,7 @@ from pydantic import Field, SecretStr
 
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration, is_name
-from walstream.sinks.base import Message, MessageDestination, Sink, url_for_messages
+from walstream.sinks.base import Message, MessageDestination, MessageSink, url_for_messages
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
 
@@ -68,7 +68,7 @@ def client_for(url: str, timeout: float) -> Any:
 
 
 @register
-class RedisStreamSink(Sink):
+class RedisStreamSink(MessageSink):
     settings_model = RedisStreamDestination
     extra = "redis"
     config: RedisStreamDestination

@@ -15,7 +15,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args
 
 from pydantic import Field
 
-from walstream.sinks.base import DestinationSettings, Sink
+from walstream.sinks.base import Capabilities, DestinationSettings, Sink, TaskSink
 
 S = TypeVar("S", bound=type[Sink])
 
@@ -72,6 +72,23 @@ def sink_for(destination: DestinationSettings) -> Sink:
     if cls is None:
         raise ValueError(f"no sink for destination type {destination.type!r}")
     return cls(destination)
+
+
+def task_sink_for(destination: DestinationSettings) -> TaskSink:
+    """A new message or batch sink for `destination` (what a Spark task delivers to)."""
+    sink = sink_for(destination)
+    if not isinstance(sink, TaskSink):
+        raise TypeError(f"a {destination.type} sink writes tables, not messages")
+    return sink
+
+
+def capabilities(destination: DestinationSettings) -> Capabilities:
+    """What the sink of `destination` (a wrapper's innermost one) can take."""
+    inner = destination.unwrapped()
+    cls = sink_types().get(inner.type)
+    if cls is None:
+        raise ValueError(f"no sink for destination type {inner.type!r}")
+    return cls.capabilities
 
 
 def preflight(plan: Any) -> None:

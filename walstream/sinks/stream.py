@@ -11,14 +11,21 @@ earlier one. See walstream/streams/store.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import psycopg
 from pydantic import Field, PrivateAttr, SecretStr
 
 from walstream.errors import ConnectionFailed, SinkError
 from walstream.fields import Duration, Size, token_from
-from walstream.sinks.base import DestinationSettings, Message, Sink, SinkContext
+from walstream.sinks.base import (
+    BatchSink,
+    Capabilities,
+    DestinationSettings,
+    Kind,
+    Message,
+    SinkContext,
+)
 from walstream.sinks.registry import register
 from walstream.state.streams import Row, StreamTables
 
@@ -57,10 +64,9 @@ class StreamDestination(DestinationSettings):
 
 
 @register
-class StreamSink(Sink):
+class StreamSink(BatchSink):
     settings_model = StreamDestination
-    replaces_batches: ClassVar[bool] = True
-    columnar: ClassVar[bool] = True
+    capabilities = Capabilities(Kind.BATCHES, columns=True)
 
     def __init__(self, config: StreamDestination) -> None:
         super().__init__(config)

@@ -35,7 +35,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from walstream.errors import SinkError, optional_import
 from walstream.fields import Duration
-from walstream.sinks.base import Message, MessageDestination, Sink, url_for_messages
+from walstream.sinks.base import Message, MessageDestination, MessageSink, url_for_messages
 from walstream.sinks.clients import Clients
 from walstream.sinks.registry import register
 
@@ -139,7 +139,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 @register
-class WebhookSink(Sink):
+class WebhookSink(MessageSink):
     settings_model = WebhookDestination
     extra = "webhook"
     config: WebhookDestination

@@ -27,16 +27,16 @@ from walstream.delivery.deliver import DeliveryPlan, Stats
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
+from walstream.delivery.route import Batch, Route, route
 from walstream.errors import ConfigError
-from walstream.sinks.base import retry_timeout
+from walstream.sinks.base import Kind, retry_timeout
 from walstream.sinks.lake import TableSink
-from walstream.sinks.registry import sink_for
+from walstream.sinks.registry import capabilities, sink_for
 from walstream.spark.expressions import projection
 from walstream.spark.frames import empty_frame
 from walstream.spark.reads import (
     Direct,
     deliver_direct,
-    eligible,
     grouped,
     plan_direct,
     tied_rows,
@@ -130,7 +130,7 @@ class Pipeline:
 
     def stream(self, df: Any) -> Any:
         """The query's streaming DataFrame `df` with its message sinks' columns (streamed.py)."""
-        sinks = [s for s in self.sinks if not isinstance(sink_for(s.destination), TableSink)]
+        sinks = [s for s in self.sinks if capabilities(s.destination).kind is not Kind.TABLES]
         self.streamed = None
         if not sinks:
             return df
@@ -254,7 +254,9 @@ class Pipeline:
         message sinks' columns (then `reads` is None)."""
         t0 = time.monotonic()
         driver_sink = sink_for(sink.destination)
-        if isinstance(driver_sink, TableSink):
+        caps = driver_sink.capabilities
+        if caps.kind is Kind.TABLES:
+            assert isinstance(driver_sink, TableSink)
             rows = df if streamed is None else streamed.raw(df)
             self._write_tables(rows, sink, driver_sink, batch_id, query_id, reads, empty)
             return
@@ -266,58 +268,91 @@ class Pipeline:
         steps = self._steps(df.sparkSession, sink, driver_sink, skip, reads is not None)
         assert steps.plan is not None
         plan = replace(steps.plan, query_id=query_id, batch_id=batch_id)
-        if reads is not None:
-            df = df.selectExpr("*", "CAST(NULL AS BIGINT) AS backfill")
+        fresh = not caps.ledger or self.ledger.start_batch(sink.name, query_id, batch_id)
+        unblocked = self.parked.get(sink.name, 0) == 0
+        routes = route(caps, Batch(
+            messages_made=steps.messages_made, tombstones=sink.tombstones,
+            transform=plan.transform_function is not None, fresh=fresh, unblocked=unblocked,
+            reads=reads is not None, plain=skip is None and sink.plain_messages(),
+        ))  # fmt: skip
         if streamed is not None:
             prepared = streamed.prepare(df, sink.name, skip)
+        elif reads is not None:
+            prepared = steps.prepare(df.selectExpr("*", "CAST(NULL AS BIGINT) AS backfill"))
         else:
             prepared = steps.prepare(df)
         spread = sink.partitions or self.default_partitions
-        direct: Direct | None = None
-        if reads is not None:
-            read_rows = steps.prepare(reads.rows)
-            if skip is None and eligible(sink, driver_sink, plan.tombstones):
-                direct = plan_direct(reads, sink, plan, self.source.name, prepared)
-            if direct is None:
-                placed = with_reads(prepared, read_rows, sink, spread)
-            elif direct.tied:  # free read rows go straight from their files; tied ones with
-                placed = grouped(prepared.unionByName(tied_rows(read_rows, prepared)), spread)
-            else:  # the batch has no changes for this sink: no Spark job
-                placed = None
-            first = 0 if placed is None else planned_partitions(placed)
-            plan = replace(plan, partitions=first + (len(direct.chunks) if direct else 0))
-            job = None if placed is None else steps.deliver(placed)
+        placed: tuple[Any, Direct | None, DeliveryPlan] | None
+        if reads is None:
+            placed = self._place_changes(prepared, steps, plan, spread)
         else:
-            # A batch in one source partition holds its changes in WAL order already: one
-            # task delivers them without a shuffle (the latency path). That job's plan says
-            # how many partitions the batch has; planning it pickles the batch's raw WAL, so
-            # when it is one, that plan is the one that runs.
-            job = steps.deliver(prepared)
-            inputs = planned_partitions(job)
-            if inputs == 0:  # no changes (a heartbeat-only batch): no job to run
-                with self.lock:
-                    self.progress.setdefault(sink.name, SinkProgress()).batches += 1
-                return
-            if inputs > 1:  # spread by group key, each partition in WAL order
-                plan = replace(plan, partitions=spread)
-                job = steps.deliver(grouped(prepared, spread))
-        fresh = True
-        if not driver_sink.replaces_batches:
-            fresh = self.ledger.start_batch(sink.name, query_id, batch_id)
+            placed = self._place_reads(prepared, reads, steps, sink, plan, routes.reads, spread)
+        if placed is None:  # no changes (a heartbeat-only batch): no job to run
+            with self.lock:
+                self.progress.setdefault(sink.name, SinkProgress()).batches += 1
+            return
+        job, direct, plan = placed
         driver_sink.prepare_batch(sink.name, batch_id, plan.partitions)
-        unblocked = self.parked.get(sink.name, 0) == 0
-        steps.start(BatchPart(query_id, batch_id, plan.partitions, fresh, unblocked))
+        steps.start(
+            BatchPart(query_id, batch_id, plan.partitions, routes.changes, fresh, unblocked)
+        )
         t_plan = time.monotonic() - t0
         stats = [] if job is None else [Stats(**r.asDict()) for r in job.collect()]
         if direct is not None:
+            first = plan.partitions - len(direct.chunks)
             stats += deliver_direct(df.sparkSession, direct, plan, first)
             log.debug("batch %d: sink %s: %d backfill chunk(s) delivered from their staged "
                       "files", batch_id, sink.name, len(direct.chunks))  # fmt: skip
         last = max(((s.last_lsn, s.last_seq) for s in stats if s.last_lsn >= 0), default=None)
         driver_sink.batch_delivered(sink.name, batch_id, last)
+        self._delivered(sink.name, batch_id, stats, time.monotonic() - t0, t_plan)
+
+    def _place_changes(
+        self, prepared: Any, steps: SinkSteps, plan: DeliveryPlan, spread: int
+    ) -> tuple[Any, None, DeliveryPlan] | None:
+        """The job delivering a batch's changes, and the plan with its partition count;
+        None when the batch has no changes for the sink.
+
+        A batch in one source partition holds its changes in WAL order already: one
+        task delivers them without a shuffle (the latency path). That job's plan says how
+        many partitions the batch has; planning it pickles the batch's raw WAL, so when
+        it is one, that plan is the one that runs."""
+        job = steps.deliver(prepared)
+        inputs = planned_partitions(job)
+        if inputs == 0:
+            return None
+        if inputs > 1:  # spread by group key, each partition in WAL order
+            return steps.deliver(grouped(prepared, spread)), None, replace(plan, partitions=spread)
+        return job, None, plan
+
+    def _place_reads(
+        self, prepared: Any, reads: Any, steps: SinkSteps, sink: SinkConfig, plan: DeliveryPlan,
+        reads_route: Route | None, spread: int,
+    ) -> tuple[Any, Direct | None, DeliveryPlan]:  # fmt: skip
+        """The job delivering a batch's changes with its backfill read rows (None: none
+        goes through Spark), the chunks delivered from their staged files, and the plan
+        with the partition count: the Spark job's partitions, then one per direct chunk."""
+        read_rows = steps.prepare(reads.rows)
+        direct = None
+        if reads_route is Route.STAGED_CHUNKS:
+            direct = plan_direct(reads, sink, plan, self.source.name, prepared)
+        if direct is None:
+            placed = with_reads(prepared, read_rows, sink, spread)
+        elif direct.tied:  # free read rows go straight from their files; tied ones with
+            placed = grouped(prepared.unionByName(tied_rows(read_rows, prepared)), spread)
+        else:  # the batch has no changes for this sink: no Spark job
+            placed = None
+        first = 0 if placed is None else planned_partitions(placed)
+        plan = replace(plan, partitions=first + (len(direct.chunks) if direct else 0))
+        return None if placed is None else steps.deliver(placed), direct, plan
+
+    def _delivered(
+        self, sink: str, batch_id: int, stats: list[Stats], took: float, planning: float
+    ) -> None:
+        """Count what the batch's tasks delivered to `sink` (progress, metrics, the log)."""
         newest = max((s.max_committed_us for s in stats if s.delivered), default=0)
         with self.lock:
-            self.progress.setdefault(sink.name, SinkProgress()).add_batch(
+            self.progress.setdefault(sink, SinkProgress()).add_batch(
                 sum(s.delivered for s in stats), newest,
                 skipped=sum(s.skipped for s in stats), parked=sum(s.parked for s in stats),
                 dead=sum(s.dead for s in stats), discarded=sum(s.discarded for s in stats),
@@ -325,11 +360,11 @@ class Pipeline:
             )  # fmt: skip
         self._newest_us = max(self._newest_us, newest)
         if self.metrics is not None:
-            self.metrics.delivered(sink.name, newest)
+            self.metrics.delivered(sink, newest)
         log.debug(
             "batch %d: sink %s delivered %d, skipped %d, in %.3fs (planning %.3fs) over %d partitions",
-            batch_id, sink.name, sum(s.delivered for s in stats),
-            sum(s.skipped for s in stats), time.monotonic() - t0, t_plan, len(stats),
+            batch_id, sink, sum(s.delivered for s in stats),
+            sum(s.skipped for s in stats), took, planning, len(stats),
         )  # fmt: skip
 
     def _steps(
@@ -352,7 +387,7 @@ class Pipeline:
                 partitions=1,
                 transform_function=sink.transform if isinstance(sink.transform, str) else None,
                 tombstones=sink.tombstones,
-                parking=None if driver_sink.replaces_batches else self.parking,
+                parking=self.parking if driver_sink.capabilities.ledger else None,
                 max_attempts=sink.max_attempts,
                 backoff=Backoff(sink.backoff.initial, sink.backoff.max),
                 max_parked=sink.max_parked,
@@ -361,8 +396,6 @@ class Pipeline:
             )
             p = projection(sink, skip, backfill, self.db)
             plan = replace(plan, worker_format=p.worker_format)
-            if driver_sink.columnar and not plan.tombstones and plan.transform_function is None:
-                plan = replace(plan, columnar="_message" in p.names or p.worker_format is not None)
             steps = SinkSteps(spark, sink, skip, backfill, self.db, plan)
             self._built = {
                 k: v for k, v in self._built.items() if k[0] != sink.name or k[1] == skip

@@ -2,8 +2,8 @@
 
 In a batch that places backfill chunks, a read row whose key has no change in the
 batch is ordered with nothing: it can be delivered where it was staged. For a
-columnar sink (files, pull streams) with the default key and grouping, no filter or
-transform, and a format `ReadTemplate` can cut, each such chunk is one task that reads
+batch sink taking columns (files, pull streams) whose messages are its format's as
+they are (`Route.STAGED_CHUNKS`, see `delivery/route.py`) and a format `ReadTemplate` can cut, each such chunk is one task that reads
 its staged file with pyarrow, drops the rows DBLog drops (keys changed in the chunk's
 window, all rows after a truncate there), leaves out the rows whose key the batch
 changes (those go through Spark with the batch's changes, in order), builds the
@@ -25,7 +25,6 @@ from walstream.backfill.typed import ReadRows, TypedChunk
 from walstream.config import SinkConfig
 from walstream.delivery.columns import deliver_columns
 from walstream.delivery.deliver import DeliveryPlan, Stats
-from walstream.sinks.base import DestinationSettings, Sink
 
 #: Up to this many window changes and batch groups are sent to the tasks as sets.
 LIMIT = 250_000
@@ -41,19 +40,6 @@ class Direct:
     changed: dict[tuple[int, int], frozenset[str]]  # chunk -> its window's changed keys
     truncated: frozenset[tuple[int, int]]
     tied: frozenset[str]  # groups the batch's changes have: their read rows go with them
-
-
-def eligible(sink: SinkConfig, driver_sink: Sink, tombstones: bool) -> bool:
-    """Whether a sink's read rows may skip Spark: a columnar sink, default key and group,
-    no route, filter, event types or transform."""
-    dest = sink.destination
-    return (
-        driver_sink.columnar and driver_sink.replaces_batches and not tombstones
-        and sink.transform is None and sink.filter is None and not sink.event_types
-        and not sink.group_by and dest.group_by() is None and dest.route_expression() is None
-        and dest.key_expression() == DestinationSettings.key_expression(dest)
-        and "read" in sink.actions
-    )  # fmt: skip
 
 
 def plan_direct(

@@ -19,6 +19,7 @@ from typing import Any
 
 from walstream.config import SinkConfig
 from walstream.delivery.deliver import DeliveryPlan
+from walstream.delivery.route import Route
 from walstream.spark.expressions import TRIMMED, projection
 from walstream.spark.frames import arrow_map_udf, column_seq
 from walstream.spark.tasks import STATS_DDL, deliver_arrow
@@ -31,7 +32,7 @@ BATCH_PROPERTY = "walstream.batch.{sink}"
 class BatchPart:
     """What a sink's tasks learn per batch (the rest of the plan is pickled once).
 
-    `fresh`: the ledger holds nothing of this batch (not a replay), so a task's first
+    `route`: how the tasks deliver (`delivery/route.py`). `fresh`: the ledger holds nothing of this batch (not a replay), so a task's first
     attempt delivers all of its partition without asking the ledger. `unblocked`: the
     sink has no parked messages, so no group is blocked. A retried task attempt asks
     both: its earlier attempt may have delivered or parked part of the partition.
@@ -40,6 +41,7 @@ class BatchPart:
     query_id: str
     batch_id: int
     partitions: int
+    route: str = Route.ROWS
     fresh: bool = False
     unblocked: bool = False
 
@@ -53,6 +55,7 @@ class BatchPart:
     def apply(self, plan: DeliveryPlan, first_attempt: bool) -> DeliveryPlan:
         return replace(
             plan, query_id=self.query_id, batch_id=self.batch_id, partitions=self.partitions,
+            route=Route(self.route),
             fresh=self.fresh and first_attempt, unblocked=self.unblocked and first_attempt,
         )  # fmt: skip
 
@@ -80,6 +83,8 @@ class SinkSteps:
                 for c in names
             ])  # fmt: skip
         self.names = names
+        #: Each message is made in SQL or Arrow (`_message`), not by a Python step.
+        self.messages_made = "_message" in names or p.worker_format is not None
         self.plan = plan
         self._deliver = None
         if plan is not None:

@@ -2,9 +2,9 @@
 
 Each task reads its partition's Arrow batches (change columns plus the pipeline's
 extras), delivers them in order, and yields one row of counts (`STATS_DDL`) for the
-driver. Columnar sinks take the Arrow batches themselves: `deliver_columns` for sinks
-that replace batches, `deliver_ledger_columns` for a fresh batch of a sink that keeps
-the ledger (Kafka); everything else goes message by message (`deliver_partition`).
+driver, by the batch's route (`delivery/route.py`): `deliver_columns` (a batch sink
+taking the Arrow batches themselves), `deliver_ledger_columns` (a message sink taking
+them, Kafka, on a fresh batch) or message by message (`deliver_partition`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from walstream.arrow_formats import batch_messages
 from walstream.change import ChangeRow
 from walstream.delivery.columns import deliver_columns, deliver_ledger_columns
 from walstream.delivery.deliver import DeliveryPlan, Row, deliver_partition
+from walstream.delivery.route import Route
 from walstream.nopandas import no_pandas
-from walstream.sinks.registry import sink_for
+from walstream.sinks.registry import task_sink_for
 
 STATS_DDL = (
     "partition INT, delivered BIGINT, skipped BIGINT, last_lsn BIGINT, last_seq INT, "
@@ -34,13 +35,13 @@ def deliver_arrow(plan: DeliveryPlan) -> Callable[[Iterator[Any]], Iterator[Any]
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        sink = sink_for(plan.destination)
+        sink = task_sink_for(plan.destination)
         if plan.worker_format is not None:
             batches = with_messages(plan, batches)
         rows = lambda b: _rows(b, pa)  # noqa: E731
-        if plan.columnar and sink.replaces_batches:
+        if plan.route is Route.COLUMNS:
             stats = deliver_columns(plan, partition, batches, rows, sink)
-        elif plan.columnar and plan.fresh and plan.unblocked:
+        elif plan.route is Route.LEDGER_COLUMNS:
             stats = deliver_ledger_columns(plan, partition, batches, rows, sink)
         else:
             stats = deliver_partition(plan, partition, _rows(batches, pa), sink)

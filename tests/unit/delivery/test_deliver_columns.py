@@ -15,6 +15,7 @@ from walstream.change import ChangeRow, change_key
 from walstream.config import parse_config
 from walstream.delivery.columns import deliver_columns
 from walstream.delivery.deliver import DeliveryPlan, deliver_partition
+from walstream.delivery.route import Route
 from walstream.formats import formatter
 from walstream.spark.tasks import _rows
 
@@ -76,7 +77,7 @@ def test_columnar_equals_per_message(tmp_path: Path, fmt: str) -> None:
 
     rows_dir, cols_dir = tmp_path / "rows", tmp_path / "cols"
     by_row = deliver_partition(plan_for(rows_dir, fmt), 0, _rows(data, pa))
-    plan = replace(plan_for(cols_dir, fmt), columnar=True)
+    plan = replace(plan_for(cols_dir, fmt), route=Route.COLUMNS)
     by_col = deliver_columns(plan, 0, iter(data), lambda b: _rows(b, pa))
 
     assert (by_col.delivered, by_col.last_lsn, by_col.last_seq, by_col.max_committed_us) == (
