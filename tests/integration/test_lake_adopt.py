@@ -16,8 +16,8 @@ from pyiceberg.table import Transaction
 
 from tests.lake import delta_rows, iceberg_rows, run_config
 from walstream.config import parse_config
+from walstream.lake.contract import FilesBatch
 from walstream.postgres.table_shape import TableShape, load_shape
-from walstream.sinks.lake import FilesBatch
 from walstream.sinks.registry import sink_for
 
 KINDS = ("delta", "iceberg")

@@ -61,7 +61,7 @@ def test_lake_optimize_compacts_every_table_of_the_sink_and_keeps_its_rows(
                          "optimize": {"every": "2s", "retain": 0}}},
     ])))  # fmt: skip
     plan = load_config(config)
-    caplog.set_level(logging.INFO, logger="walstream.spark.tables")
+    caplog.set_level(logging.INFO, logger="walstream.lake.writer")
     runtime = Runtime(plan, spark=spark).start()
     try:
         write_in_batches(runtime, db, 12, ("delta", "iceberg"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from walstream.state.lake_sources import Change, LakeSources
+from walstream.lake.sources import Change, LakeSources
 
 T_OID, NEW_T_OID = 16400, 16500
 

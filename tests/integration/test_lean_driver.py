@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     from walstream.delivery.deliver import DeliveryPlan
     from walstream.delivery.ledger import Ledger
     from walstream.spark.session import build_spark
-    from walstream.spark.frames import map_in_arrow
+    from walstream.engine.frames import map_in_arrow
     from walstream.spark.pipeline import validate
     from walstream.spark.steps import SinkSteps
     from walstream.spark.warm import warm_workers

@@ -4,7 +4,7 @@ A lake sink (`type: delta`/`iceberg`) keeps typed columns, so its backfill chunk
 read with ADBC's binary COPY reader straight into the lake column types and staged as
 Parquet (`arrow_read.read_typed_chunk`). Where the stream reaches a chunk's high
 watermark, the pipeline hands the sink a `TypedReads`: the chunk files and the stream's
-changes inside each chunk's window. The sink's writer (`spark/tables.py`) drops the
+changes inside each chunk's window. The sink's writer (`lake/writer.py`) drops the
 rows whose key changed there (DBLog: the stream's newer version wins) with an Arrow
 anti-join on the typed key, and writes the rest in the batch's one commit per table.
 A row goes through neither JSON nor Spark; only history mode's plan steps through
@@ -20,20 +20,18 @@ from walstream.backfill.arrow_read import read_typed_chunk
 from walstream.backfill.read import ChunkResult, ChunkTask, read_chunk
 from walstream.config import SinkConfig
 from walstream.postgres.chunks import Table
-from walstream.postgres.table_shape import TableShape, load_shape
+from walstream.postgres.table_shape import TableShape
 from walstream.sinks.base import Kind
-from walstream.sinks.lake import LakeDestination
 from walstream.sinks.registry import capabilities
 
 
 def lake_shape(conn: Any, sink: SinkConfig, table: Table) -> TableShape | None:
     """The lake columns a table sink's backfill of `table` reads (the sink's columns of
     those the publication sends: `table.columns`), or None when it is not read typed."""
-    dest = sink.destination
-    if not reads_typed(sink) or not isinstance(dest, LakeDestination):
+    if not reads_typed(sink):
         return None
-    shape = load_shape(conn, table.schema, table.name, need_key=dest.mode != "changelog")
-    return shape.select(dest.columns.include, dest.columns.exclude).select(table.columns, None)
+    shape: TableShape = sink.destination.typed_shape(conn, table.schema, table.name, table.columns)
+    return shape
 
 
 def read_task(task: ChunkTask) -> ChunkResult:

@@ -5,7 +5,7 @@ what the batch is (a replay? rows parked? backfill rows in it?) pick the route:
 
 | route            | for                                   | executor                          |
 |------------------|---------------------------------------|-----------------------------------|
-| `TABLES`         | a table sink (Delta, Iceberg)         | `spark/tables.py:write_tables`    |
+| `TABLES`         | a table sink (Delta, Iceberg)         | `lake/writer.py:write_tables`    |
 | `COLUMNS`        | a batch sink taking columns, messages | `delivery/columns.deliver_columns` |
 |                  | made in SQL or Arrow                  |                                   |
 | `LEDGER_COLUMNS` | a message sink taking columns, on a   | `columns.deliver_ledger_columns`  |

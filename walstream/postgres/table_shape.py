@@ -21,7 +21,7 @@ from the source's catalog (the table as it is when a batch is written):
 
 Domains take their base type's column type. A value that does not fit its column
 type (numeric 'NaN', a date 'infinity', a multi-dimensional array) is never written
-as NULL: the batch stops with an error naming the column (see `spark/tables.py`).
+as NULL: the batch stops with an error naming the column (see `lake/writer.py`).
 """
 
 from __future__ import annotations

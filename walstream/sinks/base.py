@@ -80,6 +80,12 @@ class DestinationSettings(Model):
         """The grouping this destination needs (None: the sink's `group_by`, default per row)."""
         return None
 
+    def typed_shape(self, conn: Any, schema: str, table: str, columns: Any) -> Any:
+        """A table sink's columns of `schema.table` (a `TableShape`; `columns`: those the
+        publication sends): its backfills are read typed into them. Default: a message
+        destination, whose backfills are read as change rows (never called)."""
+        raise TypeError(f"a {self.type} destination takes messages, not typed rows")
+
     @classmethod
     def preflight(cls, plan: Any, sinks: Sequence[Any]) -> None:
         """Checks across the whole config before anything runs, for `sinks` (the plan's

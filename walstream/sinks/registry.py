@@ -1,9 +1,11 @@
-"""Every sink type, found by importing the modules of `walstream.sinks` that `@register` one.
+"""Every sink type: the modules of `walstream.sinks` and of the `walstream.sinks` entry
+points (the lake's, and any package's own), each of which `@register`s its sinks.
 
 The `destination:` union of the config, `sink_for`, `walstream check` and the
 contract suite's list of sinks are all built from here: a new sink is its module
-(settings + Sink + `@register`), a harness entry in `tests/sinks/conftest.py` and
-its tests.
+(settings + a sink kind + `@register`), a harness entry in `tests/sinks/conftest.py`
+and its tests. A sink outside walstream names its module in its own package's
+`[project.entry-points."walstream.sinks"]`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
+from importlib.metadata import entry_points
 from typing import Annotated, Any, TypeVar, Union, get_args
 
 from pydantic import Field
@@ -18,6 +21,9 @@ from pydantic import Field
 from walstream.sinks.base import Capabilities, DestinationSettings, Sink, TaskSink
 
 S = TypeVar("S", bound=type[Sink])
+
+#: The entry-point group of sink modules outside `walstream.sinks`.
+ENTRY_POINTS = "walstream.sinks"
 
 _TYPES: dict[str, type[Sink]] = {}
 _LOCK = threading.RLock()
@@ -52,6 +58,13 @@ def sink_types() -> dict[str, type[Sink]]:
 
             for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
                 importlib.import_module(f"{package.__name__}.{info.name}")
+            for entry in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+                entry.load()
+            if "delta" not in _TYPES:  # walstream's own entry points are not installed
+                raise RuntimeError(
+                    "walstream's sink entry points are missing (a source checkout whose "
+                    "metadata predates them): run `pip install -e .` again"
+                )
             settings = [cls.settings_model for cls in _TYPES.values()]
             _union = Annotated[Union[tuple(settings)], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
             for model in settings:  # wrappers (faulty) name `AnyDestination` for their inner one

@@ -6,19 +6,14 @@ applies to each batch; `expressions` lists what the user wrote, for `validate`.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 
 from walstream.arrow_formats import ARROW_FORMATS
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import SinkConfig
+from walstream.engine.sql import quote, selection_expr
 from walstream.formats import sql_format, sql_idempotency_key
 from walstream.sinks.base import DestinationSettings
-
-
-def quote(s: str) -> str:
-    """A Spark SQL string literal."""
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def group_expr(items: list[str] | None) -> str:
@@ -45,26 +40,6 @@ def group_expr(items: list[str] | None) -> str:
         else:
             parts.append(f"CAST(({item}) AS STRING)")
     return "concat_ws('\u001f', " + ", ".join(parts) + ")"
-
-
-def selection_expr(sink: SinkConfig) -> str:
-    conds = ["action IN (" + ", ".join(quote(a) for a in sink.actions) + ")"]
-    if sink.tables:
-        regexes = [fnmatch.translate(t) for t in sink.tables]
-        conds.append(
-            "("
-            + " OR ".join(f"concat(`schema`, '.', `table`) RLIKE {quote(r)}" for r in regexes)
-            + ")"
-        )
-    elif sink._outbox is not None:  # every table but the event outbox
-        schema, table = sink._outbox
-        conds.append(f"NOT (`schema` = {quote(schema)} AND `table` = {quote(table)})")
-    if sink.event_types:
-        types = ", ".join(quote(t) for t in sink.event_types)
-        conds.append(f"get_json_object(record, '$.event_type') IN ({types})")
-    if sink.filter:
-        conds.append(f"({sink.filter})")
-    return " AND ".join(conds)
 
 
 #: Spark hands a NULL array to a Python task ~7x slower than an empty one (from Arrow

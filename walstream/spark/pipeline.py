@@ -28,12 +28,14 @@ from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
 from walstream.delivery.route import Batch, Route, route
+from walstream.engine.frames import empty_frame
 from walstream.errors import ConfigError
+from walstream.lake.contract import TableSink
+from walstream.lake.sources import LakeSources
+from walstream.lake.writer import Upkeep, write_or_pause, write_tables
 from walstream.sinks.base import Kind, retry_timeout
-from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import capabilities, sink_for
 from walstream.spark.expressions import projection
-from walstream.spark.frames import empty_frame
 from walstream.spark.reads import (
     Direct,
     deliver_direct,
@@ -44,8 +46,6 @@ from walstream.spark.reads import (
 )
 from walstream.spark.steps import BatchPart, SinkSteps
 from walstream.spark.streamed import StreamedSinks
-from walstream.spark.tables import Upkeep, write_or_pause, write_tables
-from walstream.state.lake_sources import LakeSources
 
 log = logging.getLogger(__name__)
 #: How often a batch held by a paused sink looks at the source's slot (`_check_slot`).
@@ -407,7 +407,7 @@ class Pipeline:
         self, df: Any, sink: SinkConfig, table_sink: TableSink, batch_id: int, query_id: str,
         reads: Any, empty: bool = False,
     ) -> None:  # fmt: skip
-        """A lake sink: each table's changes of the batch in one commit (spark/tables.py)."""
+        """A lake sink: each table's changes of the batch in one commit (lake/writer.py)."""
         t0 = time.monotonic()
         out = write_or_pause(
             lambda: write_tables(

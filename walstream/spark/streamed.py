@@ -24,8 +24,8 @@ from typing import Any
 
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import SinkConfig
+from walstream.engine.frames import column_seq
 from walstream.spark.expressions import TRIMMED, projection
-from walstream.spark.frames import column_seq
 
 
 class Streamed:

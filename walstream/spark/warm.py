@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from walstream.spark.frames import map_in_arrow
+from walstream.engine.frames import map_in_arrow
 
 log = logging.getLogger(__name__)
 

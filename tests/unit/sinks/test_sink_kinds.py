@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from walstream.lake.contract import TableSink
 from walstream.sinks.base import (
     RETRY_TIMEOUT,
     BatchSink,
@@ -16,7 +17,6 @@ from walstream.sinks.base import (
     MessageSink,
     retry_timeout,
 )
-from walstream.sinks.lake import TableSink
 from walstream.sinks.registry import (
     capabilities,
     destination_union,

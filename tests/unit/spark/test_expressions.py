@@ -5,14 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from walstream.config import parse_config
-from walstream.spark.expressions import (
-    delivery_columns,
-    expressions,
-    group_expr,
-    projection,
-    quote,
-    selection_expr,
-)
+from walstream.engine.sql import quote, selection_expr
+from walstream.spark.expressions import delivery_columns, expressions, group_expr, projection
 
 
 def sink(**settings: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from walstream.sinks.iceberg import _delete, _keys_filter
+from walstream.lake.iceberg import _delete, _keys_filter
 
 pytest.importorskip("pyiceberg")
 

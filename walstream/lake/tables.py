@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from walstream.errors import SinkError
-from walstream.sinks.lake import FilesBatch, LakeDestination, TableBatch
-from walstream.sinks.lake_plan import (
+from walstream.lake.contract import FilesBatch, LakeDestination, TableBatch
+from walstream.lake.plan import (
     CurrentRows,
     HistoryPlan,
     Key,

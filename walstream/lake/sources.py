@@ -5,7 +5,7 @@ shows as changes of `u`, whose lake table does not exist yet: written as they co
 they would start a new lake table holding only the rows changed since, while `t`'s
 lake table keeps the rest. And a table dropped and created again under its name would
 write into the lake table that still holds the dropped one's rows (a DROP sends no
-deletes). The lake writer (`spark/tables.py`) asks `changed` before it writes a table
+deletes). The lake writer (`lake/writer.py`) asks `changed` before it writes a table
 (once per table and process): either pauses the sink, saying so and what to do. The
 table is recorded as it is now, so after `walstream resume` the sink goes on.
 

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from walstream.errors import SinkError
-from walstream.sinks.lake_plan import fill_toast, history_plan, mirror_plan, split_moves
+from walstream.lake.plan import fill_toast, history_plan, mirror_plan, split_moves
 
 SCHEMA = pa.schema([
     ("_op", pa.string()), ("_lsn", pa.int64()), ("_seq", pa.int32()),

@@ -16,22 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import TableShape
-from walstream.sinks.iceberg_catalog import (
+from walstream.lake.catalog import (
     CATALOGS,
     IcebergDestination,
     ensure_schema,
     load_pyiceberg,
     sqlalchemy_url,
 )
-from walstream.sinks.lake import (
+from walstream.lake.contract import (
     FilesBatch,
     TableBatch,
     TableSink,
     Written,
 )
-from walstream.sinks.lake_plan import Key, history_plan, key_of, mirror_plan
-from walstream.sinks.lake_tables import (
+from walstream.lake.plan import Key, history_plan, key_of, mirror_plan
+from walstream.lake.tables import (
     LakeTable,
     adoptable,
     has_any_key,
@@ -39,6 +38,7 @@ from walstream.sinks.lake_tables import (
     present_keys,
     staged_or,
 )
+from walstream.postgres.table_shape import TableShape
 from walstream.sinks.registry import register
 
 #: Snapshots walked back from the current one to find this sink's last batch.

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from walstream.errors import SinkError
-from walstream.sinks.delta import DeltaDestination
-from walstream.sinks.lake_tables import LakeTable
+from walstream.lake.delta import DeltaDestination
+from walstream.lake.tables import LakeTable
 
 
 def lake() -> LakeTable:

@@ -4,7 +4,7 @@ Tables live at `path` (a local directory or an object-store URI, `{schema}` and
 `{table}` filled in per source table). Each micro-batch writes each table in one
 Delta commit carrying the application transaction `(walstream/<sink>/<query id>,
 batch id)`: a replayed batch finds its version recorded and writes nothing. Mirror
-and history modes commit one MERGE; changelog appends. See `sinks/lake.py` for the
+and history modes commit one MERGE; changelog appends. See `lake/contract.py` for the
 modes and `docs/lakehouse.md` for the guide.
 """
 
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator
 
 from walstream.errors import SinkError, optional_import
-from walstream.sinks.lake import (
+from walstream.lake.contract import (
     FilesBatch,
     LakeDestination,
     TableBatch,
@@ -28,8 +28,8 @@ from walstream.sinks.lake import (
     check_template,
     fill_template,
 )
-from walstream.sinks.lake_plan import history_plan, mirror_plan
-from walstream.sinks.lake_tables import (
+from walstream.lake.plan import history_plan, mirror_plan
+from walstream.lake.tables import (
     LakeTable,
     adoptable,
     dataset_field,

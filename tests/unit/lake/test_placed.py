@@ -12,8 +12,8 @@ import pytest
 
 from walstream.backfill.typed import TypedChunk
 from walstream.errors import SinkError
+from walstream.lake.typed import Placed
 from walstream.postgres.table_shape import Column, TableShape
-from walstream.spark.typed import Placed
 
 SHAPE = TableShape("public", "t", (Column("id", "BIGINT"), Column("v", "INT")), ("id",))
 

@@ -6,7 +6,7 @@ filter), finds which tables the batch touches (no job when the sink can take one
 only), reads each table's shape from the source catalog, types the rows (`typed.py`:
 the stream's on the executors, a backfill's staged typed already), brings them to the
 driver as Arrow and hands them to the sink, which commits each table once (see
-`sinks/lake.py`). A value its column cannot hold pauses the sink (`write_or_pause`).
+`lake/contract.py`). A value its column cannot hold pauses the sink (`write_or_pause`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from typing import Any, TypeVar
 from walstream.backfill.typed import TypedReads
 from walstream.config import SinkConfig
 from walstream.delivery.parking import ParkingLot
+from walstream.engine.sql import selection_expr
 from walstream.errors import SinkError
+from walstream.lake.contract import FilesBatch, TableBatch, TableSink, Written
+from walstream.lake.files import StagedFiles, discard, stage_changelog
+from walstream.lake.sources import LakeSources
+from walstream.lake.typed import place, to_batch, typed_rows
 from walstream.postgres.table_shape import (
     TableGone,
     load_shape,
@@ -29,12 +34,7 @@ from walstream.postgres.table_shape import (
     rows_by_key,
 )
 from walstream.sinks.clients import Clients
-from walstream.sinks.lake import FilesBatch, TableBatch, TableSink, Written
-from walstream.spark.expressions import selection_expr
-from walstream.spark.lake_files import StagedFiles, discard, stage_changelog
-from walstream.spark.typed import place, to_batch, typed_rows
 from walstream.state.db import once_more
-from walstream.state.lake_sources import LakeSources
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from walstream.fields import Duration, Model, Size
-from walstream.postgres.table_shape import TableShape
+from walstream.postgres.table_shape import TableShape, load_shape
 from walstream.sinks.base import Capabilities, DestinationSettings, Kind, Sink, SinkContext
 
 Mode = Literal["mirror", "history", "changelog"]
@@ -84,6 +84,11 @@ class LakeDestination(DestinationSettings):
         if len(set(v)) != len(v):
             raise ValueError("a column is named twice")
         return v
+
+    def typed_shape(self, conn: Any, schema: str, table: str, columns: Any) -> TableShape:
+        """The lake columns of `schema.table` (of those the publication sends, `columns`)."""
+        shape = load_shape(conn, schema, table, need_key=self.mode != "changelog")
+        return shape.select(self.columns.include, self.columns.exclude).select(columns, None)
 
     def resolved(self, context: SinkContext) -> Any:
         copy = self.model_copy(

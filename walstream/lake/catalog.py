@@ -12,8 +12,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from walstream.errors import optional_import
 from walstream.fields import Model
+from walstream.lake.contract import LakeDestination, check_template, fill_template
 from walstream.sinks.clients import Clients
-from walstream.sinks.lake import LakeDestination, check_template, fill_template
 
 
 class Catalog(Model):
