@@ -252,7 +252,7 @@ def test_a_batch_without_rows_of_the_dropped_table_goes_on(spark, db, tmp_path, 
     reading that table's columns (forced here: the publication is read as it was before the
     DROP). A batch holding none of its rows writes nothing and goes on; the table's next
     change (a new table under its name) pauses the sink with the reason that fits it."""
-    from walstream.spark import tables
+    from walstream.lake import writer as tables
 
     db.execute("CREATE TABLE d (id int PRIMARY KEY, a int)")
     db.execute("CREATE TABLE e (id int PRIMARY KEY)")
