@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from walstream.backfill.dblog import KEY_SQL, key_of
 from walstream.backfill.merge import BackfillMerge, Staging, _Emit, _Target
 from walstream.backfill.records import Mark
 
@@ -99,3 +100,40 @@ def test_a_truncate_outside_the_window_drops_nothing(spark, tmp_path):
     changes = [change(50, "truncate", None), change(450, "truncate", None)]
     got = placed(spark, tmp_path, [emit(0, 100, 200)], changes, {0: range(1, 3)})
     assert got == [(200, 1, 1, "read"), (200, 2, 2, "read")]
+
+
+def test_spark_sql_keys_a_row_as_python_and_arrow_do(spark):
+    keys = [["a\x1fb", "c"], ["a", "b\x1fc"], ["1:a"], ["~"], [None], [""], ["", ""],
+            ["é", "日本"], ["é日", "本"], ["it's", "\\"]]  # fmt: skip
+    rows = spark.createDataFrame([(i, k) for i, k in enumerate(keys)], "i INT, pk ARRAY<STRING>")
+    got = {r.i: r.k for r in rows.selectExpr("i", f"{KEY_SQL} AS k").collect()}
+    assert [got[i] for i in range(len(keys))] == [key_of(k) for k in keys]
+    assert len(set(got.values())) == len(keys)
+
+
+def test_composite_text_keys_holding_the_separator_drop_only_their_own_row(spark, tmp_path):
+    """("a\\x1fb", "c") and ("a", "b\\x1fc") are two keys: a change of one drops one row."""
+    merge = BackfillMerge(None, "app", Staging(str(tmp_path), "app"))  # type: ignore[arg-type]
+    path = Path(merge.staging.chunk(7, 0, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = [["a\x1fb", "c"], ["a", "b\x1fc"], ["é", "x"]]
+    pq.write_table(pa.table({
+        "pk": pa.array(keys, pa.list_(pa.string())),
+        "record": [json.dumps({"k1": a, "k2": b}) for a, b in keys],
+        "ord": pa.array(range(3), pa.int32()),
+        "backfill": pa.array([7] * 3, pa.int64()),
+        "chunk": pa.array([0] * 3, pa.int32()),
+    }), path)  # fmt: skip
+    target = _Emit(
+        _Target("files", "public", "t", ("k1", "k2"), 4242),
+        Mark(7, 0, 1, "low", 100, 0, BATCH), Mark(7, 0, 1, "high", 200, 0, BATCH),
+        committed_us=1_700_000_000_000_000,
+    )  # fmt: skip
+    changes = [("public", "t", ["a", "b\x1fc"], 150, 0, "update",
+                json.dumps({"k1": "a", "k2": "b\x1fc"}), None)]  # fmt: skip
+    keys_df = spark.createDataFrame(changes, WINDOW)
+    inside, em = merge._inside(spark, keys_df, [target], QUERY, BATCH)
+    placed = merge._rows(spark, inside, em, [target])
+    assert placed is not None
+    got = sorted((r.seq, json.loads(r.record)["k1"]) for r in placed[0].collect())
+    assert got == [(1, "a\x1fb"), (3, "é")]

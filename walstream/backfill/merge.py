@@ -7,9 +7,8 @@ Per micro-batch of a source with running backfills (driver side, in foreachBatch
    recorded with their cursor and batch id.
 2. Each chunk whose high watermark is in the batch is claimed (the first attempt
    to arrive wins; a replay of the batch claims it again). Its staged rows are
-   read back, and dropped where the key changed in the stream between its low and
-   high watermark — the stream's newer version wins — or all of them when the
-   table was truncated there. The rest become action `read` rows at the high
+   read back, and dropped where the stream overrides them (the DBLog rule,
+   `dblog.py`: a key changed between the low and high watermark, or a truncate). The rest become action `read` rows at the high
    watermark's place: lsn = its commit LSN, seq = its seq + 1 + the row's ordinal.
 3. While a window is still open at the end of the batch, the batch's changes of
    the backfilled tables (keys, cursor, action, old key) are written to the
@@ -17,7 +16,7 @@ Per micro-batch of a source with running backfills (driver side, in foreachBatch
 
 All of it is Spark work over files and the batch: the driver holds watermarks,
 never rows. A lake sink's chunks are staged typed and placed by its writer instead
-(`typed.py`): it gets the chunk files and the window's changes (`TypedReads`).
+(`lake/typed.py`): it gets the chunk files and the window's changes (`TypedReads`).
 Chunk files are removed once the batch that emitted them is committed, window files
 once no open window needs them.
 """
@@ -30,15 +29,13 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
+from walstream.backfill.dblog import drop_sql, moved_key
 from walstream.backfill.store import BackfillStore, Mark
 from walstream.backfill.typed import ReadRows, TypedChunk, TypedReads
+from walstream.engine.sql import quote
 from walstream.postgres.decoder import WATERMARK
 
 log = logging.getLogger(__name__)
-
-
-def _q(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class Staging:
@@ -244,14 +241,16 @@ class BackfillMerge:
                 else:
                     assert placed is not None
                     rows, found = placed
-                    out[sink] = ReadRows(rows.where(f"_sink = {_q(sink)}").drop("_sink"), chunks,
+                    out[sink] = ReadRows(rows.where(f"_sink = {quote(sink)}").drop("_sink"), chunks,
                                          inside, found.changed, found.cut, found.moved)  # fmt: skip
 
         open_lows = self.store.open_lows(list(running))
         if open_lows:
             first = min(m.cursor for m in open_lows)
             tables = {(targets[m.backfill].schema, targets[m.backfill].table) for m in open_lows}
-            cond = " OR ".join(f"(`schema` = {_q(s)} AND `table` = {_q(t)})" for s, t in tables)
+            cond = " OR ".join(
+                f"(`schema` = {quote(s)} AND `table` = {quote(t)})" for s, t in tables
+            )
             (
                 keys.where(
                     f"({cond}) AND (lsn > {first[0]} OR (lsn = {first[0]} AND seq > {first[1]}))"
@@ -264,7 +263,7 @@ class BackfillMerge:
     def _keys_view(self, df: Any, running: dict[int, tuple[str, str, str]]) -> Any:
         """This batch's changes of the backfilled tables, as window rows."""
         tables = {(s, t) for _, s, t in running.values()}
-        cond = " OR ".join(f"(`schema` = {_q(s)} AND `table` = {_q(t)})" for s, t in tables)
+        cond = " OR ".join(f"(`schema` = {quote(s)} AND `table` = {quote(t)})" for s, t in tables)
         return df.where(f"action <> '{WATERMARK}' AND ({cond})").selectExpr(
             "`schema`", "`table`", "pk", "lsn", "seq", "action", "record",
             "CASE WHEN action = 'update' THEN old END AS old",
@@ -335,51 +334,13 @@ class BackfillMerge:
             *(self.staging.chunk(e.high.backfill, e.high.chunk, e.high.attempt) for e in emits)
         )
         rows = staged.join(em, ["backfill", "chunk"])
-        if found.changed:
-            changed = small(inside.where("action <> 'truncate'").selectExpr(
-                "backfill AS _b", "chunk AS _c", "to_json(pk) AS _k"
-            ).distinct())  # fmt: skip
-            rows = rows.selectExpr("*", "to_json(pk) AS _s").join(
-                changed,
-                (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c"))
-                & (F.col("_s") == F.col("_k")),
-                "left_anti",
-            )  # fmt: skip
-        if found.cut:
-            truncated = small(inside.where("action = 'truncate'").selectExpr(
-                "backfill AS _b", "chunk AS _c"
-            ).distinct())  # fmt: skip
-            rows = rows.join(
-                truncated, (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c")),
-                "left_anti",
-            )  # fmt: skip
         keyed = {e.target.table_id: e.target for e in emits if e.target.key_columns}
+        moved = None
         if keyed and found.moved:
-            # An update that changed the key: the row under the old key is gone.
-            def project(col: str) -> str:
-                cases = " ".join(
-                    f"WHEN `_schema` = {_q(t.schema)} AND `_table` = {_q(t.table)} THEN "
-                    + "concat_ws('\\u001f', "
-                    + ", ".join(
-                        f"coalesce(get_json_object({col}, {_q(_path(k))}), '')"
-                        for k in t.key_columns
-                    )
-                    + ")"
-                    for t in keyed.values()
-                )
-                return f"CASE {cases} END"
-
-            moved = small(inside.where("old IS NOT NULL").selectExpr(
-                "backfill AS _b", "chunk AS _c", f"{project('old')} AS _o"
-            ).distinct())  # fmt: skip
-            rows = rows.selectExpr("*", f"{project('record')} AS _r").join(
-                moved,
-                (F.col("backfill") == F.col("_b")) & (F.col("chunk") == F.col("_c"))
-                & (F.col("_r") == F.col("_o")),
-                "left_anti",
-            )  # fmt: skip
+            moved = moved_key([(t.schema, t.table, t.key_columns) for t in keyed.values()])
+        rows = drop_sql(rows, inside, small, moved, bool(found.changed), bool(found.cut))
         return rows.selectExpr(
-            f"{_q(self.source)} AS source",
+            f"{quote(self.source)} AS source",
             "high_lsn AS lsn",
             "CAST(high_seq + 1 + ord AS INT) AS seq",
             "CAST(NULL AS BIGINT) AS xid",
@@ -397,8 +358,3 @@ class BackfillMerge:
             "backfill",
             "_sink",
         ), found
-
-
-def _path(column: str) -> str:
-    """A JSON path for get_json_object naming a column (any characters)."""
-    return "$['" + column.replace("\\", "\\\\").replace("'", "\\'") + "']"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from walstream.backfill.dblog import keep_typed
 from walstream.backfill.typed import TypedChunk, TypedReads
 from walstream.errors import SinkError
 from walstream.postgres.table_shape import RENAMED_FIX, TableShape
@@ -185,8 +186,8 @@ class Placed:
 
     def rows(self) -> Any:
         """The rows as a TableBatch's rows (WAL order), without those whose key changed in
-        their chunk's window (DBLog: the stream's newer version wins) or all of a chunk
-        whose window has a truncate; None when none are left."""
+        their chunk's window or all of a chunk whose window has a truncate (the DBLog
+        rule, `backfill/dblog.py`); None when none are left."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -198,12 +199,8 @@ class Placed:
             data = _conform(_read_staged(c.path), schema, c)
             n = data.num_rows
             data = data.append_column("_ord", pa.array(range(n), pa.int32()))
-            gone = self.changed.get((c.backfill, c.chunk))
-            if gone is not None:  # joined on the key alone: Arrow joins no list columns
-                key = list(self.shape.key)
-                kept = data.select([*key, "_ord"]).join(gone, keys=key, join_type="left anti")
-                data = data.take(pc.take(kept["_ord"], pc.sort_indices(kept["_ord"])))
-                n = data.num_rows
+            data = keep_typed(data, self.changed.get((c.backfill, c.chunk)), list(self.shape.key))
+            n = data.num_rows
             if n == 0:
                 continue
             at = pa.scalar(c.committed_us, pa.timestamp("us", "UTC"))

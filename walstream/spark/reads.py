@@ -4,8 +4,7 @@ In a batch that places backfill chunks, a read row whose key has no change in th
 batch is ordered with nothing: it can be delivered where it was staged. For a
 batch sink taking columns (files, pull streams) whose messages are its format's as
 they are (`Route.STAGED_CHUNKS`, see `delivery/route.py`) and a format `ReadTemplate` can cut, each such chunk is one task that reads
-its staged file with pyarrow, drops the rows DBLog drops (keys changed in the chunk's
-window, all rows after a truncate there), leaves out the rows whose key the batch
+its staged file with pyarrow, drops the rows the DBLog rule drops (`backfill/dblog.py`), leaves out the rows whose key the batch
 changes (those go through Spark with the batch's changes, in order), builds the
 messages in Arrow (`backfill/arrow_messages.py`) and hands them to the sink.
 
@@ -21,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from walstream.backfill.arrow_messages import ReadTemplate, group_text, read_batch
+from walstream.backfill.dblog import dropped, key_of
 from walstream.backfill.typed import ReadRows, TypedChunk
 from walstream.config import SinkConfig
 from walstream.delivery.columns import deliver_columns
@@ -73,7 +73,7 @@ def plan_direct(
             if r.action == "truncate":
                 truncated.add((r.backfill, r.chunk))
             elif r.pk is not None:
-                changed.setdefault((r.backfill, r.chunk), set()).add(_joined(r.pk))
+                changed.setdefault((r.backfill, r.chunk), set()).add(key_of(r.pk))
     return Direct(
         tuple(chunks), {k: frozenset(v) for k, v in changed.items()}, frozenset(truncated), tied
     )
@@ -125,9 +125,7 @@ def _batches(direct: Direct, chunk: TypedChunk, template: ReadTemplate) -> Itera
         staged = pq.ParquetFile(f)
         for batch in staged.iter_batches(BATCH_ROWS, columns=["pk", "record", "ord"]):
             rows = pa.Table.from_batches([batch])
-            drop = None
-            if len(changed):
-                drop = pc.is_in(_joined_keys(rows["pk"]), value_set=changed)
+            drop = dropped(rows["pk"], changed)
             if len(tied):
                 with_batch = pc.is_in(group_text(chunk.schema, chunk.table, rows["pk"]),
                                       value_set=tied)  # fmt: skip
@@ -139,20 +137,6 @@ def _batches(direct: Direct, chunk: TypedChunk, template: ReadTemplate) -> Itera
                     template, rows, schema=chunk.schema, table=chunk.table, lsn=chunk.lsn,
                     high_seq=chunk.seq, committed_us=chunk.committed_us,
                 )  # fmt: skip
-
-
-def _joined(pk: list[str | None]) -> str:
-    """A key as one string, the way `_joined_keys` makes it in Arrow."""
-    return "\x1f".join("" if v is None else v for v in pk)
-
-
-def _joined_keys(pk: Any) -> Any:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    pk = pk.combine_chunks() if isinstance(pk, pa.ChunkedArray) else pk
-    filled = pa.ListArray.from_arrays(pk.offsets, pc.fill_null(pk.values, ""))
-    return pc.binary_join(filled, "\x1f")
 
 
 def _no_rows(batches: Any) -> Any:

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from tests.unit.delivery.test_deliver_columns import plan_for
 from walstream.backfill.arrow_messages import ReadTemplate
+from walstream.backfill.dblog import key_of
 from walstream.backfill.typed import TypedChunk
 from walstream.change import ChangeRow
 from walstream.formats import formatter
@@ -53,7 +54,8 @@ def delivered(tmp_path: Path, direct: Direct, c: TypedChunk) -> list[bytes]:
 
 def test_rows_changed_in_the_window_or_tied_to_the_batch_are_left_out(tmp_path):
     c = chunk(tmp_path, 0, range(1, 9))
-    direct = Direct((), changed={(7, 0): frozenset({"2", "5"}), (7, 1): frozenset({"3"})},
+    direct = Direct((), changed={(7, 0): frozenset({key_of(["2"]), key_of(["5"])}),
+                             (7, 1): frozenset({key_of(["3"])})},
                     truncated=frozenset(), tied=frozenset({"public\x1ft\x1f7", "other\x1ft\x1f4"}))  # fmt: skip
     got = delivered(tmp_path, direct, c)
     fmt = formatter("sequin", sink="files", db="app")
