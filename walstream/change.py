@@ -142,45 +142,69 @@ class ChangeRow(NamedTuple):
 
 ACTIONS = ("insert", "update", "delete", "truncate", "read")
 
-#: The canonical change schema as a Spark DDL string; column order is the contract.
-CHANGE_SCHEMA_DDL = (
-    "source STRING, lsn BIGINT, seq INT, xid BIGINT, committed_at TIMESTAMP, action STRING, "
-    "schema STRING, table STRING, pk ARRAY<STRING>, record STRING, old STRING, "
-    "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT, json_nulls ARRAY<STRING>"
+
+class Column(NamedTuple):
+    """One column of the canonical change schema."""
+
+    name: str
+    type: str  # string, bigint, int, timestamp, array<string>
+    nullable: bool = True
+    #: For an array: whether it may hold NULL elements (a key's parts may be NULL).
+    elements_nullable: bool = False
+
+
+#: The canonical change schema (docs/architecture.md §2), the one definition the Spark
+#: DDL, Spark and Arrow schemas are made from; column order is the contract.
+CHANGE_SCHEMA: tuple[Column, ...] = (
+    Column("source", "string", False),
+    Column("lsn", "bigint", False),
+    Column("seq", "int", False),
+    Column("xid", "bigint"),
+    Column("committed_at", "timestamp", False),
+    Column("action", "string", False),
+    Column("schema", "string", False),
+    Column("table", "string", False),
+    Column("pk", "array<string>", False, elements_nullable=True),
+    Column("record", "string"),
+    Column("old", "string"),
+    Column("annotations", "string"),
+    Column("unchanged_toast", "array<string>"),
+    Column("table_oid", "bigint"),
+    Column("json_nulls", "array<string>"),
 )
 
-CHANGE_COLUMNS = tuple(c.split()[0] for c in CHANGE_SCHEMA_DDL.split(", "))
+#: The canonical change schema as a Spark DDL string.
+CHANGE_SCHEMA_DDL = ", ".join(f"{c.name} {c.type.upper()}" for c in CHANGE_SCHEMA)
+
+CHANGE_COLUMNS = tuple(c.name for c in CHANGE_SCHEMA)
 
 
 def spark_schema() -> Any:
     """The canonical schema as a `pyspark.sql.types.StructType` (imports pyspark lazily)."""
-    from pyspark.sql.types import (
-        ArrayType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
+    from pyspark.sql import types as T
 
-    s = StringType()
-    return StructType(
-        [
-            StructField("source", s, False),
-            StructField("lsn", LongType(), False),
-            StructField("seq", IntegerType(), False),
-            StructField("xid", LongType(), True),
-            StructField("committed_at", TimestampType(), False),
-            StructField("action", s, False),
-            StructField("schema", s, False),
-            StructField("table", s, False),
-            StructField("pk", ArrayType(s, True), False),
-            StructField("record", s, True),
-            StructField("old", s, True),
-            StructField("annotations", s, True),
-            StructField("unchanged_toast", ArrayType(s, False), True),
-            StructField("table_oid", LongType(), True),
-            StructField("json_nulls", ArrayType(s, False), True),
-        ]
-    )
+    scalar = {"string": T.StringType(), "bigint": T.LongType(), "int": T.IntegerType(),
+              "timestamp": T.TimestampType()}  # fmt: skip
+
+    def spark_type(c: Column) -> Any:
+        if c.type.startswith("array<"):
+            return T.ArrayType(scalar[c.type[6:-1]], c.elements_nullable)
+        return scalar[c.type]
+
+    return T.StructType([T.StructField(c.name, spark_type(c), c.nullable) for c in CHANGE_SCHEMA])
+
+
+def arrow_schema() -> Any:
+    """The canonical schema as a `pyarrow.Schema` (every field nullable, as Spark's Arrow
+    batches hand them over; imports pyarrow lazily)."""
+    import pyarrow as pa
+
+    scalar = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(),
+              "timestamp": pa.timestamp("us", tz="UTC")}  # fmt: skip
+
+    def arrow_type(c: Column) -> Any:
+        if c.type.startswith("array<"):
+            return pa.list_(scalar[c.type[6:-1]])
+        return scalar[c.type]
+
+    return pa.schema([(c.name, arrow_type(c)) for c in CHANGE_SCHEMA])

@@ -11,7 +11,8 @@ import pytest
 
 from tests.changes import TS_MS, row
 from walstream.change import ChangeRow, change_key
-from walstream.formats import FORMATS, formatter, sql_format, sql_idempotency_key
+from walstream.formats import FORMATS, formatter, sql_format
+from walstream.formats.keys import sql_idempotency_key
 
 ODD = 'qu"ote\\back/slash é 😀 \u2028 tab\tnew\nline\x01\x07\x19'  # escapes both write alike
 CONTROL = "vt\x0bend\x1a"  # Java writes \u000B, Python \u000b: left to Python

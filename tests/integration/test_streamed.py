@@ -68,7 +68,7 @@ def test_streamed_columns_equal_the_per_batch_projection(spark: Any, skip: int |
 def test_a_sink_selects_only_its_rows_and_its_worker_gets_the_row(spark: Any) -> None:
     """What the equality above rests on, spelled out: the selection, and the row's JSON
     sent on to the delivery worker, which makes a batch of changes' messages
-    (arrow_formats); with backfill rows in the batch, SQL makes them and the row's JSON
+    (each format's `arrow` rendering); with backfill rows in the batch, SQL makes them and the row's JSON
     goes on only where SQL made no message (the sequin update with an old row)."""
     configs = sinks(["plain", "picky"])
     streamed = StreamedSinks(spark, configs, "appdb")

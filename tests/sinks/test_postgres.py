@@ -14,7 +14,7 @@ from tests.integration.test_decoder_types import CASES, USER_TYPES, cases_for
 from walstream.change import ChangeRow
 from walstream.config import Destination
 from walstream.errors import SinkError
-from walstream.formats import mirror
+from walstream.formats.mirror import mirror
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder
 from walstream.postgres.replication import connect

@@ -60,3 +60,38 @@ def test_cursor_json_round_trip_and_errors():
         WalCursor.from_json({"lsn": "x"})
     with pytest.raises(ValueError):
         WalCursor(-1, 0)
+
+
+def test_the_change_schema_is_one_definition_in_ddl_spark_and_arrow() -> None:
+    import pyarrow as pa
+    from pyspark.sql import types as T
+
+    from walstream.change import (
+        CHANGE_COLUMNS,
+        CHANGE_SCHEMA_DDL,
+        ChangeRow,
+        arrow_schema,
+        spark_schema,
+    )
+
+    assert CHANGE_SCHEMA_DDL == (  # the contract: a source's schema, column order included
+        "source STRING, lsn BIGINT, seq INT, xid BIGINT, committed_at TIMESTAMP, action STRING, "
+        "schema STRING, table STRING, pk ARRAY<STRING>, record STRING, old STRING, "
+        "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT, json_nulls ARRAY<STRING>"
+    )
+    spark = spark_schema()
+    assert tuple(spark.names) == tuple(arrow_schema().names) == CHANGE_COLUMNS
+    row = tuple(f.replace("committed_at_us", "committed_at") for f in ChangeRow._fields)
+    assert row[: len(CHANGE_COLUMNS)] == CHANGE_COLUMNS  # the row's fields in the same order
+    assert spark.simpleString().replace(",", ", ").replace(":", " ").upper() == (
+        "STRUCT<" + CHANGE_SCHEMA_DDL.upper() + ">"
+    )
+    nullable = {f.name for f in spark.fields if f.nullable}
+    assert nullable == {"xid", "record", "old", "annotations", "unchanged_toast", "table_oid",
+                        "json_nulls"}  # fmt: skip
+    assert spark["pk"].dataType == T.ArrayType(T.StringType(), True)  # a key part may be NULL
+    assert spark["json_nulls"].dataType == T.ArrayType(T.StringType(), False)
+    arrow = arrow_schema()
+    assert arrow.field("committed_at").type == pa.timestamp("us", tz="UTC")
+    assert arrow.field("pk").type == pa.list_(pa.string())
+    assert arrow.field("seq").type == pa.int32()

@@ -21,7 +21,7 @@ FLOORS: list[set[str]] = [
     {"runtime"},
     {"spark", "server", "testing", "client"},
     {"delivery", "backfill", "streams", "lake", "engine"},
-    {"postgres", "sinks", "formats", "arrow_formats", "config"},
+    {"postgres", "sinks", "formats", "config"},
     {
         "state",
         "change",

@@ -7,7 +7,7 @@ Python step per row and no JSON. `adbc-driver-postgresql` runs the query as
 
 Columns the lake keeps as text (uuid, enums, json, time, interval, numeric without
 precision, char(n), inet, ...) are selected as their type's output text
-(`arrow_json.output_text`; `::text` differs for char(n) and inet), so their text is
+(`formats.json_values.output_text`; `::text` differs for char(n) and inet), so their text is
 Postgres' own — the text the stream's decoder reads from pgoutput, with the same
 session settings (`SESSION_SETTINGS`). Other columns are read in their binary form and cast to the lake
 type; a value that does not fit (numeric NaN into a decimal) fails the read, as it
@@ -21,9 +21,9 @@ from typing import Any
 
 from psycopg import sql
 
-from walstream.backfill.arrow_json import output_text
 from walstream.backfill.read import ChunkResult, ChunkTask, stage_chunk
 from walstream.errors import SinkError
+from walstream.formats.json_values import output_text
 from walstream.postgres.adbc import fetch_batches
 from walstream.postgres.table_shape import TableShape
 

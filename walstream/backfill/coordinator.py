@@ -24,7 +24,6 @@ from typing import Any
 
 import psycopg
 
-from walstream.backfill.arrow_json import select_texts
 from walstream.backfill.arrow_read import select_list
 from walstream.backfill.merge import Staging
 from walstream.backfill.read import ChunkResult, ChunkTask
@@ -33,6 +32,7 @@ from walstream.backfill.store import PENDING, RUNNING, Backfill, BackfillStore
 from walstream.backfill.typed import lake_shape, read_task
 from walstream.config import Plan, SinkConfig, SourceConfig
 from walstream.errors import Kind, WalstreamError, error_summary
+from walstream.formats.json_values import select_texts
 from walstream.periodic import Periodic
 from walstream.postgres.chunks import (
     KeyRange,

@@ -6,8 +6,8 @@ For chunk n of backfill b (attempt a):
    `walstream:backfill`) committed on its own;
 2. `SELECT ... WHERE pk in range` — a snapshot taken after the low watermark
    committed — read as Arrow through ADBC's binary COPY, each column as its Postgres
-   text (`arrow_json.select_texts`), and turned into the canonical `record` and `pk`
-   column by column (`arrow_json.records`: the decoder's codecs as Arrow kernels), so a
+   text (`formats.json_values.select_texts`), and turned into the canonical `record` and `pk`
+   column by column (`formats.json_values.records`: the decoder's codecs as Arrow kernels), so a
    read row is what the stream would send for the same values; the rows go to a
    Parquet file in the staging directory (written under a temporary name, then
    renamed);
@@ -27,8 +27,8 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from walstream.backfill.arrow_json import records
 from walstream.change import parse_lsn
+from walstream.formats.json_values import records
 from walstream.postgres.decoder import WATERMARK_PREFIX
 from walstream.postgres.table_shape import TableShape
 from walstream.postgres.types import PgType, TypeRegistry

@@ -62,7 +62,9 @@ class DeliveryPlan:
     on_full: str = "pause"  # "discard": past max_parked, what would be parked is dropped
     sink_config: dict[str, Any] | None = None  # snapshot for dead letters, secrets removed
     route: Route = Route.ROWS  # how the tasks deliver (delivery/route.py); per batch
-    worker_format: str | None = None  # the worker makes `_message` in this format (arrow_formats)
+    worker_format: str | None = (
+        None  # the worker makes `_message` in this format (formats/, its `arrow` rendering)
+    )
     fresh: bool = False  # the ledger holds nothing of this batch: no need to ask it
     unblocked: bool = False  # the sink has nothing parked: no group is blocked
 

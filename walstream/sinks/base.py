@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 from walstream.change import idempotency_key
 from walstream.fields import Duration, Model
+from walstream.formats.keys import MESSAGE_KEY_SQL
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class DestinationSettings(Model):
     type: str
 
     def key_expression(self) -> str:
-        return "concat_ws(',', pk)"
+        return MESSAGE_KEY_SQL
 
     def route_expression(self) -> str | None:
         return None

@@ -8,22 +8,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from walstream.arrow_formats import ARROW_FORMATS
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import SinkConfig
 from walstream.engine.sql import quote, selection_expr
-from walstream.formats import sql_format, sql_idempotency_key
+from walstream.formats import ARROW_FORMATS, sql_format
+from walstream.formats.keys import GROUP_KEY_SQL, MESSAGE_KEY_SQL, sql_idempotency_key
 from walstream.sinks.base import DestinationSettings
 
 
 def group_expr(items: list[str] | None) -> str:
     """SQL for the group key: default schema + table + pk; `pk`, a column, `record.x` paths."""
     if not items:
-        return "concat_ws('\u001f', `schema`, `table`, concat_ws(',', pk))"
+        return GROUP_KEY_SQL
     parts = []
     for item in items:
         if item == "pk":
-            parts.append("concat_ws(',', pk)")
+            parts.append(MESSAGE_KEY_SQL)
         elif item == "ordering_key":  # ingested events: their ordering key, else each its own
             parts.append(
                 "coalesce(get_json_object(record, '$.ordering_key'), "
@@ -60,7 +60,7 @@ class Projection:
     # unchanged_toast, see NO_NULL_ARRAY)
     columns: list[str]
     sql_message: bool  # SQL makes the message (its format), not Python
-    #: The format the delivery worker makes each Arrow batch's messages in (arrow_formats),
+    #: The format the delivery worker makes each Arrow batch's messages in (formats/: each format's `arrow`),
     #: instead of SQL or Python row by row; None: not there.
     worker_format: str | None = None
 
@@ -103,7 +103,7 @@ def projection(
 
 def worker_format(sink: SinkConfig, backfill: bool) -> str | None:
     """The sink's format when the delivery worker makes its messages over Arrow columns
-    (`arrow_formats`): a batch of changes only, no transform. Batches with backfill rows
+    (each format's `arrow` rendering): a batch of changes only, no transform. Batches with backfill rows
     keep the SQL form (`sql_message`), the mirror's format is made in Python."""
     if backfill or sink.transform is not None:
         return None

@@ -17,7 +17,7 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
+from walstream.change import PG_EPOCH_UNIX_US, ChangeRow, arrow_schema
 from walstream.nopandas import no_pandas
 from walstream.postgres.decoder import ChangeDecoder, RelationInfo, TxnContext
 from walstream.postgres.types import PgType, TypeRegistry
@@ -213,21 +213,6 @@ def arrow_batches(
                 buf = []
     if buf:
         yield _to_batch(buf, schema, pa)
-
-
-def arrow_schema() -> Any:
-    import pyarrow as pa
-
-    s = pa.string()
-    return pa.schema(
-        [
-            ("source", s), ("lsn", pa.int64()), ("seq", pa.int32()), ("xid", pa.int64()),
-            ("committed_at", pa.timestamp("us", tz="UTC")), ("action", s), ("schema", s),
-            ("table", s), ("pk", pa.list_(s)), ("record", s), ("old", s), ("annotations", s),
-            ("unchanged_toast", pa.list_(s)), ("table_oid", pa.int64()),
-            ("json_nulls", pa.list_(s)),
-        ]
-    )  # fmt: skip
 
 
 def _to_batch(rows: list[ChangeRow], schema: Any, pa: Any) -> Any:

@@ -6,7 +6,7 @@ batch sink taking columns (files, pull streams) whose messages are its format's 
 they are (`Route.STAGED_CHUNKS`, see `delivery/route.py`) and a format `ReadTemplate` can cut, each such chunk is one task that reads
 its staged file with pyarrow, drops the rows the DBLog rule drops (`backfill/dblog.py`), leaves out the rows whose key the batch
 changes (those go through Spark with the batch's changes, in order), builds the
-messages in Arrow (`backfill/arrow_messages.py`) and hands them to the sink.
+messages in Arrow (`formats/template.py`) and hands them to the sink.
 
 The windows' changed keys and the batch's groups travel to the tasks as sets: they
 are bounded (`LIMIT`), and past that, or when an update in a window moved a key,
@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from walstream.backfill.arrow_messages import ReadTemplate, group_text, read_batch
 from walstream.backfill.dblog import dropped, key_of
 from walstream.backfill.typed import ReadRows, TypedChunk
 from walstream.config import SinkConfig
 from walstream.delivery.columns import deliver_columns
 from walstream.delivery.deliver import DeliveryPlan, Stats
+from walstream.formats.keys import group_keys
+from walstream.formats.template import ReadTemplate, read_batch
 
 #: Up to this many window changes and batch groups are sent to the tasks as sets.
 LIMIT = 250_000
@@ -127,7 +128,7 @@ def _batches(direct: Direct, chunk: TypedChunk, template: ReadTemplate) -> Itera
             rows = pa.Table.from_batches([batch])
             drop = dropped(rows["pk"], changed)
             if len(tied):
-                with_batch = pc.is_in(group_text(chunk.schema, chunk.table, rows["pk"]),
+                with_batch = pc.is_in(group_keys(chunk.schema, chunk.table, rows["pk"]),
                                       value_set=tied)  # fmt: skip
                 drop = with_batch if drop is None else pc.or_(drop, with_batch)
             if drop is not None:

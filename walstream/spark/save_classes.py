@@ -63,7 +63,8 @@ def _prune(folder: Path) -> None:
 def _job(target: Path) -> None:
     """The representative job, in a JVM that writes the archive to `target` at exit."""
     from walstream.config import parse_config
-    from walstream.formats import sql_format, sql_idempotency_key
+    from walstream.formats import sql_format
+    from walstream.formats.keys import sql_idempotency_key
     from walstream.spark.session import build_spark
     from walstream.spark.source import register
 

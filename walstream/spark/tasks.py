@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from walstream.arrow_formats import batch_messages
 from walstream.change import ChangeRow
 from walstream.delivery.columns import deliver_columns, deliver_ledger_columns
 from walstream.delivery.deliver import DeliveryPlan, Row, deliver_partition
 from walstream.delivery.route import Route
+from walstream.formats import batch_messages
 from walstream.nopandas import no_pandas
 from walstream.sinks.registry import task_sink_for
 

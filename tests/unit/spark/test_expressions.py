@@ -72,7 +72,7 @@ def test_projection_of_a_routed_kafka_sink_in_sql_format() -> None:
         "CAST((record.id) AS STRING) AS _key",
         "CAST((concat('cdc.', `table`)) AS STRING) AS _route",
     ]
-    # a batch of changes: the delivery worker makes the message (arrow_formats), SQL the key
+    # a batch of changes: the delivery worker makes the message (each format's `arrow`), SQL the key
     assert not p.sql_message and p.worker_format == "sequin"
     assert p.columns[-1].endswith(" AS _ikey") and "_message" not in p.names
     assert "`pk`" not in p.keep and "`record`" in p.keep

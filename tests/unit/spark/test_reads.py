@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.unit.delivery.test_deliver_columns import plan_for
-from walstream.backfill.arrow_messages import ReadTemplate
 from walstream.backfill.dblog import key_of
 from walstream.backfill.typed import TypedChunk
 from walstream.change import ChangeRow
 from walstream.formats import formatter
+from walstream.formats.template import ReadTemplate
 from walstream.sinks.file import read_messages
 from walstream.spark.reads import Direct, deliver_chunk
 

@@ -9,7 +9,9 @@ import time
 import pytest
 
 from walstream.change import ChangeRow, idempotency_key, read_idempotency_key
-from walstream.formats import changed_values, formatter, iso_timestamp
+from walstream.formats import formatter
+from walstream.formats.sequin import changed_values
+from walstream.formats.text import iso_timestamp
 
 TS = 1_763_884_850_561_930  # 2025-11-23T08:00:50.561930Z
 

@@ -10,9 +10,8 @@ import pyarrow as pa
 import pytest
 
 from tests.changes import TS, TS_MS, row
-from walstream.arrow_formats import ARROW_FORMATS, batch_messages
 from walstream.change import ChangeRow, change_key
-from walstream.formats import formatter
+from walstream.formats import ARROW_FORMATS, batch_messages, formatter
 
 ODD = 'qu"ote\\back/slash é 😀 \u2028 tab\tnew\nline\x01\x07\x19\x0b\x1f'
 

@@ -8,7 +8,7 @@ import base64
 import pyarrow as pa
 import pytest
 
-from walstream.backfill.arrow_json import records
+from walstream.formats.json_values import records
 from walstream.postgres import codecs as t
 from walstream.postgres.fastpath import compile_fields_encoder
 from walstream.postgres.types import array_codec

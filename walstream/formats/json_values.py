@@ -19,7 +19,7 @@ whole column:
 
 A value a kernel does not cover (a string to escape, a BC date, another offset, an
 array, a type without a kernel) goes through its codec in Python, that value only.
-`tests/unit/backfill/test_arrow_json.py` checks the output equals the codecs'.
+`tests/unit/formats/test_json_values.py` checks the output equals the codecs'.
 """
 
 from __future__ import annotations

@@ -1,24 +1,25 @@
-"""A staged chunk's rows as a columnar sink's messages, built in Arrow (no Spark SQL).
+"""The template rendering of every format: a staged chunk's rows as a sink's messages,
+built in Arrow (no Spark SQL) from the format's own Python rendering.
 
 A read row's message differs from the chunk's other rows in three places only: its
 `record`, its `seq` and its idempotency key. The rest (source, table, commit time,
 LSN, the sink's name) is the chunk's. `ReadTemplate` formats one row with the format's
-own Python function (`formats.py`) with a marker in each of those places and cuts the
+own Python function with a marker in each of those places and cuts the
 text there. Joining the pieces with each row's values gives the bytes that function
 gives, with one Arrow kernel per piece.
 
-The idempotency key is `base64("read:<backfill>:<pk as JSON>")` (`change.py`): the pk's
+The idempotency key is `base64("read:<backfill>:<pk as JSON>")` (`keys.py`): the pk's
 JSON is built in Arrow, then base64 runs once per row in C (`binascii`).
 """
 
 from __future__ import annotations
 
-from binascii import b2a_base64
 from dataclasses import dataclass
 from typing import Any
 
 from walstream.change import ChangeRow, read_idempotency_key
 from walstream.formats import formatter
+from walstream.formats.keys import idempotency_keys, message_keys
 
 #: Markers no real row holds: a record's text is JSON, a seq fits in 32 bits.
 _RECORD = "\x00walstream-record\x00"
@@ -79,51 +80,6 @@ class ReadTemplate:
         return pc.binary_join_element_wise(*pieces, self.tail, "")
 
 
-def pk_json(pk: Any) -> Any:
-    """Each row's pk (a list of strings) as `json.dumps(pk, ensure_ascii=False,
-    separators=(",", ":"))` writes it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from walstream.backfill.arrow_json import column_json
-    from walstream.postgres import types as t
-
-    pk = pk.combine_chunks() if isinstance(pk, pa.ChunkedArray) else pk
-    flat = column_json(pk.values, t.TEXT)  # the offsets index the unsliced values
-    items = pa.ListArray.from_arrays(pk.offsets, flat)
-    return pc.binary_join_element_wise("[", pc.binary_join(items, ","), "]", "")
-
-
-def idempotency_keys(backfill: int, pk: Any) -> Any:
-    """`read_idempotency_key(backfill, pk)` of each row."""
-    import pyarrow as pa
-
-    prefix = f"read:{backfill}:"
-    return pa.array(
-        [b2a_base64((prefix + j).encode(), newline=False).decode("ascii")
-         for j in pk_json(pk).to_pylist()],
-        pa.string(),
-    )  # fmt: skip
-
-
-def key_text(pk: Any) -> Any:
-    """`concat_ws(',', pk)`: the default message key (NULL values are left out)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    pk = pk.combine_chunks() if isinstance(pk, pa.ChunkedArray) else pk
-    if not pk.flatten().null_count:
-        return pc.binary_join(pk, ",")
-    return pa.array([",".join(v for v in p if v is not None) for p in pk.to_pylist()])
-
-
-def group_text(schema: str, table: str, pk: Any) -> Any:
-    """`concat_ws('\\u001f', schema, table, concat_ws(',', pk))`: the default group key."""
-    import pyarrow.compute as pc
-
-    return pc.binary_join_element_wise(f"{schema}\x1f{table}\x1f", key_text(pk), "")
-
-
 def read_batch(
     template: ReadTemplate, rows: Any, *, schema: str, table: str, lsn: int, high_seq: int,
     committed_us: int,
@@ -145,7 +101,7 @@ def read_batch(
             pa.repeat(pa.scalar(schema), n),
             pa.repeat(pa.scalar(table), n),
             pa.repeat(pa.scalar("read"), n),
-            _array(key_text(pk)),
+            _array(message_keys(pk)),
             ikey,
             _array(template.messages(record, seq, ikey)),
         ],

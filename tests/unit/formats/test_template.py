@@ -1,4 +1,4 @@
-"""Read rows' messages built in Arrow are byte for byte the format functions' (formats.py),
+"""Read rows' messages built in Arrow are byte for byte the format functions' (walstream/formats/),
 with their idempotency keys, message keys and places in the batch."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import re
 import pyarrow as pa
 import pytest
 
-from walstream.backfill.arrow_messages import ReadTemplate, group_text, read_batch
 from walstream.change import ChangeRow, read_idempotency_key
 from walstream.formats import formatter
+from walstream.formats.keys import group_keys
+from walstream.formats.template import ReadTemplate, read_batch
 
 PKS = [["1"], ["2"], ['quote " and \\ backslash'], ["tab\there", "ünï"], ["\x0b\x1f ctl"],
        ["a,b", "c"]]  # fmt: skip
@@ -60,6 +61,6 @@ def test_null_key_values_are_left_out_of_the_key_and_written_as_null_in_the_ikey
 
 
 def test_the_group_is_the_pipelines_default_group():
-    assert group_text("public", "t", pa.array([["1", "x"]], pa.list_(pa.string()))).to_pylist() == [
+    assert group_keys("public", "t", pa.array([["1", "x"]], pa.list_(pa.string()))).to_pylist() == [
         "public\x1ft\x1f1,x"
     ]
