@@ -31,7 +31,6 @@ from walstream.cli.progress import log_progress, progress_table
 from walstream.config import Plan, parse_config
 from walstream.postgres.embedded import EmbeddedPostgres, server_home
 from walstream.postgres.replication import connect
-from walstream.sinks.file import read_messages
 
 DEMO_DB = "walstream_demo"
 SCHEMA = """
@@ -226,7 +225,7 @@ def run_demo(
         finally:
             workload.stop.set()
             runtime.stop()
-        messages = read_messages(out)
+        messages = cfg.sinks[0].destination.read_back()
         return DemoResult(
             path, out, workload.written, delivered(), len(messages),
             messages[-1].decode() if messages else None,

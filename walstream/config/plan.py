@@ -23,8 +23,7 @@ from walstream.config.sections import (
 )
 from walstream.config.sink import SinkConfig
 from walstream.errors import ConfigError
-from walstream.sinks.base import SinkContext
-from walstream.sinks.stream import StreamDestination
+from walstream.sinks.base import DestinationSettings, SinkContext
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,9 @@ class Plan:
         """Each stream (`type: stream` destinations) and the sinks feeding it."""
         out: dict[str, list[SinkConfig]] = {}
         for sink in self.sinks:
-            if isinstance(sink.destination, StreamDestination):
-                out.setdefault(sink.destination.stream, []).append(sink)
+            stream = sink.destination.pull_stream()
+            if stream is not None:
+                out.setdefault(stream, []).append(sink)
         return out
 
 
@@ -82,7 +82,11 @@ def resolve(config: Config) -> Plan:
             state_dsn=state_dsn, state_schema=config.state.schema_,
         ))}) for k in sinks
     ]  # fmt: skip
-    _streams_agree(sinks)
+    by_type: dict[type[DestinationSettings], list[tuple[int, SinkConfig]]] = {}
+    for i, sink in enumerate(sinks):  # each sink type's checks across its sinks
+        by_type.setdefault(type(sink.destination), []).append((i, sink))
+    for settings, of_type in by_type.items():
+        settings.check_sinks(of_type)
     return Plan(
         state=config.state, spark=config.spark, server=config.server, events=config.events,
         sources=tuple(sources), sinks=tuple(sinks), state_dsn=state_dsn,
@@ -175,29 +179,3 @@ def _events(
             for s in sources
         ]
     return sources, out
-
-
-def _streams_agree(sinks: list[SinkConfig]) -> None:
-    """The sinks feeding one stream come from different sources and agree on its settings."""
-    seen: dict[str, tuple[int, SinkConfig]] = {}
-    for i, sink in enumerate(sinks):
-        dest = sink.destination
-        if not isinstance(dest, StreamDestination):
-            continue
-        stream = dest.stream
-        if stream not in seen:
-            seen[stream] = (i, sink)
-            continue
-        j, first = seen[stream]
-        if first.source == sink.source:
-            raise ValueError(
-                f"sinks[{i}].destination.stream: sinks[{j}] ({first.name}) already feeds "
-                f"stream {stream!r} from source {sink.source!r}; one sink per source "
-                "and stream (merge their tables and filters into one sink)"
-            )
-        for key in ("retention", "max_bytes", "catch_up_threshold", "token"):
-            if getattr(dest, key) != getattr(first.destination, key):
-                raise ValueError(
-                    f"sinks[{i}].destination.{key}: differs from sinks[{j}] ({first.name}), "
-                    f"which feeds the same stream {stream!r}; give both the same {key}"
-                )

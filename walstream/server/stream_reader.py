@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from walstream.errors import WalstreamError
-from walstream.sinks.stream import StreamDestination
+from walstream.sinks.base import PullStreamSettings
 from walstream.streams import markers
 from walstream.streams.coalesce import coalesce, rewrite
 from walstream.streams.markers import BadMarker, Cursor
@@ -77,10 +77,10 @@ class StreamReader:
     def sources(self, name: str) -> set[str]:
         return {s.source for s in self.feeding(name)}
 
-    def settings(self, name: str) -> StreamDestination:
+    def settings(self, name: str) -> PullStreamSettings:
         dest = self.feeding(name)[0].destination
-        assert isinstance(dest, StreamDestination)
-        return dest
+        assert dest.pull_stream() == name
+        return dest  # type: ignore[return-value]
 
     def token(self, name: str) -> str:
         """The stream's consumer token; a StreamProblem (403) when it has none."""

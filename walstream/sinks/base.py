@@ -37,7 +37,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar, NamedTuple, Self
+from typing import Any, ClassVar, NamedTuple, Protocol, Self
 from urllib.parse import urlsplit
 
 from walstream.change import idempotency_key
@@ -81,6 +81,23 @@ class DestinationSettings(Model):
         """The grouping this destination needs (None: the sink's `group_by`, default per row)."""
         return None
 
+    def pull_stream(self) -> str | None:
+        """The pull stream this destination feeds (`type: stream`), or None. The server's
+        stream API reads such settings as a `PullStreamSettings`."""
+        return None
+
+    def read_back(self) -> list[bytes]:
+        """Every message this destination holds, in order, when walstream can read them
+        back itself (a file sink's jsonl files: the demo, tools); else TypeError."""
+        raise TypeError(f"a {self.type} destination is not read back by walstream")
+
+    @classmethod
+    def check_sinks(cls, sinks: Sequence[tuple[int, Any]]) -> None:
+        """Checks between the config's sinks of this type as it is resolved, with no
+        connection (`sinks`: (index in `sinks:`, SinkConfig)); a ValueError names
+        `sinks[i].destination.<key>`. Default: none. (`preflight` runs later, and may
+        reach servers.)"""
+
     def typed_shape(self, conn: Any, schema: str, table: str, columns: Any) -> Any:
         """A table sink's columns of `schema.table` (a `TableShape`; `columns`: those the
         publication sends): its backfills are read typed into them. Default: a message
@@ -104,6 +121,18 @@ class DestinationSettings(Model):
     def unwrapped(self) -> DestinationSettings:
         """The destination that receives the messages (a wrapper's innermost one)."""
         return self
+
+
+class PullStreamSettings(Protocol):
+    """What the server's stream API reads of the settings of a destination feeding a pull
+    stream (`pull_stream()` is not None)."""
+
+    stream: str
+    retention: float
+    max_bytes: int
+    catch_up_threshold: int
+
+    def consumer_token(self) -> str | None: ...
 
 
 #: How long a message sink retries a failing chunk inline before it parks (or fails the

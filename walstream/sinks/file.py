@@ -37,6 +37,9 @@ class FileDestination(DestinationSettings):
         """Each shard's copy writes under `shard-<i>` (the shards' batch ids overlap)."""
         return self.model_copy(update={"path": self.path / f"shard-{shard}"})
 
+    def read_back(self) -> list[bytes]:
+        return read_messages(self.path, self.format)
+
 
 _NAME = re.compile(r"^batch-(\d+)-part-(\d+)\.(jsonl|parquet)$")
 
@@ -216,9 +219,17 @@ def _parquet_schema(pa: Any) -> Any:
     ])  # fmt: skip
 
 
-def read_messages(path: str | Path) -> list[bytes]:
-    """Every jsonl message under `path`, in batch and partition order (for tests and tools)."""
+def read_messages(path: str | Path, fmt: str = "jsonl") -> list[bytes]:
+    """Every message under `path` (in `fmt`), in batch and partition order (for tests and
+    tools)."""
     out: list[bytes] = []
-    for f in sorted(Path(path).glob("batch-*-part-*.jsonl")):
-        out.extend(line for line in f.read_bytes().split(b"\n") if line)
+    for f in sorted(Path(path).glob(f"batch-*-part-*.{fmt}")):
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            out.extend(
+                m.encode() for m in pq.read_table(f, columns=["message"])["message"].to_pylist()
+            )
+        else:
+            out.extend(line for line in f.read_bytes().split(b"\n") if line)
     return out

@@ -55,6 +55,33 @@ class StreamDestination(DestinationSettings):
     def consumer_token(self) -> str | None:
         return token_from(self.token, "WALSTREAM_STREAMS_TOKEN")
 
+    def pull_stream(self) -> str:
+        return self.stream
+
+    @classmethod
+    def check_sinks(cls, sinks: Sequence[tuple[int, Any]]) -> None:
+        """The sinks feeding one stream come from different sources and agree on its settings."""
+        seen: dict[str, tuple[int, Any]] = {}
+        for i, sink in sinks:
+            dest = sink.destination
+            stream = dest.stream
+            if stream not in seen:
+                seen[stream] = (i, sink)
+                continue
+            j, first = seen[stream]
+            if first.source == sink.source:
+                raise ValueError(
+                    f"sinks[{i}].destination.stream: sinks[{j}] ({first.name}) already feeds "
+                    f"stream {stream!r} from source {sink.source!r}; one sink per source "
+                    "and stream (merge their tables and filters into one sink)"
+                )
+            for key in ("retention", "max_bytes", "catch_up_threshold", "token"):
+                if getattr(dest, key) != getattr(first.destination, key):
+                    raise ValueError(
+                        f"sinks[{i}].destination.{key}: differs from sinks[{j}] ({first.name}), "
+                        f"which feeds the same stream {stream!r}; give both the same {key}"
+                    )
+
     def resolved(self, context: SinkContext) -> StreamDestination:
         """A copy that knows the sink's source and the state database it writes to."""
         copy = self.model_copy()

@@ -285,3 +285,44 @@ def test_tables_and_shards_are_exclusive():
     data["sources"][0]["tables"] = ["public.a"]
     with pytest.raises(ConfigError, match="tables and shards: give one"):
         parse_config(data)
+
+
+def test_sinks_feeding_one_stream_come_from_two_sources_and_agree_on_its_settings():
+    """The stream sink's check across sinks (`check_sinks`), run as the config resolves."""
+    data = copy.deepcopy(BASE)
+    data["sources"].append({**data["sources"][0], "name": "other", "slot": "s2",
+                            "publication": "p2"})  # fmt: skip
+    pull = {"type": "stream", "stream": "all"}
+    data["sinks"] = [{"name": "a", "source": "app", "destination": dict(pull)},
+                     {"name": "b", "source": "other", "destination": dict(pull)}]  # fmt: skip
+    cfg = parse_config(data)
+    assert [s.name for s in cfg.streams()["all"]] == ["a", "b"]
+    same_source = copy.deepcopy(data)
+    same_source["sinks"][1]["source"] = "app"
+    with pytest.raises(ConfigError, match=r"sinks\[1\]\.destination\.stream: sinks\[0\] \(a\) "
+                       r"already feeds stream 'all' from source 'app'"):  # fmt: skip
+        parse_config(same_source)
+    other_retention = copy.deepcopy(data)
+    other_retention["sinks"][1]["destination"]["retention"] = "2h"
+    with pytest.raises(ConfigError, match=r"sinks\[1\]\.destination\.retention: differs from "
+                       r"sinks\[0\] \(a\)"):  # fmt: skip
+        parse_config(other_retention)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_file_destination_is_read_back_in_batch_and_partition_order(tmp_path, fmt):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cfg = parse_config(_sink({"type": "file", "path": str(tmp_path), "format": fmt}))
+    written = {(3, 0): [b'{"a":1}', b'{"a":2}'], (3, 1): [b'{"a":3}'], (12, 0): [b'{"a":4}']}
+    for (batch, part), lines in written.items():
+        path = tmp_path / f"batch-{batch:012d}-part-{part:04d}.{fmt}"
+        if fmt == "jsonl":
+            path.write_bytes(b"".join(line + b"\n" for line in lines))
+        else:
+            pq.write_table(pa.table({"message": [m.decode() for m in lines]}), path)
+    assert cfg.sinks[0].destination.read_back() == [b'{"a":1}', b'{"a":2}', b'{"a":3}', b'{"a":4}']
+    kafka = parse_config(BASE).sinks[0].destination
+    with pytest.raises(TypeError, match="kafka destination is not read back"):
+        kafka.read_back()
