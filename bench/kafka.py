@@ -40,10 +40,10 @@ from bench.results import figure
 from bench.stream import TABLE, peak_rss_mb, recvlogical, write
 from walstream.change import parse_lsn
 from walstream.config import parse_config
+from walstream.engine.session import build_spark
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
 from walstream.runtime import Runtime
-from walstream.spark.session import build_spark
 from walstream.testing import TansuBroker, TopicReader
 
 PROBE = "CREATE TABLE {} (id bigint PRIMARY KEY, at timestamptz, note text);"
@@ -214,7 +214,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     if args.verbose:
-        logging.getLogger("walstream.spark.pipeline").setLevel(logging.DEBUG)
+        logging.getLogger("walstream.pipeline.batches").setLevel(logging.DEBUG)
 
     work = Path(tempfile.mkdtemp(prefix="walstream-bench-kafka-"))
     with (

@@ -37,13 +37,13 @@ from bench.results import figure
 from bench.stream import TABLE, recvlogical, write
 from walstream.change import CHANGE_COLUMNS, parse_lsn
 from walstream.config import parse_config
+from walstream.engine.session import build_spark
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
-from walstream.spark.options import SourceOptions
-from walstream.spark.session import build_spark
-from walstream.spark.source import WalstreamDataSource, WalstreamStreamReader
+from walstream.source.datasource import WalstreamDataSource, WalstreamStreamReader
+from walstream.source.options import SourceOptions
 
-#: The columns of `delivery` (walstream.spark.expressions.delivery_columns for Kafka).
+#: The columns of `delivery` (walstream.pipeline.expressions.delivery_columns for Kafka).
 DELIVERY = [c for c in CHANGE_COLUMNS if c not in ("pk", "unchanged_toast", "table_oid")]
 PATHS = ("jvm", "delivery", "all", "raw")
 
@@ -80,7 +80,7 @@ def _count(batches: Iterator[Any]) -> Iterator[Any]:
 def _decode_count(batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
-    from walstream.spark.partition import partition_batches
+    from walstream.source.partition import partition_batches
 
     n = 0
     for b in batches:

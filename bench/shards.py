@@ -26,11 +26,11 @@ from pathlib import Path
 from bench.results import figure
 from bench.stream import TABLE
 from walstream.config import parse_config
+from walstream.engine.session import build_spark
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.prepare import prepare_capture
 from walstream.postgres.replication import connect
 from walstream.runtime import Runtime
-from walstream.spark.session import build_spark
 
 
 def drain(cfg_data: dict, spark: object, changes: int) -> float:

@@ -33,7 +33,7 @@ def measure() -> dict[str, float]:
 
 def main() -> None:
     from walstream.config import parse_config
-    from walstream.spark.session import build_spark
+    from walstream.engine.session import build_spark
 
     cfg = parse_config({
         "sources": [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:1/app"}],

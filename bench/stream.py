@@ -24,9 +24,9 @@ from pathlib import Path
 
 from bench.results import figure
 from walstream.change import format_lsn, parse_lsn
+from walstream.engine.session import FS_CHECKPOINTS, spark_environment
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
-from walstream.spark.session import FS_CHECKPOINTS, spark_environment
 
 TABLE = """
 CREATE TABLE accounts_history (

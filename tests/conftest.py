@@ -188,7 +188,7 @@ def spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     import walstream
-    from walstream.spark.session import spark_environment
+    from walstream.engine.session import spark_environment
 
     # This interpreter's Python workers, a local IP (this host's name may not resolve), Java 17+.
     spark_environment("local[2]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.backlog import _descendants
 
-#: Spark's daemons and workers of its one-shot planning steps (walstream/spark/planners.py).
+#: Spark's daemons and workers of its one-shot planning steps (walstream/engine/planners.py).
 PLANNING = "pyspark.sql.worker."
 #: The daemon that forks Spark's task workers.
 TASKS_DAEMON = "pyspark.daemon pyspark.worker"

@@ -25,7 +25,7 @@ def register(spark: object) -> None:
 
     Then: `spark.readStream.format("walstream").option("dsn", ...).load()`.
     """
-    from walstream.spark.source import register as _register
+    from walstream.source.datasource import register as _register
 
     _register(spark)
 

@@ -282,7 +282,7 @@ class SparkStandalone:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start(self, timeout: float = 90.0) -> SparkStandalone:
-        from walstream.spark.session import spark_environment
+        from walstream.engine.session import spark_environment
 
         spark_environment(self.master_url)  # Java 17+ for the master and workers too
         self.master = self._spawn("master", [

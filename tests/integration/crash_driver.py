@@ -19,8 +19,8 @@ from pyspark.sql import SparkSession
 
 import walstream
 from walstream.config import parse_config
-from walstream.spark.checkpoint import remove_partial_writes
-from walstream.spark.session import spark_conf, spark_environment
+from walstream.engine.session import spark_conf, spark_environment
+from walstream.source.checkpoint import remove_partial_writes
 
 
 def main() -> None:

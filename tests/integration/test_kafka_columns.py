@@ -20,7 +20,7 @@ from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import DEAD, ParkingLot
 from walstream.delivery.route import Route
 from walstream.formats import formatter
-from walstream.spark.tasks import _rows
+from walstream.pipeline.tasks import _rows
 from walstream.testing import TansuBroker
 
 pytestmark = pytest.mark.kafka

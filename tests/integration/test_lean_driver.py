@@ -16,11 +16,11 @@ SCRIPT = textwrap.dedent(
     from walstream.config import parse_config
     from walstream.delivery.deliver import DeliveryPlan
     from walstream.delivery.ledger import Ledger
-    from walstream.spark.session import build_spark
+    from walstream.engine.session import build_spark
     from walstream.engine.frames import map_in_arrow
-    from walstream.spark.pipeline import validate
-    from walstream.spark.steps import SinkSteps
-    from walstream.spark.warm import warm_workers
+    from walstream.pipeline.batches import validate
+    from walstream.pipeline.steps import SinkSteps
+    from walstream.engine.warm import warm_workers
 
     def double(batches):
         import pyarrow.compute as pc

@@ -15,7 +15,7 @@ from walstream.change import ChangeRow
 from walstream.config import parse_config
 from walstream.delivery.deliver import DeliveryPlan, Row, deliver_partition
 from walstream.delivery.ledger import Ledger
-from walstream.spark.steps import BatchPart
+from walstream.pipeline.steps import BatchPart
 
 TS = 1_763_884_850_561_930
 

@@ -32,7 +32,7 @@ from walstream.postgres.setup import check_database
 from walstream.postgres.slots import SlotLost, slot_info
 from walstream.runtime import Runtime
 from walstream.server.monitor import SlotState, slot_state
-from walstream.spark.checkpoint import committed_lsn
+from walstream.source.checkpoint import committed_lsn
 from walstream.testing import supervised, wait_until
 
 
@@ -341,7 +341,7 @@ def test_a_slot_lost_while_its_sink_is_paused_stops_the_run(spark, cdb, tmp_path
     paused. The batch waiting for the resume looks at the slot, and the run stops with the
     error (before, it waited for a resume that could deliver nothing)."""
     from walstream.delivery.parking import ParkingLot
-    from walstream.spark import pipeline
+    from walstream.pipeline import batches as pipeline
 
     monkeypatch.setattr(pipeline, "SLOT_CHECK_SECONDS", 1.0)
     cdb.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")

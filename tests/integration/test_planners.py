@@ -1,5 +1,5 @@
 """Spark's Python processes for planning a source's read end once the queries run, and a
-query started later plans (and reads) as the first did (walstream/spark/planners.py)."""
+query started later plans (and reads) as the first did (walstream/engine/planners.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from tests.conftest import unique
 from tests.processes import PLANNING, TASKS_DAEMON, running
 from tests.streams import StreamRun
 from walstream.config import parse_config
+from walstream.engine.planners import release
 from walstream.runtime import Runtime
 from walstream.sinks.file import read_messages
-from walstream.spark.planners import release
 from walstream.testing import wait_until
 
 pytestmark = pytest.mark.spark
@@ -55,7 +55,7 @@ def test_release_ends_the_planning_processes_and_a_new_query_plans_again(spark, 
 def test_the_runtime_ends_them_after_each_start_of_a_query(spark, db, tmp_path, caplog):
     """After the first batch, and again after a restart (a query that stopped): the
     changes of both runs arrive once, and the planning processes are gone each time."""
-    caplog.set_level(logging.DEBUG, logger="walstream.spark.planners")
+    caplog.set_level(logging.DEBUG, logger="walstream.engine.planners")
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     pub, slot = db.create_publication("t"), unique("slot")
     db.slots.append(slot)

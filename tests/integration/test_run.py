@@ -16,11 +16,11 @@ from tests.kafka import consume
 from walstream.config import parse_config
 from walstream.errors import ConfigError
 from walstream.formats import formatter
+from walstream.pipeline.batches import validate
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder
 from walstream.runtime import Runtime
 from walstream.sinks.file import read_messages
-from walstream.spark.pipeline import validate
 from walstream.testing import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]

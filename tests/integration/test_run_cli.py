@@ -1,6 +1,6 @@
 """`walstream run --seconds N --port P` as a command: it serves /health on P while it
 runs, delivers the changes made meanwhile, and stops by itself after N seconds, exit 0.
-Once its query runs, Spark's planning processes are gone (walstream/spark/planners.py)."""
+Once its query runs, Spark's planning processes are gone (walstream/engine/planners.py)."""
 
 from __future__ import annotations
 

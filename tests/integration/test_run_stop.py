@@ -111,8 +111,8 @@ def test_a_stop_just_after_a_batch_waits_for_spark_to_commit_it(spark, db, tmp_p
     between (the demo stopping once everything was delivered) used to stop the query
     then, interrupting that write: the next start delivered the batch again."""
     from walstream.config import parse_config
+    from walstream.pipeline.batches import Pipeline
     from walstream.runtime import Runtime
-    from walstream.spark.pipeline import Pipeline
 
     db.execute("CREATE TABLE kv (k int PRIMARY KEY)")
     pub, slot = db.create_publication("kv"), db.create_slot()

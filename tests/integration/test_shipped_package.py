@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from tests.integration.test_cluster import python_without_walstream
+from walstream.engine.session import package_zip
 from walstream.postgres import fastpath
-from walstream.spark.session import package_zip
 
 PROBE = """
 import sys

@@ -116,7 +116,7 @@ def test_a_querys_first_batch_with_changes_takes_at_most_a_thousand(db):
     planned, the next takes up to maxChangesPerBatch."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from walstream.spark.source import WalstreamDataSource
+    from walstream.source.datasource import WalstreamDataSource
     from walstream.testing import wait_until
 
     db.execute("CREATE TABLE backlog (id int PRIMARY KEY)")
@@ -359,7 +359,7 @@ def test_the_first_batch_with_changes_is_small_and_the_next_ones_are_not(spark, 
     """A query's first changes go out in a batch of at most FIRST_BATCH_ROWS (a cold batch
     of 50,000 delays the first message by seconds) and, with a backlog in the slot, in its
     batch 0 (not after an empty one); the batches after it take the limit."""
-    from walstream.spark.source import FIRST_BATCH_ROWS
+    from walstream.source.datasource import FIRST_BATCH_ROWS
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     pub = db.create_publication("t")

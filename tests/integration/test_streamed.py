@@ -1,4 +1,4 @@
-"""Sinks' columns made once on the streaming DataFrame (spark/streamed.py) give every batch
+"""Sinks' columns made once on the streaming DataFrame (pipeline/streamed.py) give every batch
 exactly the rows and columns the per-batch projection (SinkSteps.prepare) gives."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from tests.changes import TS_MS, row
 from tests.integration.test_formats_sql import frame
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import parse_config
-from walstream.spark.steps import SinkSteps
-from walstream.spark.streamed import StreamedSinks
+from walstream.pipeline.steps import SinkSteps
+from walstream.pipeline.streamed import StreamedSinks
 
 KAFKA = {"type": "kafka", "bootstrap_servers": "k:9092", "topic": "concat('t.', `table`)"}
 

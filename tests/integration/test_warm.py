@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from walstream.spark.warm import JOB_GROUP, warm_tasks, warm_workers
+from walstream.engine.warm import JOB_GROUP, warm_tasks, warm_workers
 
 
 @pytest.mark.spark
@@ -23,7 +23,7 @@ def test_the_warm_up_job_imports_the_task_modules_in_all_cores_but_one(spark):
 def test_a_module_that_does_not_import_fails_the_warm_up_quietly(spark, caplog):
     import logging
 
-    caplog.set_level(logging.DEBUG, logger="walstream.spark.warm")
+    caplog.set_level(logging.DEBUG, logger="walstream.engine.warm")
     warm_workers(spark, ["walstream.no_such_module"]).join(120)
     assert "warming the Python workers failed" in caplog.text
     assert "no_such_module" in caplog.text

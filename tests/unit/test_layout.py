@@ -19,8 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "walstream"
 FLOORS: list[set[str]] = [
     {"cli"},
     {"runtime"},
-    {"spark", "server", "testing", "client"},
-    {"delivery", "backfill", "streams", "lake", "engine"},
+    {"pipeline", "server", "testing", "client"},
+    {"source", "delivery", "backfill", "streams", "lake", "engine"},
     {"postgres", "sinks", "formats", "config"},
     {
         "state",

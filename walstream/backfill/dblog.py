@@ -18,7 +18,7 @@ The executors, one per place a chunk's rows can be:
 - `drop_sql`: in Spark, the staged change rows of every chunk a batch emits
   (`merge.py`); a moved key is found from the JSON of `old` and `record`;
 - `dropped`: in Arrow, a staged batch delivered straight from its file
-  (`spark/reads.py`); a window where a key moved sends its rows through `drop_sql`;
+  (`pipeline/reads.py`); a window where a key moved sends its rows through `drop_sql`;
 - `keep_typed`: in Arrow, a table sink's staged typed rows (`lake/typed.py`): the
   file holds typed columns, not the key's text, so the window's keys are typed the
   same way (from `record` and `old`) and compared column by column.

@@ -79,7 +79,7 @@ class ReadRows:
     `rows`: a Spark DataFrame of change rows (action `read`, the DBLog filter applied).
     `chunks` and `inside` are what they came from: the staged chunks (whose rows hold
     `pk`, `record`, `ord`) and the stream's changes inside their windows, for a sink
-    that delivers them straight from the files (`spark/reads.py`). `changed`, `cut`
+    that delivers them straight from the files (`pipeline/reads.py`). `changed`, `cut`
     and `moved` count those changes: key changes, truncates, updates that moved a key.
     """
 

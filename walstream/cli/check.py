@@ -89,12 +89,12 @@ def check(
 def check_config(path: Path) -> list[Finding]:
     """Findings for a whole config: the file, each source, each sink (expressions, destination)."""
     from walstream.config import load_config
+    from walstream.engine.session import build_spark
     from walstream.errors import ConfigError
+    from walstream.pipeline.batches import validate
+    from walstream.pipeline.expressions import expressions
     from walstream.runtime import check_destinations
     from walstream.sinks.registry import preflight
-    from walstream.spark.expressions import expressions
-    from walstream.spark.pipeline import validate
-    from walstream.spark.session import build_spark
 
     cfg = load_config(path)  # a ConfigError here ends the check with exit code 2
     findings = [

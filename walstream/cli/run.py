@@ -56,9 +56,9 @@ def run(
     from rich.live import Live
 
     from walstream.config import load_config
+    from walstream.engine.session import find_java
     from walstream.runtime import Runtime, check_destinations
     from walstream.secrets import guard_logs, secret_values
-    from walstream.spark.session import find_java
 
     cfg = load_config(config)
     guard_logs(secret_values(cfg))  # no secret in any log line from here on

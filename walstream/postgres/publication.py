@@ -1,5 +1,5 @@
 """A source's choices for its publication, without psycopg: the Spark source's planning
-processes read them (tests/unit/spark/test_source_imports.py)."""
+processes read them (tests/unit/source/test_source_imports.py)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from walstream.config import Plan, SourceConfig
-from walstream.spark.checkpoint import remove_partial_writes
-from walstream.spark.pipeline import Pipeline
+from walstream.pipeline.batches import Pipeline
+from walstream.source.checkpoint import remove_partial_writes
 from walstream.state.leadership import Leadership
 
 log = logging.getLogger("walstream.runtime")  # the name operators know

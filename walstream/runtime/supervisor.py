@@ -26,8 +26,11 @@ from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
 from walstream.delivery.retrier import Retrier
+from walstream.engine.planners import release_after_planning
+from walstream.engine.session import start_spark
 from walstream.errors import ConfigError, ErrorSummary, Kind, SetupError, error_summary
 from walstream.periodic import Periodic
+from walstream.pipeline.batches import Pipeline, validate
 from walstream.postgres.prepare import prepare_capture
 from walstream.runtime.query import (
     SourceQuery,
@@ -44,11 +47,8 @@ from walstream.server.metrics import Metrics
 from walstream.server.monitor import Monitor
 from walstream.server.status import SourceStatus
 from walstream.sinks.registry import preflight
-from walstream.spark.checkpoint import check_staging, committed_lsn, is_remote
-from walstream.spark.pipeline import Pipeline, validate
-from walstream.spark.planners import release_after_planning
-from walstream.spark.session import start_spark
-from walstream.spark.source import register as register_source
+from walstream.source.checkpoint import check_staging, committed_lsn, is_remote
+from walstream.source.datasource import register as register_source
 from walstream.state.leadership import Leadership
 from walstream.state.outbox import Outbox, ensure_outbox
 from walstream.streams.store import StreamStore
@@ -71,7 +71,7 @@ class Runtime:
         #: ends; `run` returns once every source is caught up.
         self.until_caught_up = until_caught_up
         self.owns_spark = spark is None
-        #: End Spark's planning processes once the queries run (spark/planners.py): only
+        #: End Spark's planning processes once the queries run (engine/planners.py): only
         #: in a session of its own, where no one else plans; `planning`: a query started since
         self.end_planners, self.planning = self.owns_spark, True
         self.stopping = threading.Event()

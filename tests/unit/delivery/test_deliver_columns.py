@@ -17,7 +17,7 @@ from walstream.delivery.columns import deliver_columns
 from walstream.delivery.deliver import DeliveryPlan, deliver_partition
 from walstream.delivery.route import Route
 from walstream.formats import formatter
-from walstream.spark.tasks import _rows
+from walstream.pipeline.tasks import _rows
 
 TS = 1_763_884_850_561_930
 

@@ -1,4 +1,4 @@
-"""A staged chunk delivered straight from its file (spark/reads.py): the rows DBLog drops
+"""A staged chunk delivered straight from its file (pipeline/reads.py): the rows DBLog drops
 and those tied to the batch's changes are left out, the rest arrive in read order, each
 message what the format function makes of the read row."""
 
@@ -16,8 +16,8 @@ from walstream.backfill.typed import TypedChunk
 from walstream.change import ChangeRow
 from walstream.formats import formatter
 from walstream.formats.template import ReadTemplate
+from walstream.pipeline.reads import Direct, deliver_chunk
 from walstream.sinks.file import read_messages
-from walstream.spark.reads import Direct, deliver_chunk
 
 US = 1_700_000_000_000_001
 

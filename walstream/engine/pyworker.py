@@ -24,12 +24,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from walstream.spark.classes import cache_dir
+from walstream.engine.classes import cache_dir
 
 log = logging.getLogger(__name__)
 
 _SCRIPT = """#!/bin/sh
-# Made by walstream (walstream/spark/pyworker.py): Spark's Python workers import the
+# Made by walstream (walstream/engine/pyworker.py): Spark's Python workers import the
 # installed PySpark (and Py4J), compiled once, instead of compiling these zips in every
 # process: {zips}
 set -f

@@ -1,4 +1,4 @@
-"""Save Spark's classes for faster starts (see `classes.py`): `python -m walstream.spark.save_classes`.
+"""Save Spark's classes for faster starts (see `classes.py`): `python -m walstream.pipeline.save_classes`.
 
 `build_archive` runs, in a child process, a small job of the kinds walstream runs (SQL
 message formats, `mapInArrow`, the registered data source, a streaming query of a Python
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from walstream.spark.classes import QUIET, archive_path
-from walstream.spark.session import find_java
+from walstream.engine.classes import QUIET, archive_path
+from walstream.engine.session import find_java
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def build_archive(force: bool = False) -> Path | None:
     partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
     t0 = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "walstream.spark.save_classes", "--job", str(partial)],
+        [sys.executable, "-m", "walstream.pipeline.save_classes", "--job", str(partial)],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "WALSTREAM_CLASS_ARCHIVE": "off"},  # it writes one, uses none
     )  # fmt: skip
@@ -63,10 +63,10 @@ def _prune(folder: Path) -> None:
 def _job(target: Path) -> None:
     """The representative job, in a JVM that writes the archive to `target` at exit."""
     from walstream.config import parse_config
+    from walstream.engine.session import build_spark
     from walstream.formats import sql_format
     from walstream.formats.keys import sql_idempotency_key
-    from walstream.spark.session import build_spark
-    from walstream.spark.source import register
+    from walstream.source.datasource import register
 
     cfg = parse_config({
         "spark": {"master": "local[1]", "conf": {

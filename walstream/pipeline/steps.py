@@ -21,8 +21,8 @@ from walstream.config import SinkConfig
 from walstream.delivery.deliver import DeliveryPlan
 from walstream.delivery.route import Route
 from walstream.engine.frames import arrow_map_udf, column_seq
-from walstream.spark.expressions import TRIMMED, projection
-from walstream.spark.tasks import STATS_DDL, deliver_arrow
+from walstream.pipeline.expressions import TRIMMED, projection
+from walstream.pipeline.tasks import STATS_DDL, deliver_arrow
 
 #: The local property that carries a batch's part of a sink's DeliveryPlan to its tasks.
 BATCH_PROPERTY = "walstream.batch.{sink}"

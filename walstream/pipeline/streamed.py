@@ -25,7 +25,7 @@ from typing import Any
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import SinkConfig
 from walstream.engine.frames import column_seq
-from walstream.spark.expressions import TRIMMED, projection
+from walstream.pipeline.expressions import TRIMMED, projection
 
 
 class Streamed:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from walstream.config import parse_config
-from walstream.errors import SetupError
-from walstream.spark.session import (
+from walstream.engine.session import (
     ARROW_NO_BYTE_BOUND,
     LOG_PROFILE,
     SMALL_MACHINE_JIT,
     spark_conf,
     spark_environment,
 )
+from walstream.errors import SetupError
 
 
 @pytest.fixture(autouse=True)

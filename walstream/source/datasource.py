@@ -25,7 +25,7 @@ from pyspark.sql.streaming.datasource import (
 
 from walstream.change import CHANGE_SCHEMA_DDL, parse_lsn
 from walstream.errors import SetupError
-from walstream.spark.options import SourceOptions
+from walstream.source.options import SourceOptions
 
 if TYPE_CHECKING:
     from walstream.postgres.capture import Capture, Cursor
@@ -261,7 +261,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return _as_offset(min(driver.capture.latest(cursor, max_rows), until))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        from walstream.spark.partition import ChangePartition, PackedSlice, group_slices
+        from walstream.source.partition import ChangePartition, PackedSlice, group_slices
 
         s, e = _as_cursor(start), _as_cursor(end)
         if e <= s:
@@ -281,7 +281,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from walstream.spark.partition import ChangePartition, partition_batches
+        from walstream.source.partition import ChangePartition, partition_batches
 
         assert isinstance(partition, ChangePartition)
         return partition_batches(partition)

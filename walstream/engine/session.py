@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from walstream.engine.classes import archive_options
+from walstream.engine.pyworker import worker_python
 from walstream.errors import SetupError
 from walstream.nopandas import no_pandas
-from walstream.spark.classes import archive_options
-from walstream.spark.pyworker import worker_python
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def spark_conf(config: Any, quiet: bool = True) -> dict[str, str]:
 def build_spark(config: Any, quiet: bool = True) -> Any:
     """A SparkSession for walstream on the config's master, with `spark_conf`.
 
-    `quiet` uses walstream's log profile (spark/log4j2.properties): failures are
+    `quiet` uses walstream's log profile (engine/log4j2.properties): failures are
     reported once by the runtime instead of as stack traces from every layer.
     """
     from pyspark.sql import SparkSession
@@ -255,7 +255,7 @@ def start_spark(config: Any, say: Any, quiet: bool = True) -> Any:
     background (beside the rest of the start, not in the first batch)."""
     import time
 
-    from walstream.spark.warm import warm_workers
+    from walstream.engine.warm import warm_workers
 
     t0 = time.monotonic()
     say(f"starting Spark ({config.spark.master}): its JVM and Python workers")

@@ -33,10 +33,8 @@ from walstream.errors import ConfigError
 from walstream.lake.contract import TableSink
 from walstream.lake.sources import LakeSources
 from walstream.lake.writer import Upkeep, write_or_pause, write_tables
-from walstream.sinks.base import Kind, retry_timeout
-from walstream.sinks.registry import capabilities, sink_for
-from walstream.spark.expressions import projection
-from walstream.spark.reads import (
+from walstream.pipeline.expressions import projection
+from walstream.pipeline.reads import (
     Direct,
     deliver_direct,
     grouped,
@@ -44,8 +42,10 @@ from walstream.spark.reads import (
     tied_rows,
     with_reads,
 )
-from walstream.spark.steps import BatchPart, SinkSteps
-from walstream.spark.streamed import StreamedSinks
+from walstream.pipeline.steps import BatchPart, SinkSteps
+from walstream.pipeline.streamed import StreamedSinks
+from walstream.sinks.base import Kind, retry_timeout
+from walstream.sinks.registry import capabilities, sink_for
 
 log = logging.getLogger(__name__)
 #: How often a batch held by a paused sink looks at the source's slot (`_check_slot`).

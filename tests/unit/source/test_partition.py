@@ -10,7 +10,7 @@ from pyspark import cloudpickle
 from walstream.postgres import pgoutput as po
 from walstream.postgres.relations import RelationInfo
 from walstream.postgres.wal_buffer import TxnSlice
-from walstream.spark.partition import ChangePartition, PackedSlice, partition_batches
+from walstream.source.partition import ChangePartition, PackedSlice, partition_batches
 
 REL = RelationInfo(
     16384, "public", "orders", "d",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from walstream.spark.pyworker import bundled_zips, worker_python
+from walstream.engine.pyworker import bundled_zips, worker_python
 
 SHOW = "import os, sys; print(os.environ.get('PYTHONPATH')); print(sys.argv[1:]); sys.exit(3)"
 

@@ -12,8 +12,8 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
     from walstream.change import ChangeRow
-    from walstream.spark.partition import arrow_batches
-    from walstream.spark.tasks import deliver_arrow
+    from walstream.source.partition import arrow_batches
+    from walstream.pipeline.tasks import deliver_arrow
 
     rows = [
         ChangeRow("app", 100 + i, i, 7, 1_700_000_000_000_000, "insert", "public", "t",

@@ -6,7 +6,7 @@ from typing import Any
 
 from walstream.config import parse_config
 from walstream.engine.sql import quote, selection_expr
-from walstream.spark.expressions import delivery_columns, expressions, group_expr, projection
+from walstream.pipeline.expressions import delivery_columns, expressions, group_expr, projection
 
 
 def sink(**settings: Any) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from walstream.errors import SetupError
-from walstream.spark.checkpoint import committed_lsn, is_remote
+from walstream.source.checkpoint import committed_lsn, is_remote
 
 
 def write_batch(root: Path, n: int, lsn: int, committed: bool = True) -> None:

@@ -12,7 +12,7 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from walstream.spark.source import WalstreamDataSource
+    from walstream.source.datasource import WalstreamDataSource
 
     source = WalstreamDataSource({"dsn": "postgresql://u@127.0.0.1:1/app", "slot": "s",
                                   "publication": "p"})
@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     heavy = ("psycopg", "psycopg2", "pyarrow", "walstream.postgres.capture",
              "walstream.postgres.decoder")
     out = {"planning": sorted(m for m in heavy if m in sys.modules)}
-    from walstream.spark.partition import ChangePartition
+    from walstream.source.partition import ChangePartition
     out["read"] = sum(b.num_rows for b in reader.read(ChangePartition("app", [], [], {})))
     print(json.dumps(out))
     """

@@ -5,7 +5,7 @@ the other for each: on a 2-core machine about 4-5 s of an 11 s `SparkSession` st
 Java's class data sharing (CDS) keeps loaded classes in an archive file that later
 JVMs map instead of loading them again (measured: 11.2 s -> 6.3-7.1 s to a running
 session). `save_classes.py` writes the archive (`bin/setup` runs it once: `python -m
-walstream.spark.save_classes`, and so can a user after `pip install`; walstream works
+walstream.pipeline.save_classes`, and so can a user after `pip install`; walstream works
 without it, only starts slower). `archive_options` gives a local driver JVM the
 archive when one was saved for this Java and these jars. The JVM checks the archive
 against its class path itself and ignores it, silently, when the jars changed.

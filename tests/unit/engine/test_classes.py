@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from walstream.config import parse_config
-from walstream.spark.classes import QUIET, archive_options, archive_path
-from walstream.spark.save_classes import KEEP, _prune
-from walstream.spark.session import find_java, spark_conf
+from walstream.engine.classes import QUIET, archive_options, archive_path
+from walstream.engine.session import find_java, spark_conf
+from walstream.pipeline.save_classes import KEEP, _prune
 
 SOURCES = [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:5432/app"}]
 SINKS = [{"name": "out", "source": "app", "destination": {"type": "file", "path": "/tmp/x"}}]

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 #: Spark's job group of the warm-up job.
 JOB_GROUP = "walstream-warm"
 #: What every stream task imports: reading the slot's changes, delivering them.
-TASK_MODULES = ("walstream.spark.partition", "walstream.spark.tasks")
+TASK_MODULES = ("walstream.source.partition", "walstream.pipeline.tasks")
 
 
 def _importer(modules: Sequence[str]) -> Any:

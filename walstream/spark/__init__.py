@@ -1,1 +1,0 @@
-"""The Spark side: the streaming source, decoding on executors."""
