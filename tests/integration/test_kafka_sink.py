@@ -14,7 +14,7 @@ from walstream.change import idempotency_key
 from walstream.config import parse_config
 from walstream.errors import SinkError
 from walstream.sinks.base import BatchInfo, Message
-from walstream.sinks.kafka import KafkaSink
+from walstream.sinks.kafka.sink import KafkaSink
 from walstream.testing import TansuBroker
 
 pytestmark = pytest.mark.kafka

@@ -18,8 +18,8 @@ from walstream.formats.mirror import mirror
 from walstream.postgres.catalog import load_metadata
 from walstream.postgres.decoder import ChangeDecoder
 from walstream.postgres.replication import connect
-from walstream.sinks import postgres as postgres_sink
 from walstream.sinks.base import BatchInfo, Message
+from walstream.sinks.postgres import sink as postgres_sink
 from walstream.sinks.registry import sink_for
 
 #: Debian's server and the newest major (tests/conftest.py) as the source; the target is 15.

@@ -14,6 +14,7 @@ import importlib
 import pkgutil
 import threading
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union, get_args
 
 from pydantic import Field
@@ -54,10 +55,9 @@ def sink_types() -> dict[str, type[Sink]]:
     global _loaded, _union
     with _LOCK:
         if not _loaded:
-            import walstream.sinks as package
-
-            for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-                importlib.import_module(f"{package.__name__}.{info.name}")
+            here = [str(Path(__file__).parent)]  # walstream/sinks: its modules and packages
+            for info in sorted(pkgutil.iter_modules(here), key=lambda m: m.name):
+                importlib.import_module(f"{__package__}.{info.name}")
             for entry in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
                 entry.load()
             if "delta" not in _TYPES:  # walstream's own entry points are not installed

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from walstream.sinks.mirror_sql import (
+from walstream.sinks.postgres.sql import (
     Column,
     TableDef,
     create_table,

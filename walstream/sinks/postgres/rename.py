@@ -41,8 +41,8 @@ from typing import Any
 from psycopg import sql
 
 from walstream.errors import SinkError
-from walstream.sinks.mirror_definitions import load_definition
-from walstream.sinks.mirror_sql import TableDef, ident
+from walstream.sinks.postgres.definitions import load_definition
+from walstream.sinks.postgres.sql import TableDef, ident
 
 log = logging.getLogger(__name__)
 

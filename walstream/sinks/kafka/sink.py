@@ -26,7 +26,7 @@ from walstream.sinks.base import (
     MessageDestination,
     MessageSink,
 )
-from walstream.sinks.kafka_clients import (
+from walstream.sinks.kafka.clients import (
     LIBRDKAFKA_LOG,
     confluent,
     forget_producer,

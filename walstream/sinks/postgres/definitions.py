@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from walstream.errors import SinkError
-from walstream.sinks.mirror_sql import Column, TableDef, column_kind, ident, if_missing, literal
+from walstream.sinks.postgres.sql import Column, TableDef, column_kind, ident, if_missing, literal
 
 _COLUMNS = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,

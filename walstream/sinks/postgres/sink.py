@@ -40,15 +40,18 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr
 
+import walstream.sinks.postgres.book as mirror_book
+import walstream.sinks.postgres.rename as mirror_rename
+import walstream.sinks.postgres.sql as mirror_sql
+import walstream.sinks.postgres.targets as mirror_targets
 from walstream.errors import SinkError
 from walstream.fields import Dsn
-from walstream.sinks import mirror_book, mirror_rename, mirror_sql, mirror_targets
 from walstream.sinks.base import Message, MessageDestination, MessageSink, SinkContext
 from walstream.sinks.clients import Clients
-from walstream.sinks.mirror_book import APPLY, SUPERSEDED, row_key
-from walstream.sinks.mirror_definitions import load_definition
-from walstream.sinks.mirror_rename import RenamePending, exists
-from walstream.sinks.mirror_sql import (
+from walstream.sinks.postgres.book import APPLY, SUPERSEDED, row_key
+from walstream.sinks.postgres.definitions import load_definition
+from walstream.sinks.postgres.rename import RenamePending, exists
+from walstream.sinks.postgres.sql import (
     Run,
     TableDef,
     ident,

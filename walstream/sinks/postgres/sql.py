@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from walstream.sinks.mirror_book import row_key
+from walstream.sinks.postgres.book import row_key
 
 _BC = re.compile(r"^(-?)(\d{4,})(-\d\d-\d\d)(?:T(.*))?$")
 
