@@ -193,6 +193,19 @@ def test_no_function_is_long_without_a_reason() -> None:
     assert long == {}, "split these, or say why next to them (# long: <reason>)"
 
 
+#: A module docstring states the module's contract; what is longer belongs in docs/.
+MAX_MODULE_DOC = 20
+
+
+def test_module_docstrings_state_a_contract_in_a_few_lines() -> None:
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        if doc and (n := len(doc.splitlines())) > MAX_MODULE_DOC:
+            long[str(path.relative_to(PACKAGE.parent))] = n
+    assert long == {}, "say the contract; move the rest to docs/"
+
+
 def test_the_function_size_check_sees_a_long_function() -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_OWN_LINES + 1))
     nested = "\n".join(f"        y{i} = {i}" for i in range(MAX_OWN_LINES))

@@ -1,27 +1,19 @@
 """The DBLog rule, in one place: which of a backfill chunk's rows the stream overrides.
 
-A chunk is read between its low and high watermark, two changes the stream carries
-(its window). Its rows join the stream at the high watermark's place, so a row is
-dropped when the stream holds a newer version of it there:
+A chunk is read between its low and high watermark (its window) and joins the stream
+at the high watermark's place, so a row is dropped when the window holds a newer
+version of it: every row when the window holds a truncate of its table, else a row
+whose key a change there has (its `pk`, or an update's old key when it moved).
 
-- every row of a chunk whose window holds a truncate of its table;
-- a row whose key a change inside the window has: the change's key (`pk`; a
-  delete's too) or, for an update that moved the key, its old key.
+Keys compare as the change row carries them (`pk`, the key columns' text), made one
+string alike by `key_of` (Python), `KEY_SQL` (Spark SQL) and `key_text` (Arrow): each
+part length-prefixed (`3:abc`, NULL `~`), joined by U+001F, so no two keys share one.
 
-Keys compare as the change row carries them (`pk`: the key columns' text, as
-Postgres prints them), made one string by `key_of` (Python), `KEY_SQL` (Spark SQL)
-and `key_text` (Arrow) alike: each part length-prefixed (`3:abc`, NULL `~`), joined
-by U+001F, so no two keys share a string whatever their text holds.
-
-The executors, one per place a chunk's rows can be:
-
-- `drop_sql`: in Spark, the staged change rows of every chunk a batch emits
-  (`merge.py`); a moved key is found from the JSON of `old` and `record`;
-- `dropped`: in Arrow, a staged batch delivered straight from its file
-  (`pipeline/reads.py`); a window where a key moved sends its rows through `drop_sql`;
-- `keep_typed`: in Arrow, a table sink's staged typed rows (`lake/typed.py`): the
-  file holds typed columns, not the key's text, so the window's keys are typed the
-  same way (from `record` and `old`) and compared column by column.
+Executors: `drop_sql` (staged change rows in Spark, `merge.py`; moved keys from the
+JSON of `old` and `record`), `dropped` (a staged batch delivered straight from its
+file, `pipeline/reads.py`; a window where a key moved goes through Spark instead),
+`keep_typed` (a table sink's typed rows, `lake/typed.py`: the file holds typed
+columns, so the window's keys are typed alike and compared column by column).
 """
 
 from __future__ import annotations

@@ -2,23 +2,17 @@
 the chunk's rows join the batch (DBLog).
 
 Per micro-batch of a source with running backfills (driver side, in foreachBatch):
+1. the batch's watermark rows are collected and recorded with their cursor and batch;
+2. each chunk whose high watermark is in the batch is claimed (a replay claims it
+   again), its staged rows read back minus those the stream overrides (`dblog.py`),
+   the rest action `read` rows at the high watermark's place (its lsn; seq = its seq
+   + 1 + the row's ordinal);
+3. while a window is still open, the batch's changes of the backfilled tables are
+   staged, so a high watermark in a later batch sees the whole window.
 
-1. The batch's watermark rows (action `watermark`, a handful) are collected and
-   recorded with their cursor and batch id.
-2. Each chunk whose high watermark is in the batch is claimed (the first attempt
-   to arrive wins; a replay of the batch claims it again). Its staged rows are
-   read back, and dropped where the stream overrides them (the DBLog rule,
-   `dblog.py`: a key changed between the low and high watermark, or a truncate). The rest become action `read` rows at the high
-   watermark's place: lsn = its commit LSN, seq = its seq + 1 + the row's ordinal.
-3. While a window is still open at the end of the batch, the batch's changes of
-   the backfilled tables (keys, cursor, action, old key) are written to the
-   staging directory, so a high watermark in a later batch sees the whole window.
-
-All of it is Spark work over files and the batch: the driver holds watermarks,
-never rows. A lake sink's chunks are staged typed and placed by its writer instead
-(`lake/typed.py`): it gets the chunk files and the window's changes (`TypedReads`).
-Chunk files are removed once the batch that emitted them is committed, window files
-once no open window needs them.
+All of it is Spark work over files: the driver holds watermarks, never rows. A table
+sink's chunks are staged typed and placed by its writer (`lake/typed.py`). Chunk files
+go once the batch that emitted them is committed, window files once no window needs them.
 """
 
 from __future__ import annotations

@@ -1,27 +1,19 @@
 """How a batch reaches a sink: the one place a delivery route is picked.
 
-A sink's `Capabilities` (its kind, whether it takes Arrow columns, tombstones) and
-what the batch is (a replay? rows parked? backfill rows in it?) pick the route:
+| route            | when                                               | executor                      |
+|------------------|----------------------------------------------------|-------------------------------|
+| `TABLES`         | a table sink                                       | `lake/writer.write_tables`    |
+| `COLUMNS`        | a batch sink taking columns; messages made in SQL  | `columns.deliver_columns`     |
+|                  | or Arrow (no tombstones, no Python transform)      |                               |
+| `LEDGER_COLUMNS` | the same for a message sink, on a fresh batch      | `columns.deliver_ledger_columns` |
+|                  | with nothing parked                                |                               |
+| `ROWS`           | everything else                                    | `deliver.deliver_partition`   |
+| `STAGED_CHUNKS`  | backfill read rows of a batch sink taking columns, | `pipeline/reads.deliver_direct` |
+|                  | messages as the format makes them                  |                               |
 
-| route            | for                                   | executor                          |
-|------------------|---------------------------------------|-----------------------------------|
-| `TABLES`         | a table sink (Delta, Iceberg)         | `lake/writer.py:write_tables`    |
-| `COLUMNS`        | a batch sink taking columns, messages | `delivery/columns.deliver_columns` |
-|                  | made in SQL or Arrow                  |                                   |
-| `LEDGER_COLUMNS` | a message sink taking columns, on a   | `columns.deliver_ledger_columns`  |
-|                  | fresh batch with nothing parked       |                                   |
-| `ROWS`           | everything else (tombstones, a Python | `deliver.deliver_partition`       |
-|                  | transform, a replay, parked groups)   |                                   |
-| `STAGED_CHUNKS`  | backfill read rows of a batch sink    | `spark/reads.deliver_direct`      |
-|                  | taking columns, messages as the format |                                  |
-|                  | makes them (default key and group)    |                                   |
-
-`route` gives the route of the batch's changes and of its backfill read rows
-(`STAGED_CHUNKS`, else they join the changes in Spark and take the changes' route).
-`STAGED_CHUNKS` may still fall back when the batch's data rule it out (a key moved
-in a chunk's window, too many changed keys to send as sets): `spark/reads.plan_direct`.
-A retried task attempt of a `LEDGER_COLUMNS` batch goes row by row: it asks the
-ledger what its earlier attempt delivered (`deliver_ledger_columns`).
+Read rows not `STAGED_CHUNKS` join the changes in Spark and take their route; the
+batch's data can still rule `STAGED_CHUNKS` out (`pipeline/reads.plan_direct`). A
+retried task attempt of `LEDGER_COLUMNS` goes row by row (`deliver_ledger_columns`).
 """
 
 from __future__ import annotations

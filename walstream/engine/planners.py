@@ -1,26 +1,13 @@
 """End Spark's Python planning processes once the queries run: memory a running query never uses.
 
-Before a query reads a Python data source, Spark runs one-shot steps in Python on the
-driver: finding the registered sources (`lookup_data_sources`), creating ours
-(`create_data_source`) and planning its read (`plan_data_source_read`). Each step has a
-`pyspark.daemon` of its own, which forks the worker that runs it. Spark keeps that worker
-for reuse (it ends it after a minute idle) and the daemon for the life of the session.
-On a 2-core machine that is six processes and ~250 MB resident (RSS summed) that a
-running query never uses again: a sixth of `walstream run`'s peak while it drains a
-backlog (docs/performance-log.md, "2026-11-28: Spark's planning processes ended once the
-queries run").
-
-`release` stops those daemons, and with them their workers, the way Spark stops them
-when its session ends (`PythonWorkerFactory.stop()`). Spark keeps the factory: a query
-started later (a restart after a failure) starts a daemon again, as the first start
-did. Only the planning steps' daemons are stopped; the tasks' daemon (`pyspark.worker`)
-and its warm workers stay.
-
-Spark exposes no call for this, so `release` reaches its map of worker factories by
-reflection (the session's `SparkEnv.pythonWorkers`). It must run while nothing is being
-planned: a step still running in a stopped daemon's worker would fail. The runtime
-calls it from the thread that starts its queries, once every running query has
-reported progress (its planning is over).
+Before a query reads a Python data source, Spark runs one-shot planning steps, each in
+a `pyspark.daemon` of its own that it keeps for the session: on 2 cores six processes
+and ~250 MB resident a running query never uses (docs/performance-log.md).
+`release` stops those daemons the way Spark does when its session ends
+(`PythonWorkerFactory.stop()`, reached by reflection: Spark has no call for it); a
+query started later starts one again. The tasks' daemon and its warm workers stay.
+It must run while nothing is being planned: the runtime calls it from the thread that
+starts its queries, once every running query has reported progress.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ LOCAL_CONF = {"spark.driver.memory": "512m"}  # Spark refuses less than 450 MB
 #: full collection, shrunk when more than 25% is): large short-lived arrays (a batch's task,
 #: Arrow buffers) go straight to the old generation, and with the defaults (40% / 70%) its
 #: garbage piled up to the heap's limit between collections. Measured: the JVM 60-100 MB
-#: less resident at the same rate and latency (docs/performance-log.md, "middling speed").
+#: less resident at the same rate and latency (docs/performance-log.md, "Memory under a backlog").
 LOCAL_JAVA_OPTIONS = (
     "-XX:+UseSerialGC -Xms64m -XX:MaxNewSize=64m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=25"
 )

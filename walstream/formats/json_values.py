@@ -1,25 +1,14 @@
-"""A backfill chunk's `record` JSON and `pk`, built column by column in Arrow.
+"""Postgres values as the canonical JSON, a column at a time in Arrow (a backfill chunk's
+`record` and `pk`): byte for byte what the decoder's codecs make of the same text,
+without their ≈ 27 µs a row in Python.
 
-The read path of a message sink's backfill (`read.py`) turns each row's Postgres
-text into the canonical `record` with the decoder's codecs, so a read row is byte for
-byte what the stream sends for the same values. Done per row in Python, that costs
-≈ 27 µs a row. Here the same text (each column read as its output text; bytea as
-base64)
-comes as Arrow strings, and each codec's JSON is built with Arrow kernels over the
-whole column:
-
-- int, json: the text as it is;
-- bool: `t` → `true`, else `false`;
-- numeric: quoted;
-- float: `NaN`/`Infinity`/`-Infinity` quoted, others as they are;
-- text and text-like types: quoted, when nothing in them needs escaping;
-- date, timestamp: quoted, `T` between date and time;
-- timestamptz: `2024-01-02 03:04:05.6+00` → `"2024-01-02T03:04:05.6Z"`;
-- bytea: the base64 Postgres made, quoted.
-
-A value a kernel does not cover (a string to escape, a BC date, another offset, an
-array, a type without a kernel) goes through its codec in Python, that value only.
-`tests/unit/formats/test_json_values.py` checks the output equals the codecs'.
+Each column comes as its output text (bytea as base64). Kernels cover: int and json
+as they are; bool `t` → `true`; numeric quoted; float quoted for NaN/±Infinity; text
+and text-like types quoted when nothing needs escaping; date and timestamp quoted
+with a `T`; timestamptz in UTC with `Z`; bytea's base64 quoted. Any other value (a
+string to escape, a BC date, another offset, an array, a type without a kernel) goes
+through its codec in Python, that value only. `tests/unit/formats/test_json_values.py`
+checks the output equals the codecs'.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ those columns to the query's streaming DataFrame when the query starts, under na
 of their own (`_ws<i>_<name>`, `_ws<i>_where`); Spark plans them inside its own batch
 planning, and a batch only filters on the sink's `where` column and selects its
 columns by name. Measured: ~15-20 ms less per batch cycle; a backlog's rate within
-the noise of before (docs/performance-log.md, "evening").
+the noise of before (docs/performance-log.md, "the sinks' columns planned with the query").
 
 Spark hands foreachBatch each batch as the result of that plan (a `LogicalRDD`), so
 a batch's own filter or select cannot reach back into it: each sink's columns are

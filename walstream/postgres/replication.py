@@ -231,7 +231,7 @@ BURST_BYTES = 1 << 20
 #: When a drained connection becomes readable, what arrives is left to gather this long
 #: before it is read: reading each message as it arrived cost the capture thread (and
 #: the walsender) a wake-up and a few system calls per message, half the capture's CPU
-#: (docs/performance-log.md, "2026-11-28, night"). A change's latency grows by as much.
+#: (docs/performance-log.md, "the capture reads in bursts"). A change's latency grows by as much.
 COALESCE = 0.002
 
 

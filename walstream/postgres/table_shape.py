@@ -1,27 +1,12 @@
 """A source table as typed columns: each Postgres column's Spark/Arrow type, and the key.
 
-The lake sinks write a change's row as typed columns, not JSON. The types come
-from the source's catalog (the table as it is when a batch is written):
-
-| Postgres | column type |
-|---|---|
-| smallint, integer | INT |
-| bigint, oid, xid | BIGINT |
-| real / double precision | FLOAT / DOUBLE |
-| numeric(p, s), p ≤ 38 | DECIMAL(p, s) |
-| numeric without precision, or p > 38 | STRING (the exact digits) |
-| boolean | BOOLEAN |
-| date | DATE |
-| timestamp with time zone | TIMESTAMP (UTC) |
-| timestamp without time zone | TIMESTAMP_NTZ |
-| bytea | BINARY |
-| json, jsonb | STRING (the JSON text) |
-| one-dimensional arrays of the above | ARRAY<element> |
-| text, varchar, uuid, enums, time, interval, inet, ranges, composites, anything else | STRING |
-
-Domains take their base type's column type. A value that does not fit its column
-type (numeric 'NaN', a date 'infinity', a multi-dimensional array) is never written
-as NULL: the batch stops with an error naming the column (see `lake/writer.py`).
+Typed reads (a table sink's rows and backfills) take their types from the source's
+catalog as the table is when a batch is written; the mapping is docs/lakehouse.md's
+table (integers, floats, decimals up to 38 digits, booleans, dates, timestamps with
+and without zone, bytea, one-dimensional arrays of those; everything else as text;
+domains as their base type). A value that does not fit its column type (numeric
+'NaN', a date 'infinity', a multi-dimensional array) is never written as NULL: the
+batch stops with an error naming the column (see `lake/writer.py`).
 """
 
 from __future__ import annotations

@@ -1,34 +1,20 @@
 """The sink contracts: three kinds of destination, what each implements and may assume.
 
-A sink type is one module: its `DestinationSettings` subclass (the `destination:`
-section, with `type: <name>`) and its sink class, a subclass of one of the three
-kinds below naming those settings and its optional-dependency extra, decorated with
-`@register` (see `registry.py`). Each kind declares one frozen `Capabilities`; the
-delivery route of a batch is picked from it in one place (`delivery/route.py`).
+A sink type is its `DestinationSettings` subclass (the `destination:` section, with
+`type: <name>`) and its sink class, a subclass of one kind, decorated `@register`
+(`registry.py`). Each kind declares one frozen `Capabilities`; the delivery route of
+a batch is picked from it in one place (`delivery/route.py`).
 
 - `MessageSink` (Kafka, webhooks, Redis Streams, NATS, RabbitMQ, the Postgres
-  mirror): lives in one Spark task (one partition of one micro-batch) and delivers
-  ordered lists of messages. `deliver` returns only when every message it was given
-  is durably accepted; then the delivery ledger records them and the slot may move.
-  A failure raises `SinkError` (`retryable`; `delivered` = the indices known to be
-  delivered for a partial failure); the delivery layer retries inline, parks, or
-  dead-letters — the sink never sleeps, retries beyond its client or drops a message.
-- `BatchSink` (files, pull streams): the same task protocol, but `finish()` is the
-  durability point and a replay of a batch's partition replaces what an
-  interrupted run wrote: no ledger, no parking; a failure fails the batch.
-- `TableSink` (Delta, Iceberg; `walstream/sinks/lake.py`): on the driver, one typed
-  batch of one table per micro-batch in one commit that records the batch.
+  mirror): a message is durable when `deliver` returns; then the ledger records it.
+  A failure raises `SinkError`; the delivery layer retries, parks or dead-letters —
+  a sink never sleeps, retries beyond its client or drops a message.
+- `BatchSink` (files, pull streams): durable at `finish`; a replay of a batch's
+  partition replaces what an interrupted run wrote; no ledger, no parking.
+- `TableSink` (Delta, Iceberg; `lake/contract.py`): on the driver, one typed batch of
+  one table per micro-batch, in one commit that records the batch.
 
-The task protocol of the first two, in order:
-
-    begin(batch)           once per partition, before anything else
-    deliver(messages)      zero or more times, each with up to `batch_size` messages
-    finish()               once, after the last deliver of the partition succeeded
-    close()                always, also after an error
-
-Messages come in WAL order (`cursor`) within a partition, and all messages of one
-group key are in the same partition; a sink keeps that order for each group (Kafka:
-same key, same partition, idempotent producer; files: append order).
+The first two share the task protocol of `TaskSink`.
 """
 
 from __future__ import annotations
@@ -247,7 +233,19 @@ class Sink(ABC):
 
 
 class TaskSink(Sink):
-    """The task protocol message and batch sinks share (see the module docstring)."""
+    """The task protocol message and batch sinks share, in one Spark task (one partition
+    of one micro-batch), in this order:
+
+        begin(batch)           once per partition, before anything else
+        deliver(messages)      zero or more times, each with up to `batch_size` messages
+        finish()               once, after the last deliver of the partition succeeded
+        close()                always, also after an error
+
+    Messages come in WAL order (`cursor`) within a partition, and all messages of one
+    group key are in the same partition; a sink keeps that order for each group (Kafka:
+    same key, same partition, idempotent producer; files: append order). A partial
+    failure's `SinkError.delivered` holds the indices known to be delivered.
+    """
 
     def begin(self, batch: BatchInfo) -> None:
         self.batch = batch

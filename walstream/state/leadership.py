@@ -1,25 +1,16 @@
 """High availability: one leader per source, any number of hot standbys.
 
-Each source's pipeline leads while it holds a lock on a table of its own in
-walstream's state schema, `<state schema>.leader_<source>`: `LOCK TABLE ... IN
-EXCLUSIVE MODE NOWAIT` inside a transaction kept open on a dedicated connection.
-That lock needs UPDATE, DELETE or TRUNCATE on the table, which only its owner
-(walstream's role) has: no other role that can connect can take it first and so
-keep walstream from leading (an advisory lock's key, which any role could take,
-made that possible). The transaction writes nothing and holds no snapshot between
-statements, so it neither takes a transaction id nor holds back vacuum.
+A source's pipeline leads while it holds `LOCK TABLE <state>.leader_<source> IN
+EXCLUSIVE MODE NOWAIT` in a transaction kept open on a dedicated connection. Only the
+table's owner (walstream's role) can take that lock, so no other role can keep
+walstream from leading (an advisory lock's key would let it); the transaction writes
+nothing and holds no snapshot, so it takes no transaction id and holds back no vacuum.
 
-A second `walstream run` with the same config finds the lock taken and waits as a
-standby, trying again every second; when the leader dies its connection closes,
-Postgres releases the lock, and the standby starts the query from the shared
-checkpoint within seconds. A leader checks its lock connection on every
-supervision tick; if it is gone, the lock may be someone else's already: the
-leader stops the source's query at once and becomes a standby. The replication
-slot admits one reader at a time, so even then two processes never read it
-together.
-
-The lock needs a direct session to Postgres: a pooler in transaction mode
-(pgbouncer) would hand the lock's session to others.
+A second `walstream run` finds the lock taken and stands by, trying every second; when
+the leader dies Postgres releases the lock and the standby starts the query from the
+shared checkpoint. A leader that finds its lock connection gone stops its query at
+once and stands by. The slot admits one reader at a time, so two processes never read
+it together. The lock needs a direct session (not a pooler in transaction mode).
 """
 
 from __future__ import annotations

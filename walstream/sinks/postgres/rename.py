@@ -1,36 +1,12 @@
-"""The Postgres mirror following a renamed source table.
+"""The Postgres mirror following a renamed source table (docs/sinks.md, "Renamed tables").
 
-A change row names its table, not its OID, so a source table renamed from `t` to `u`
-(`ALTER TABLE ... RENAME TO`, or `SET SCHEMA`) first shows as changes of a table the
-mirror has not seen. The mirror reads `u`'s OID from the source's catalog with its
-definition; when a target table the sink created is claimed for another source name
-with that OID, `u` is `t` renamed, and the target follows: `ALTER TABLE ... RENAME TO`
-(and `SET SCHEMA`), the claim moved with it.
-
-Not in the batch that first carries `u`'s changes: the sink applies each table's changes
-in its own partition, so that batch may still be applying `t`'s changes (all from
-before the rename) in another task. Renaming the target under them would fail them,
-and applying `u`'s changes first could let an older change of a row overwrite a newer
-one. So that batch records the rename (`<schema>.mirror_renames`) and refuses `u`'s
-changes: dead letters, each with its row's key, saying why. The next batch — every
-change of `t` is applied by then, since batches follow the WAL — renames the target
-and applies `u`'s changes. Retrying the dead letters (`walstream dead-letters retry`)
-then applies each one whose row no later change rewrote, and refuses the others as
-superseded, as for any dead letter of the mirror.
-
-A name taken over by another table (each change carries its table's OID): `t` renamed
-away and another table renamed to `t` (a blue/green swap), or `t` dropped and created
-again. The target `t` holds the earlier table's rows, which no change of the new one will
-delete. The first change of the new `t` moves that target out of the way, in its chunk's
-transaction, after every change of the earlier `t` (the chunk's partition holds all
-changes under the name, in WAL order): to the earlier table's new name when it still
-exists (its changes there, refused until then as a pending rename, apply); to
-`<t>_dropped_<oid>` when it was dropped, kept for you to drop; to `<t>_moved_<oid>` when
-its new name's target is another table's (two tables traded names), until `follow` moves
-it there. The new `t` then fills its own target.
-
-Only tables the sink creates (`create_tables: true`) are renamed; with tables you made,
-the changes under the new name go to a target table of that name, as before.
+A change names its table and carries its OID. A name the mirror has not seen whose
+OID a target it created is claimed for is that table renamed: the batch that first
+carries it records the rename and refuses its changes as dead letters (another task
+may still be applying the old name's changes); the next batch renames the target
+and applies them. A name taken over by another table (a swap, a drop and create)
+moves the earlier target out of the way first, in the chunk's transaction. Only
+tables the sink creates are renamed.
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
 """Postgres mirror sink (`type: postgres`): a copy of each source table in another Postgres.
 
-Tables: the first change of a table creates it in the target (`schema`, default the
-source table's own) from the source's definition: every column with its exact type
-(`format_type`), NOT NULL, the primary key, and the user-defined types it uses
-(enums, domains with their checks, composite types). A change with a column the
-target lacks (the source added one) adds it first.
-
-Changes: one transaction per chunk. Consecutive changes of a table are applied as
-one statement each run: insert, update and read as `INSERT ... ON CONFLICT (pk) DO
-UPDATE` (columns whose unchanged TOAST value Postgres did not send are left as
-they are), delete as `DELETE ... USING`, truncate as `TRUNCATE`. The same
-transaction stores each table's WAL cursor in `<schema>.mirror_cursors` (`<schema>`: the state schema's name); a change
-at or before it was applied already and is skipped, so a replayed batch never
-moves a row backwards. The sink groups by table (one partition applies a table's
-changes in WAL order).
-
-Refused changes: a change the target refuses is recorded in `<schema>.mirror_refused`
-(in the chunk's transaction) and reported, so it becomes a dead letter while the
-table's later changes go on. A later applied change of the same row marks it
-superseded. When the dead letter is retried, a change still recorded there is
-applied even though the table's cursor is past it (the cursor never moves back); a
-superseded one fails again, loudly, and stays a dead letter — never "delivered"
-without being applied.
-
-Targets: each target table is claimed in `<schema>.mirror_tables` by the sink and
-source table that fill it; a second source table for it (another sink, or two source
-schemas under one `schema:` override) is a ConfigError, never mixed rows.
-
-Values arrive as the decoder's JSON (bytea base64, arrays as JSON arrays, ...);
-each is turned back into Postgres' text input for its column type and cast there.
+The contract (docs/sinks.md, "Postgres mirror"): a table's first change creates it
+from the source's definition (`definitions.py`); each chunk is one transaction that
+applies each table's consecutive changes as one statement per run (`sql.py`) and
+stores the table's WAL cursor, so a replay never moves a row backwards; a refused
+change becomes a dead letter listed in the target (`book.py`) while the table goes
+on; each target table is claimed by one source table (`targets.py`); renames are
+followed (`rename.py`). Values arrive as the decoder's JSON and are cast back from
+Postgres' text input for their column type.
 """
 
 from __future__ import annotations
