@@ -117,7 +117,9 @@ _WINDOW_DDL = (
 )
 #: Up to this many stream changes in the chunks' windows, their keys are broadcast.
 BROADCAST_ROWS = 250_000
-_STAGED_DDL = "pk ARRAY<STRING>, record STRING, ord INT, backfill BIGINT, chunk INT"
+_STAGED_DDL = (
+    "pk ARRAY<STRING>, record STRING, ord INT, backfill BIGINT, chunk INT, json_nulls ARRAY<STRING>"
+)
 
 
 class BackfillMerge:
@@ -348,7 +350,7 @@ class BackfillMerge:
             "CAST(NULL AS STRING) AS annotations",
             "CAST(NULL AS ARRAY<STRING>) AS unchanged_toast",
             "`_oid` AS table_oid",
-            "CAST(NULL AS ARRAY<STRING>) AS json_nulls",
+            "json_nulls",
             "backfill",
             "_sink",
         ), found

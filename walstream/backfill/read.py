@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from walstream.change import parse_lsn
-from walstream.formats.json_values import records
+from walstream.formats.json_values import json_nulls, records
 from walstream.postgres.decoder import WATERMARK_PREFIX
 from walstream.postgres.table_shape import TableShape
 from walstream.postgres.types import PgType, TypeRegistry
@@ -75,7 +75,7 @@ def staged_schema() -> Any:
 
     return pa.schema([
         ("pk", pa.list_(pa.string())), ("record", pa.string()), ("ord", pa.int32()),
-        ("backfill", pa.int64()), ("chunk", pa.int32()),
+        ("backfill", pa.int64()), ("chunk", pa.int32()), ("json_nulls", pa.list_(pa.string())),
     ])  # fmt: skip
 
 
@@ -146,7 +146,8 @@ def read_chunk(task: ChunkTask) -> ChunkResult:
             ids = [pa.repeat(pa.scalar(task.backfill, pa.int64()), n),
                    pa.repeat(pa.scalar(task.n, pa.int32()), n)]  # fmt: skip
             ords = pa.array(range(done, done + n), pa.int32())
-            yield pa.RecordBatch.from_arrays([pk, record, ords, *ids], schema=schema)
+            nulls = json_nulls(batch.columns, task.columns, codecs)
+            yield pa.RecordBatch.from_arrays([pk, record, ords, *ids, nulls], schema=schema)
             done += n
 
     return stage_chunk(task, schema, staged)

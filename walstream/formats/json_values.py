@@ -138,6 +138,26 @@ def records(
     return record, pa.ListArray.from_arrays(offsets, flat)
 
 
+def json_nulls(columns: Sequence[Any], names: Sequence[str], codecs: Sequence[t.Codec]) -> Any:
+    """Each row's json/jsonb columns whose value is the JSON null (its text `null`), as
+    the decoder lists them in `ChangeRow.json_nulls` (NULL for a row with none): in
+    `record` the JSON null reads `null`, like SQL NULL."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(columns[0]) if columns else 0
+    found = [(name, pc.fill_null(pc.equal(values, "null"), False))
+             for name, codec, values in zip(names, codecs, columns, strict=True)
+             if codec is t.JSON]  # fmt: skip
+    if not found:
+        return pa.nulls(n, pa.list_(pa.string()))
+    out: list[list[str] | None] = [None] * n
+    for name, mask in found:
+        for i in pc.indices_nonzero(mask).to_pylist():
+            out[i] = [*(out[i] or []), name]
+    return pa.array(out, pa.list_(pa.string()))
+
+
 def _interleave(keys: list[Any], n: int) -> Any:
     """Key columns' values row by row (k0 of row 0, k1 of row 0, k0 of row 1, ...)."""
     import pyarrow as pa

@@ -83,3 +83,16 @@ def test_no_columns_and_no_rows():
     assert len(record) == 0 and len(pk) == 0
     record, pk = records([pa.array([], pa.string())], ["id"], [t.INT], [0])
     assert len(record) == 0 and len(pk) == 0
+
+
+def test_json_nulls_lists_the_json_columns_holding_the_json_null() -> None:
+    """As the decoder's `json_nulls`: the JSON null is a value (`null` text), SQL NULL is not;
+    a text column holding 'null' is text."""
+    from walstream.formats.json_values import json_nulls
+
+    doc = pa.array(["null", None, '{"a": null}', "null"], pa.string())
+    other = pa.array(["null", "null", None, "1"], pa.string())
+    note = pa.array(["null", "x", None, None], pa.string())
+    got = json_nulls([doc, other, note], ["doc", "other", "note"], [t.JSON, t.JSON, t.TEXT])
+    assert got.to_pylist() == [["doc", "other"], ["other"], None, ["doc"]]
+    assert json_nulls([note], ["note"], [t.TEXT]).to_pylist() == [None] * 4

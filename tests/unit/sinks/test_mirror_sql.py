@@ -84,6 +84,30 @@ def test_runs_break_on_kind_columns_and_a_repeated_key() -> None:
     ]
 
 
+def test_a_key_change_that_left_toast_unsent_moves_the_row_and_chains_break_the_run() -> None:
+    def move(old: int, new: int) -> dict:
+        return {"action": "update", "schema": "public", "table": "orders",
+                "record": {"id": new, "status": "s"}, "old": {"id": old},
+                "unchanged_toast": ["note"]}  # fmt: skip
+
+    ops = operations(table(), move(1, 2))
+    assert [k for k, _ in ops] == ["move"]
+    assert row_keys(table(), move(1, 2)) == ["[1]", "[2]"]
+    changes = [move(1, 11), move(5, 15), move(11, 21), move(7, 17)]
+    got = runs(changes, list(range(len(changes))), lambda c: table())
+    # 11 is moved to and then from: the second move sees the table after the first
+    assert [(kind, [i for i, _ in ops]) for _, kind, ops in got] == [
+        ("move", [0, 1]), ("move", [2, 3]),
+    ]  # fmt: skip
+    text, (data,) = statement(table(), "move", [c for _, c in got[0][2]])
+    assert ('DELETE FROM "copy"."orders" t USING d WHERE t."id" = d."_o_id" '
+            'RETURNING d._i, t."note"') in text  # fmt: skip
+    assert 'SELECT d."id", d."status", g."note" FROM d LEFT JOIN g' in text
+    assert '"note" = coalesce(EXCLUDED."note", t."note")' in text
+    assert [(r["id"], r["_o_id"], r["_i"]) for r in json.loads(data)] == [("11", "1", 0),
+                                                                          ("15", "5", 1)]  # fmt: skip
+
+
 def test_statements_cast_each_value_and_leave_unchanged_toast_alone() -> None:
     t = table()
     changes = [{"record": {"id": 1, "status": "paid", "note": None}, "unchanged_toast": ["note"]}]

@@ -38,6 +38,7 @@ from walstream.sinks.postgres.sql import (
     operations,
     row_keys,
 )
+from walstream.sinks.postgres.unsent import fill_unsent
 from walstream.sinks.registry import register
 
 
@@ -190,6 +191,7 @@ class PostgresSink(MessageSink):
                     failed[i] = book.superseded_reason((c["schema"], c["table"]), m.cursor)
                 elif verdict == APPLY:
                     todo.append(i)
+            self._fill_unsent(conn, changes, todo)
             # a name taken over by another table (mirror_rename.evict): change by change
             one_by_one = isolate or mirror_rename.swapped(changes)
             runs = None if one_by_one else self._runs(conn, messages, changes, todo)
@@ -252,6 +254,23 @@ class PostgresSink(MessageSink):
                 retryable=False,
                 delivered=frozenset(range(len(messages))) - failed.keys(),
             )
+
+    def _fill_unsent(self, conn: Any, changes: list[Any], todo: list[int]) -> None:
+        """Unsent TOAST values of rows the target lacks, from the source (`unsent.py`)."""
+        psycopg = _psycopg()
+        try:
+            fill_unsent(conn, lambda: _connection(self.source_dsn), changes, todo,
+                        lambda c: self._table(conn, c))  # fmt: skip
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise
+            raise SinkError(
+                f"Postgres mirror: cannot read unchanged TOAST values from the source: "
+                f"{str(exc).strip()}",
+                "a row the target does not have yet needs the values Postgres did not send; "
+                "grant SELECT on the source's tables to the user of the source's dsn",
+                retryable=True,
+            ) from exc
 
     def _apply_one(self, conn: Any, table: TableDef, change: Any) -> None:
         with conn.transaction():  # a savepoint per change

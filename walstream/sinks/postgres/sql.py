@@ -131,22 +131,35 @@ def to_text(value: Any, col: Column) -> str | None:
 
 def operations(table: TableDef, change: Any) -> list[tuple[str, Any]]:
     """What applying a change takes: an update that changed the key also deletes the row
-    under the old key (Postgres sends the old key then)."""
+    under the old key (Postgres sends the old key then); when it left TOASTed values
+    unchanged (not sent), they move with the row from under the old key (`move`)."""
     action = change["action"]
     if action in ("truncate", "delete"):
         return [(action, change)]
     old = change.get("old") or {}
     record = change.get("record") or {}
     if action == "update" and old and any(k in old and old[k] != record.get(k) for k in table.pk):
+        if _toast(table, change):
+            return [("move", change)]
         return [("delete", {"record": old}), ("upsert", change)]
     return [("upsert", change)]
+
+
+def _toast(table: TableDef, change: Any) -> list[str]:
+    """The target's columns whose value the change left unchanged and did not send."""
+    return [n for n in table.columns if n in set(change.get("unchanged_toast") or ())]
 
 
 def row_keys(table: TableDef, change: Any) -> list[str] | None:
     """The keys of the rows a change touches (both keys of a key change); None: truncate."""
     if change["action"] == "truncate":
         return None
-    return [row_key(table.pk, op.get("record") or {}) for _, op in operations(table, change)]
+    out = []
+    for kind, op in operations(table, change):
+        if kind == "move":
+            out.append(row_key(table.pk, op.get("old") or {}))
+        out.append(row_key(table.pk, op.get("record") or {}))
+    return out
 
 
 #: Consecutive operations one statement applies: the table, the kind (upsert, delete,
@@ -166,13 +179,16 @@ def runs(changes: list[Any], todo: list[int], table_of: Callable[[Any], TableDef
         table = table_of(c)
         for kind, op in operations(table, c):
             record = op.get("record") or {}
-            cols = frozenset(record) - set(op.get("unchanged_toast") or ())
-            pk = json.dumps([record.get(k) for k in table.pk])
-            key = (source_table, kind, cols)
-            if key != run_key or pk in keys or kind == "truncate":
+            toast = frozenset(op.get("unchanged_toast") or ())
+            cols = frozenset(record) - toast
+            pks = [json.dumps([record.get(k) for k in table.pk])]
+            if kind == "move":  # its old key too: one statement sees the table as it was
+                pks.append(json.dumps([(op.get("old") or {}).get(k) for k in table.pk]))
+            key = (source_table, kind, cols, toast if kind == "move" else None)
+            if key != run_key or keys.intersection(pks) or kind == "truncate":
                 out.append((table, kind, []))
                 run_key, keys = key, set()
-            keys.add(pk)
+            keys.update(pks)
             out[-1][2].append((i, op))
     return out
 
@@ -188,8 +204,11 @@ def statement(table: TableDef, kind: str, changes: list[Any]) -> tuple[str, tupl
     cols = [table.columns[n] for n in names]
     rows = [
         {
-            # a json/jsonb JSON null reads null in `record`, like SQL NULL: `json_nulls` tells
-            n: "null"
+            # a json/jsonb JSON null reads null in `record`, like SQL NULL: `json_nulls` tells;
+            # `_texts`: values read from the source as text (unsent.py)
+            n: c["_texts"][n]
+            if n in c.get("_texts", ())
+            else "null"
             if n in (c.get("json_nulls") or ())
             else to_text((c.get("record") or {}).get(n), col)
             for n, col in zip(names, cols, strict=True)
@@ -200,6 +219,8 @@ def statement(table: TableDef, kind: str, changes: list[Any]) -> tuple[str, tupl
         f"(r->>{literal(n)})::{col.type_sql} AS {ident(n)}"
         for n, col in zip(names, cols, strict=True)
     )
+    if kind == "move":
+        return _move(table, names, exprs, rows, changes)
     data = json.dumps(rows, ensure_ascii=False)
     if kind == "delete":
         match = " AND ".join(f"t.{ident(k)} = d.{ident(k)}" for k in table.pk)
@@ -219,6 +240,39 @@ def statement(table: TableDef, kind: str, changes: list[Any]) -> tuple[str, tupl
         f"SELECT {exprs} FROM jsonb_array_elements(%s::jsonb) j(r) "
         f"ON CONFLICT ({', '.join(ident(k) for k in table.pk)}) {conflict}",
         (data,),
+    )
+
+
+def _move(
+    table: TableDef, names: list[str], exprs: str, rows: list[dict[str, Any]], changes: list[Any]
+) -> tuple[str, tuple[Any, ...]]:
+    """Key changes that left TOASTed values unchanged: each row deleted under its old key
+    and inserted under its new one, with the unsent values taken from the deleted row (a
+    row the target did not have keeps what the new key's row has, or NULL)."""
+    toast = _toast(table, changes[0])
+    for i, (row, c) in enumerate(zip(rows, changes, strict=True)):
+        row["_i"] = i
+        old = c.get("old") or {}
+        for k in table.pk:
+            row[f"_o_{k}"] = to_text(old.get(k), table.columns[k])
+    olds = ", ".join(
+        f"(r->>{literal('_o_' + k)})::{table.columns[k].type_sql} AS {ident('_o_' + k)}"
+        for k in table.pk
+    )
+    match = " AND ".join(f"t.{ident(k)} = d.{ident('_o_' + k)}" for k in table.pk)
+    kept = ", ".join(f"t.{ident(n)}" for n in toast)
+    targets = ", ".join(ident(n) for n in [*names, *toast])
+    values = ", ".join([*(f"d.{ident(n)}" for n in names), *(f"g.{ident(n)}" for n in toast)])
+    sets = [f"{ident(n)} = EXCLUDED.{ident(n)}" for n in names if n not in table.pk]
+    sets += [f"{ident(n)} = coalesce(EXCLUDED.{ident(n)}, t.{ident(n)})" for n in toast]
+    return (
+        f"WITH d AS (SELECT (r->>'_i')::int AS _i, {exprs}, {olds} "
+        f"FROM jsonb_array_elements(%s::jsonb) j(r)), "
+        f"g AS (DELETE FROM {table.target} t USING d WHERE {match} RETURNING d._i, {kept}) "
+        f"INSERT INTO {table.target} AS t ({targets}) SELECT {values} "
+        f"FROM d LEFT JOIN g ON g._i = d._i "
+        f"ON CONFLICT ({', '.join(ident(k) for k in table.pk)}) DO UPDATE SET {', '.join(sets)}",
+        (json.dumps(rows, ensure_ascii=False),),
     )
 
 

@@ -1,7 +1,11 @@
-"""Lake sinks on the kind of table users have (`tests/lake.py`'s acct: a composite key with a
-text part, TOASTed text, arrays with NULL elements, jsonb edge values, an enum, NULLs), every
-mode of both formats, backfilled while a writer changes keys, leaves TOAST values unchanged
-and sets jsonb to strings, numbers and the JSON null. Read back with DuckDB."""
+"""The table sinks' contract on the kind of table users have (`tests/lake.py`'s acct: a
+composite key with a text part, TOASTed text, arrays with NULL elements, jsonb edge values, an
+enum, NULLs): every mode of Delta and Iceberg and the Postgres mirror, in one run, backfilled
+while a writer changes keys, leaves TOAST values unchanged and sets jsonb to strings, numbers
+and the JSON null. The lake tables are read back with DuckDB, the mirror's with Postgres; every
+mirror (and every history's current rows) equals the source row by row, every changelog
+holds each change once. Replays (kill -9: test_lake_crash.py, test_mirror_crash.py), widening
+(test_lake_schema.py) and truncates (test_lake.py) have their own runs."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import unique
 from tests.integration.test_backfill import config, request
 from tests.integration.test_run import oracle
 from tests.lake import (
@@ -48,14 +53,17 @@ def not_paused(runtime: Runtime) -> bool:
     return True
 
 
-def test_every_mode_of_both_formats_equals_a_real_table_backfilled_while_it_changes(
-    spark, db, tmp_path
-):
+def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark, db, tmp_path):
     db.execute(REAL_TABLE)
     keys = fill_real(db.dsn, ROWS)
     pub = db.create_publication("acct")
     oracle_slot, slot = db.create_slot(), db.create_slot()
-    cfg = config(db, tmp_path, pub, slot, every_mode_sinks(tmp_path), max_changes_per_batch=5000)
+    mirror_db = unique("mirror")
+    db.execute(f"CREATE DATABASE {mirror_db}")
+    mirror_dsn = db.server.dsn(mirror_db)
+    sinks = [*every_mode_sinks(tmp_path), {"name": "pg-mirror", "source": "app",
+             "destination": {"type": "postgres", "dsn": mirror_dsn}}]  # fmt: skip
+    cfg = config(db, tmp_path, pub, slot, sinks, max_changes_per_batch=5000)
     writer = RealWriter(db.dsn, keys, seed=3)
     # Changes of rows the lake does not have yet, before any backfill was asked for: an
     # unchanged TOAST value the lake cannot fill from an earlier version.
@@ -89,6 +97,11 @@ def test_every_mode_of_both_formats_equals_a_real_table_backfilled_while_it_chan
     finally:
         stop.set()
         runtime.stop()
+    mirrored = real_source(mirror_dsn)  # the Postgres mirror's table, read as the source's
+    db.execute(f"DROP DATABASE IF EXISTS {mirror_db} WITH (FORCE)")
+    assert not differences(mirrored, want, REAL_KEY), (
+        f"postgres mirror:\n{differences(mirrored, want, REAL_KEY)}"
+    )
     for fmt in ("delta", "iceberg"):
         mirror = normalised(lake(db, tmp_path, fmt, "mirror"), REAL_JSON)
         assert not differences(mirror, want, REAL_KEY), (
