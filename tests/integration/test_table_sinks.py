@@ -4,8 +4,10 @@ enum, NULLs): every mode of Delta and Iceberg and the Postgres mirror, in one ru
 while a writer changes keys, leaves TOAST values unchanged and sets jsonb to strings, numbers
 and the JSON null. The lake tables are read back with DuckDB, the mirror's with Postgres; every
 mirror (and every history's current rows) equals the source row by row, every changelog
-holds each change once. Replays (kill -9: test_lake_crash.py, test_mirror_crash.py), widening
-(test_lake_schema.py) and truncates (test_lake.py) have their own runs."""
+holds each change once. At the sink itself, test_table_batches.py checks each batch is one
+commit, a replay writes nothing, key changes and truncates, in every mode; kill -9
+(test_lake_crash.py, test_mirror_crash.py) and widening (test_lake_schema.py) have runs of
+their own."""
 
 from __future__ import annotations
 

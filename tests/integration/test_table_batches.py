@@ -1,0 +1,156 @@
+"""The TableSink contract at the sink itself, for every table sink and mode: typed batches of a
+table of the kind users have (a composite key with a text part, an int array with NULL
+elements, jsonb holding a string, a number and the JSON null, a numeric, NULLs) are written
+one commit each — inserts, an update, a key change, a delete, then a truncate — a replayed
+batch writes nothing, and the result read back with DuckDB (which walstream does not write
+with) is the source as it should be. No Spark: the batches are built as the writer builds
+them (`TableBatch`: `_op`, `_lsn`, `_seq`, `_committed_at`, `_toast`, the columns, `_before`)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tests.lake import delta_rows, iceberg_rows, run_config
+from walstream.config import parse_config
+from walstream.lake.contract import TableBatch
+from walstream.postgres.table_shape import TableShape, load_shape
+from walstream.sinks.registry import sink_for
+
+KINDS = ("delta", "iceberg")
+MODES = ("mirror", "history", "changelog")
+AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+KEY = ("region", "id")
+
+
+def sink_of(db: Any, tmp_path: Path, kind: str, mode: str) -> Any:
+    dest = (
+        {"type": "delta", "mode": mode, "path": str(tmp_path / "d" / "{table}")}
+        if kind == "delta"
+        else {"type": "iceberg", "mode": mode, "table": "c.{table}",
+              "catalog": {"warehouse": str(tmp_path / "w")}}
+    )  # fmt: skip
+    plan = parse_config(run_config(db, tmp_path, "s", "p", [
+        {"name": "lake", "source": "app", "destination": dest},
+    ]))  # fmt: skip
+    return sink_for(plan.sink("lake").destination)
+
+
+def read(db: Any, tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    return delta_rows(tmp_path / "d" / "acct") if kind == "delta" else iceberg_rows(
+        db.dsn, "c.acct")  # fmt: skip
+
+
+def versions(tmp_path: Path, kind: str) -> int:
+    """How many commits the table has (Delta log entries, Iceberg metadata files)."""
+    if kind == "delta":
+        return len(list((tmp_path / "d" / "acct" / "_delta_log").glob("*.json")))
+    return len(list((tmp_path / "w").rglob("*.metadata.json")))
+
+
+@pytest.fixture
+def shape(db: Any) -> TableShape:
+    db.execute("CREATE TABLE acct (region text, id int, arr int[], doc jsonb, "
+               "price numeric(12,2), note text, PRIMARY KEY (region, id))")  # fmt: skip
+    return load_shape(db.conn, "public", "acct")
+
+
+def row(region: str, k: int, arr: Any, doc: str | None, price: str | None, note: Any) -> dict:
+    return {"region": region, "id": k, "arr": arr, "doc": doc,
+            "price": None if price is None else Decimal(price), "note": note}  # fmt: skip
+
+
+def batch(shape: TableShape, batch_id: int, changes: list[tuple[str, dict, dict | None]]) -> Any:
+    """A TableBatch of (op, row, row before) in WAL order (lsn = batch id × 100 + i)."""
+    columns = list(shape.arrow_schema())
+    schema = pa.schema([
+        ("_op", pa.string()), ("_lsn", pa.int64()), ("_seq", pa.int32()),
+        ("_committed_at", pa.timestamp("us", tz="UTC")), ("_toast", pa.list_(pa.string())),
+        *columns, ("_before", pa.struct(columns)),
+    ])  # fmt: skip
+    empty = {f.name: None for f in columns}
+    rows = [{"_op": op, "_lsn": batch_id * 100 + i, "_seq": 0, "_committed_at": AT, "_toast": None,
+             **(after or empty), "_before": before}
+            for i, (op, after, before) in enumerate(changes)]  # fmt: skip
+    return TableBatch("lake", "q", batch_id, shape, pa.Table.from_pylist(rows, schema=schema))
+
+
+def plain(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """The source columns of rows as comparable tuples (jsonb parsed), sorted by key."""
+    out = []
+    for r in rows:
+        doc = None if r["doc"] is None else json.dumps(json.loads(r["doc"]))
+        out.append((r["region"], r["id"], r["arr"], doc, r["price"], r["note"]))
+    return sorted(out, key=repr)
+
+
+A = row("eu", 1, [1, None, 3], '"text"', "1.50", None)
+B = row("us east", 2, [], "null", None, "b")
+C = row("", 3, None, "-0.5", "3.00", "c")
+A2 = {**A, "arr": [None], "doc": '{"a": null}', "note": "changed"}
+B_MOVED = {**B, "region": "ap 1", "id": 20}
+D = row("eu", 9, [7], "123", "9.99", "after the truncate")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_batch_is_one_commit_a_replay_writes_nothing_and_duckdb_reads_the_source(
+    db, tmp_path, shape, kind, mode
+):
+    sink = sink_of(db, tmp_path, kind, mode)
+    first = batch(shape, 1, [("insert", A, None), ("insert", B, None), ("insert", C, None)])
+    second = batch(shape, 2, [
+        ("update", A2, None),  # jsonb to an object holding null, an array of one NULL
+        ("update", B_MOVED, {**B}),  # the key moved, the text part too
+        ("delete", C, None),
+    ])  # fmt: skip
+    third = batch(shape, 3, [("truncate", None, None), ("insert", D, None)])
+
+    assert sink.write_batch(first).rows == 3
+    after_first = versions(tmp_path, kind)
+    written = sink.write_batch(second)
+    assert not written.replayed
+    after_second = versions(tmp_path, kind)
+    assert after_second == after_first + 1  # one commit per batch
+    got_second = read(db, tmp_path, kind)
+
+    replay = sink.write_batch(second)  # the same query and batch again
+    assert replay.replayed and replay.rows == 0
+    assert versions(tmp_path, kind) == after_second
+    assert read(db, tmp_path, kind) == got_second
+    assert sink.write_batch(first).replayed  # an older batch of the query too
+
+    if mode == "mirror":
+        assert plain(got_second) == plain([A2, B_MOVED])
+    elif mode == "history":
+        current = [r for r in got_second if r["is_current"]]
+        assert plain(current) == plain([A2, B_MOVED])
+        assert sorted((r["region"], r["id"], r["_op"], r["is_current"]) for r in got_second) == [
+            ("", 3, "delete", False), ("", 3, "insert", False), ("ap 1", 20, "update", True),
+            ("eu", 1, "insert", False), ("eu", 1, "update", True),
+            ("us east", 2, "delete", False), ("us east", 2, "insert", False),  # moved away
+        ]  # fmt: skip
+    else:
+        ops = sorted((r["_lsn"], r["_op"], r["region"], r["id"]) for r in got_second)
+        assert ops == [
+            (100, "insert", "eu", 1), (101, "insert", "us east", 2), (102, "insert", "", 3),
+            (200, "update", "eu", 1), (201, "update", "ap 1", 20), (202, "delete", "", 3),
+        ]  # fmt: skip
+        assert plain([r for r in got_second if r["_lsn"] == 200]) == plain([A2])
+
+    sink.write_batch(third)
+    got = read(db, tmp_path, kind)
+    if mode == "mirror":
+        assert plain(got) == plain([D])
+    elif mode == "history":
+        assert plain([r for r in got if r["is_current"]]) == plain([D])
+    else:
+        assert sorted((r["_lsn"], r["_op"]) for r in got if r["_lsn"] >= 300) == [
+            (300, "truncate"), (301, "insert"),
+        ]  # fmt: skip
