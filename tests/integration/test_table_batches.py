@@ -43,8 +43,10 @@ def sink_of(db: Any, tmp_path: Path, kind: str, mode: str) -> Any:
 
 
 def read(db: Any, tmp_path: Path, kind: str) -> list[dict[str, Any]]:
-    return delta_rows(tmp_path / "d" / "acct") if kind == "delta" else iceberg_rows(
+    """The table's rows, in an order of their own (a reader's order is not the table's)."""
+    rows = delta_rows(tmp_path / "d" / "acct") if kind == "delta" else iceberg_rows(
         db.dsn, "c.acct")  # fmt: skip
+    return sorted(rows, key=repr)
 
 
 def versions(tmp_path: Path, kind: str) -> int:

@@ -6,8 +6,10 @@ a backfilled row whose chunk the stream overrode (the DBLog rule drops a read ro
 key changed in its window, and the stream's update lacks the value), or a row of a table
 mirrored without a backfill. Such values are read from the source row as it is now (a
 later change of the row is applied after it, as always): one query on the target and one
-on the source per table and chunk, only for updates that left values unsent. A row the
-source no longer has under that key keeps NULL until a change sends the value.
+on the source per table and chunk, only for updates that left values unsent. An unsent
+value is never NULL (only a stored value is TOASTed), so a target row holding NULL there
+is filled the same way: a row the source had already moved away when it was first read
+gets its value at its next change.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def _lacking(target: Any, table: TableDef, changes: list[Any]) -> list[Any]:
     target's rows before the chunk, then the chunk's changes in order."""
     pk = table.pk
     looked = [c for c in changes if _unsent(c)]
-    before = _present(target, table, [c.get("old") or c.get("record") or {} for c in looked])
+    wanted = sorted({n for c in looked for n in _unsent(c) if n in table.columns})
+    rows = [c.get("old") or c.get("record") or {} for c in looked]
+    before = _present(target, table, rows, wanted)  # key -> its unsent columns holding NULL
     known: dict[str, bool] = {}  # a key the chunk changed: whether its row is there now
     truncated = False
     out = []
@@ -65,7 +69,11 @@ def _lacking(target: Any, table: TableDef, changes: list[Any]) -> list[Any]:
             known[key] = False
         elif _unsent(c):
             old = row_key(pk, c.get("old") or record)
-            at = known.get(old, False if truncated else old in before)
+            if old in known:
+                at = known[old]
+            else:  # the target's row as the chunk found it, complete in these columns
+                nulls = before.get(old)
+                at = not truncated and nulls is not None and not nulls & set(_unsent(c))
             if not at:
                 out.append(c)
             known[old] = False
@@ -78,13 +86,20 @@ def _lacking(target: Any, table: TableDef, changes: list[Any]) -> list[Any]:
     return out
 
 
-def _present(target: Any, table: TableDef, keys: list[dict[str, Any]]) -> set[str]:
-    """Which of `keys` (records holding the key columns) the target table has."""
+def _present(
+    target: Any, table: TableDef, keys: list[dict[str, Any]], columns: list[str]
+) -> dict[str, set[str]]:
+    """Of `keys` (records holding the key columns), those the target table has, each with
+    which of `columns` hold NULL there."""
     data, match, cols = _keys(table, keys, "t")
+    nulls = "".join(f", t.{ident(n)} IS NULL" for n in columns)
     found = target.execute(
-        f"SELECT d._i FROM ({data}) d JOIN {table.target} t ON {match}", (cols,)
+        f"SELECT d._i{nulls} FROM ({data}) d JOIN {table.target} t ON {match}", (cols,)
     ).fetchall()
-    return {row_key(table.pk, keys[i]) for (i,) in found}
+    return {
+        row_key(table.pk, keys[i]): {n for n, null in zip(columns, flags, strict=True) if null}
+        for i, *flags in found
+    }
 
 
 def _fill(source: Any, schema: str, name: str, table: TableDef, lacking: list[Any]) -> int:
