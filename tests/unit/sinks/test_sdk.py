@@ -89,3 +89,32 @@ def test_without_the_entry_point_the_type_is_unknown(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode != 0
     assert "sinks[0].destination" in done.stderr and "'log'" in done.stderr
+
+
+def test_the_lake_sinks_register_without_metadata_and_a_broken_entry_point_is_named(
+    tmp_path: Path,
+) -> None:
+    """An executor may run the shipped zip with no walstream metadata (or another
+    version's): walstream's own lake sinks are loaded by name, not through its entry
+    points. A third-party entry point that cannot be imported says which it is."""
+    no_metadata = (
+        "import json\n"
+        "import walstream.sinks.registry as r\n"
+        "r.entry_points = lambda group: []\n"
+        "print(json.dumps(sorted(r.sink_types())))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", no_metadata], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert {"delta", "iceberg", "kafka", "postgres"} <= set(json.loads(done.stdout))
+    info = tmp_path / "broken_sink-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-sink\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[walstream.sinks]\nbroken = no_such_module_here\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "from walstream.sinks.registry import sink_types; sink_types()"],
+        capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "the sink module 'no_such_module_here' (entry point 'broken'" in done.stderr
