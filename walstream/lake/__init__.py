@@ -5,6 +5,7 @@ a table per mode (mirror, history, changelog); `typed.py` a batch's changes as t
 Arrow rows; `writer.py` the driver's writing of a micro-batch, one commit per table;
 `files.py` staged Parquet files the executors write; `tables.py` what both formats
 share; `delta.py`, `iceberg.py` and `catalog.py` the formats; `sources.py` the source
-tables a sink was made from (renames pause it). The sinks register through the
-`walstream.sinks` entry points (pyproject.toml).
+tables a sink was made from (renames pause it). The registry loads delta and
+iceberg by name (`sinks.registry.OWN_ELSEWHERE`); they are also the example entry points of
+pyproject.toml.
 """
