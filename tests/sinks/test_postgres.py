@@ -522,26 +522,33 @@ def test_two_sources_into_one_target_table_is_a_config_error(db, other_db, targe
 
 
 def test_create_tables_false_never_creates_and_fills_the_table_made_by_hand(db, target) -> None:
-    db.execute("CREATE TABLE notes (id int PRIMARY KEY, body text)")
+    db.execute("CREATE TABLE notes (id int PRIMARY KEY, body text, n int)")
+    db.execute("ALTER TABLE notes ALTER COLUMN body SET STORAGE EXTERNAL")
     slot, pub = db.create_slot(), db.create_publication("notes")
-    db.execute("INSERT INTO notes VALUES (1, 'one'), (2, 'two')")
+    big = "3:" + "x" * 6000
+    db.execute("INSERT INTO notes VALUES (1, 'one', 0), (2, 'two', 0), (3, %s, 0)", (big,))
     db.execute("UPDATE notes SET body = 'uno' WHERE id = 1")
+    db.execute("UPDATE notes SET n = 1 WHERE id = 3")  # body unsent: no target table to ask
     rows = changes(db, slot, pub)
+    assert rows[-1].unchanged_toast == ["body"]
     with pytest.raises(SinkError) as err:
         apply(db, target, rows, create_tables=False)
     e = err.value
     assert not e.retryable and e.delivered == frozenset()
     assert e.problem == (
         'Postgres mirror: public.notes refused a change: table "public"."notes" '
-        "does not exist in the target (3 of 3 changes)"
+        "does not exist in the target (5 of 5 changes)"
     )
     assert e.fix == (
         "create it, or set destination.create_tables: true; then `walstream dead-letters retry`"
     )
     with connect(target, autocommit=True) as conn:
         assert conn.execute("SELECT to_regclass('public.notes')").fetchone()[0] is None
-        conn.execute("CREATE TABLE notes (id int PRIMARY KEY, body text, extra text DEFAULT 'x')")
+        conn.execute("CREATE TABLE notes (id int PRIMARY KEY, body text, n int, "
+                     "extra text DEFAULT 'x')")  # fmt: skip
     apply(db, target, rows, create_tables=False)
     assert table_text(target, "notes", set()) == [
-        {"id": "1", "body": "uno", "extra": "x"}, {"id": "2", "body": "two", "extra": "x"},
+        {"id": "1", "body": "uno", "n": "0", "extra": "x"},
+        {"id": "2", "body": "two", "n": "0", "extra": "x"},
+        {"id": "3", "body": big, "n": "1", "extra": "x"},
     ]  # fmt: skip

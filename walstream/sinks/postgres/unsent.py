@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from walstream.errors import SinkError
 from walstream.sinks.postgres.book import row_key
 from walstream.sinks.postgres.sql import TableDef, ident, literal, to_text
 
@@ -37,7 +38,10 @@ def fill_unsent(
     for (schema, name), rows in by_table.items():
         if not any(_unsent(changes[i]) for i in rows):
             continue
-        table = table_of(changes[rows[0]])
+        try:
+            table = table_of(changes[rows[0]])
+        except SinkError:  # no target table, no key...: applying says so, change by change
+            continue
         lacking = _lacking(target, table, [changes[i] for i in rows])
         if lacking:
             filled += _fill(source(), schema, name, table, lacking)
