@@ -30,6 +30,10 @@ def test_bursts_are_bounded_and_together_hold_every_message_in_order(db, monkeyp
     big = [m for m in expected if m[:1] == b"I" and len(m) > 8192]
     assert sum(m[:1] == b"I" for m in expected) == 2700 and len(big) == 200
 
+    # db.read's walsender releases the slot as it exits, after its client has gone
+    active = "SELECT active FROM pg_replication_slots WHERE slot_name = %s"
+    wait_until(lambda: not db.execute(active, (slot,))[0][0], 30,
+               message="the slot stayed active after reading it")  # fmt: skip
     conn = replication_connection(db.dsn)
     try:
         cur = conn.cursor()
