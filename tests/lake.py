@@ -33,6 +33,26 @@ def run_config(
     }
 
 
+def lake_sink(db: Any, tmp_path: Path, kind: str, namespace: str, mode: str | None = None) -> Any:
+    """A Delta (tmp_path/d/<table>) or Iceberg (`<namespace>.<table>` in tmp_path/w) sink
+    named `lake`, in `mode` (None: the default), built from a config as `walstream run` does."""
+    from walstream.config import parse_config
+    from walstream.sinks.registry import sink_for
+
+    dest: dict[str, Any] = (
+        {"type": "delta", "path": str(tmp_path / "d" / "{table}")}
+        if kind == "delta"
+        else {"type": "iceberg", "table": f"{namespace}.{{table}}",
+              "catalog": {"warehouse": str(tmp_path / "w")}}
+    )  # fmt: skip
+    if mode is not None:
+        dest["mode"] = mode
+    plan = parse_config(run_config(db, tmp_path, "s", "p", [
+        {"name": "lake", "source": "app", "destination": dest},
+    ]))  # fmt: skip
+    return sink_for(plan.sink("lake").destination)
+
+
 def duck() -> Any:
     """A DuckDB connection with the delta and iceberg extensions loaded from their wheels."""
     import duckdb

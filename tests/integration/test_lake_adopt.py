@@ -14,26 +14,15 @@ import pytest
 from deltalake import DeltaTable
 from pyiceberg.table import Transaction
 
-from tests.lake import delta_rows, iceberg_rows, run_config
-from walstream.config import parse_config
+from tests.lake import delta_rows, iceberg_rows, lake_sink
 from walstream.lake.contract import FilesBatch
 from walstream.postgres.table_shape import TableShape, load_shape
-from walstream.sinks.registry import sink_for
 
 KINDS = ("delta", "iceberg")
 
 
 def sink_of(db: Any, tmp_path: Path, kind: str) -> Any:
-    dest = (
-        {"type": "delta", "path": str(tmp_path / "d" / "{table}")}
-        if kind == "delta"
-        else {"type": "iceberg", "table": "adopt.{table}",
-              "catalog": {"warehouse": str(tmp_path / "w")}}
-    )  # fmt: skip
-    plan = parse_config(run_config(db, tmp_path, "s", "p", [
-        {"name": "lake", "source": "app", "destination": dest},
-    ]))  # fmt: skip
-    return sink_for(plan.sink("lake").destination)
+    return lake_sink(db, tmp_path, kind, "adopt")
 
 
 def rows(first: int, last: int) -> list[dict[str, Any]]:

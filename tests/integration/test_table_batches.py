@@ -17,11 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.lake import delta_rows, iceberg_rows, run_config
-from walstream.config import parse_config
+from tests.lake import delta_rows, iceberg_rows, lake_sink
 from walstream.lake.contract import TableBatch
 from walstream.postgres.table_shape import TableShape, load_shape
-from walstream.sinks.registry import sink_for
 
 KINDS = ("delta", "iceberg")
 MODES = ("mirror", "history", "changelog")
@@ -30,16 +28,7 @@ KEY = ("region", "id")
 
 
 def sink_of(db: Any, tmp_path: Path, kind: str, mode: str) -> Any:
-    dest = (
-        {"type": "delta", "mode": mode, "path": str(tmp_path / "d" / "{table}")}
-        if kind == "delta"
-        else {"type": "iceberg", "mode": mode, "table": "c.{table}",
-              "catalog": {"warehouse": str(tmp_path / "w")}}
-    )  # fmt: skip
-    plan = parse_config(run_config(db, tmp_path, "s", "p", [
-        {"name": "lake", "source": "app", "destination": dest},
-    ]))  # fmt: skip
-    return sink_for(plan.sink("lake").destination)
+    return lake_sink(db, tmp_path, kind, "c", mode)
 
 
 def read(db: Any, tmp_path: Path, kind: str) -> list[dict[str, Any]]:
