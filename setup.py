@@ -15,7 +15,7 @@ else:
     extensions = cythonize(
         [
             Extension(
-                "walstream.postgres._tuples", ["walstream/postgres/_tuples.pyx"], optional=True
+                "walstream.decode._tuples", ["walstream/decode/_tuples.pyx"], optional=True
             )
         ],
         compiler_directives={"language_level": "3"},

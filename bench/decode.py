@@ -19,8 +19,8 @@ import time
 
 from bench.results import figure
 from walstream.change import format_lsn, parse_lsn
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
 

@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
+from walstream.capture.stream import RawMessage, read_messages
 from walstream.change import parse_lsn
 from walstream.postgres.embedded import EmbeddedPostgres, wheel_pg_bin
-from walstream.postgres.replication import RawMessage, connect, drop_slot, read_messages
+from walstream.postgres.replication import connect, drop_slot
 from walstream.testing import TansuBroker
 
 T = TypeVar("T")

@@ -11,12 +11,12 @@ from psycopg import sql
 
 from tests.integration.test_lake import TYPES, insert
 from tests.integration.test_run import oracle
+from walstream.backfill.adbc import _uri, connect
 from walstream.backfill.arrow_read import read_batches, select
 from walstream.change import spark_schema
+from walstream.decode.table_shape import load_shape
 from walstream.errors import ConnectionFailed, SinkError
 from walstream.lake.typed import to_batch, typed_rows
-from walstream.postgres.adbc import _uri, connect
-from walstream.postgres.table_shape import load_shape
 
 
 @pytest.mark.spark

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from walstream.backfill.chunks import check_where, chunk_query, describe, estimate_rows, plan
+from walstream.backfill.predicate import parse
 from walstream.errors import ConfigError
-from walstream.postgres.chunks import check_where, chunk_query, describe, estimate_rows, plan
-from walstream.postgres.predicate import parse
 
 
 def read_all(db, table, size, where=None):

@@ -1,12 +1,12 @@
-"""The capture reads its replication connection in bursts (replication.read_burst):
+"""The capture reads its replication connection in bursts (capture/stream.py: read_burst):
 bounded, in order, nothing dropped, and the position it reports is the burst's highest."""
 
 from __future__ import annotations
 
 import time
 
-from walstream.postgres import replication
-from walstream.postgres.replication import (
+from walstream.capture import stream
+from walstream.capture.stream import (
     read_burst,
     replication_connection,
     start_options,
@@ -16,8 +16,8 @@ from walstream.testing import wait_until
 
 
 def test_bursts_are_bounded_and_together_hold_every_message_in_order(db, monkeypatch):
-    monkeypatch.setattr(replication, "BURST", 300)
-    monkeypatch.setattr(replication, "BURST_BYTES", 20_000)
+    monkeypatch.setattr(stream, "BURST", 300)
+    monkeypatch.setattr(stream, "BURST_BYTES", 20_000)
     db.execute("CREATE TABLE t (id int PRIMARY KEY, note text)")
     pub = db.create_publication("t")
     slot = db.create_slot()

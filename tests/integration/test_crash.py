@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unique
-from walstream.postgres import pgoutput as po
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder
+from walstream.decode import pgoutput as po
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder
 from walstream.postgres.replication import connect
 from walstream.testing import wait_until
 

@@ -9,11 +9,12 @@ import string
 import pytest
 
 from tests.oracle import UNCHANGED, oracle_changes
+from walstream.capture.stream import max_protocol_version
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
-from walstream.postgres import pgoutput as po
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder, TxnContext
-from walstream.postgres.replication import max_protocol_version, server_version
+from walstream.decode import pgoutput as po
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder, TxnContext
+from walstream.postgres.replication import server_version
 
 #: Debian's server and the newest major (tests/conftest.py).
 ON_EVERY_SERVER = True
@@ -168,7 +169,7 @@ def test_annotations_that_are_not_json_pass_on_as_a_json_string_with_a_warning(a
     with db.conn.transaction():
         db.execute("SELECT pg_logical_emit_message(true, 'walstream:annotations', 'ticket 42 {')")
         db.execute("INSERT INTO accounts VALUES (20, 'annotated', 0)")
-    with caplog.at_level("WARNING", logger="walstream.postgres.decoder"):
+    with caplog.at_level("WARNING", logger="walstream.decode.decoder"):
         rows = decode_all(db, slot, pub)
     assert [(r.pk, r.annotations) for r in rows] == [(["20"], '"ticket 42 {"')]
     assert J(rows[0].annotations) == "ticket 42 {"  # valid JSON: a string, nothing dropped

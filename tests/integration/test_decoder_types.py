@@ -9,9 +9,9 @@ import psycopg
 import pytest
 
 from tests.oracle import UNCHANGED, oracle_changes
-from walstream.postgres import pgoutput as po
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder
+from walstream.decode import pgoutput as po
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder
 
 #: Debian's server and the newest major (tests/conftest.py).
 ON_EVERY_SERVER = True

@@ -8,8 +8,8 @@ import uuid
 import pytest
 
 from walstream.change import CHANGE_COLUMNS, spark_schema
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder
 from walstream.testing import TopicReader, wait_until
 
 

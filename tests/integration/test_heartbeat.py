@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 
-from walstream.postgres import pgoutput as po
-from walstream.postgres.heartbeat import Heartbeat
+from walstream.capture.heartbeat import Heartbeat
+from walstream.decode import pgoutput as po
 from walstream.testing import wait_until
 
 

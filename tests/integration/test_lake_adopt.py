@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 from pyiceberg.table import Transaction
 
 from tests.lake import delta_rows, iceberg_rows, lake_sink
+from walstream.decode.table_shape import TableShape, load_shape
 from walstream.lake.contract import FilesBatch
-from walstream.postgres.table_shape import TableShape, load_shape
 
 KINDS = ("delta", "iceberg")
 

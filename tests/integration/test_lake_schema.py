@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import unique
 from tests.lake import delta_rows, iceberg_rows, run_config
 from walstream.config import parse_config
+from walstream.decode.table_shape import RENAMED_FIX
 from walstream.delivery.parking import ParkingLot
-from walstream.postgres.table_shape import RENAMED_FIX
 from walstream.runtime import Runtime
 from walstream.testing import wait_until
 

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
+from walstream.decode.table_shape import load_shape, rows_by_key
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import load_shape, rows_by_key
 
 
 def test_rows_by_a_composite_key_in_the_lake_types_and_a_value_they_cannot_hold(db):

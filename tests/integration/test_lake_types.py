@@ -12,11 +12,11 @@ import pytest
 from tests.conftest import unique
 from tests.lake import delta_rows, run_config
 from walstream.config import parse_config
+from walstream.decode.table_shape import Column, TableShape, load_shape
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress as Progress
 from walstream.errors import SinkError
 from walstream.lake.typed import to_batch, typed_rows
-from walstream.postgres.table_shape import Column, TableShape, load_shape
 from walstream.runtime import Runtime
 from walstream.testing import wait_until
 

@@ -14,11 +14,11 @@ import pytest
 from tests.conftest import unique
 from tests.kafka import consume
 from walstream.config import parse_config
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder
 from walstream.errors import ConfigError
 from walstream.formats import formatter
 from walstream.pipeline.batches import validate
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder
 from walstream.runtime import Runtime
 from walstream.sinks.file import read_messages
 from walstream.testing import wait_until

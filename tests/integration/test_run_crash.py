@@ -21,10 +21,10 @@ import yaml
 from tests.conftest import unique
 from tests.integration.test_crash import Workload, confirmed, slot_inactive
 from walstream.change import idempotency_key
+from walstream.decode import pgoutput as po
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder
 from walstream.formats import formatter
-from walstream.postgres import pgoutput as po
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder
 from walstream.sinks.file import read_messages
 from walstream.testing import wait_until
 

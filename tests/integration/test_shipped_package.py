@@ -10,14 +10,14 @@ import subprocess
 from pathlib import Path
 
 from tests.integration.test_cluster import python_without_walstream
+from walstream.decode import fastpath
 from walstream.engine.session import package_zip
-from walstream.postgres import fastpath
 
 PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
 import walstream
-from walstream.postgres.fastpath import compiled_module
+from walstream.decode.fastpath import compiled_module
 m = compiled_module()
 print(walstream.__file__)
 print(m.__file__ if m is not None else None)

@@ -8,8 +8,8 @@ import pytest
 
 from tests.conftest import unique
 from tests.streams import StreamRun
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder
 
 pytestmark = pytest.mark.spark
 

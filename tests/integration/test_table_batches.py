@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 
 from tests.lake import delta_rows, iceberg_rows, lake_sink
+from walstream.decode.table_shape import TableShape, load_shape
 from walstream.lake.contract import TableBatch
-from walstream.postgres.table_shape import TableShape, load_shape
 
 KINDS = ("delta", "iceberg")
 MODES = ("mirror", "history", "changelog")

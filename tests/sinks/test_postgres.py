@@ -13,10 +13,10 @@ from tests.conftest import TestDatabase
 from tests.integration.test_decoder_types import CASES, USER_TYPES, cases_for
 from walstream.change import ChangeRow
 from walstream.config import Destination
+from walstream.decode.catalog import load_metadata
+from walstream.decode.decoder import ChangeDecoder
 from walstream.errors import SinkError
 from walstream.formats.mirror import mirror
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.decoder import ChangeDecoder
 from walstream.postgres.replication import connect
 from walstream.sinks.base import BatchInfo, Message
 from walstream.sinks.postgres import sink as postgres_sink

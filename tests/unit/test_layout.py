@@ -21,7 +21,8 @@ FLOORS: list[set[str]] = [
     {"runtime"},
     {"pipeline", "server", "testing", "client"},
     {"source", "delivery", "backfill", "streams", "lake", "engine"},
-    {"postgres", "sinks", "formats", "config"},
+    {"capture", "postgres", "sinks", "formats", "config"},
+    {"decode"},
     {
         "state",
         "change",

@@ -1,7 +1,7 @@
 """Read table rows as typed Arrow with a C reader of Postgres' binary COPY (ADBC).
 
 The lake sinks' backfill path (issue 22): a chunk's rows come out of Postgres as
-Arrow, already in the lake table's column types (`postgres/table_shape.py`), with no
+Arrow, already in the lake table's column types (`decode/table_shape.py`), with no
 Python step per row and no JSON. `adbc-driver-postgresql` runs the query as
 `COPY (...) TO STDOUT (FORMAT binary)` and decodes it in C.
 
@@ -21,11 +21,11 @@ from typing import Any
 
 from psycopg import sql
 
+from walstream.backfill.adbc import fetch_batches
 from walstream.backfill.read import ChunkResult, ChunkTask, stage_chunk
+from walstream.decode.table_shape import TableShape
 from walstream.errors import SinkError
 from walstream.formats.json_values import output_text
-from walstream.postgres.adbc import fetch_batches
-from walstream.postgres.table_shape import TableShape
 
 
 def select_list(shape: TableShape) -> list[sql.Composable]:

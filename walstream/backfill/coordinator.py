@@ -25,24 +25,24 @@ from typing import Any
 import psycopg
 
 from walstream.backfill.arrow_read import select_list
-from walstream.backfill.merge import Staging
-from walstream.backfill.read import ChunkResult, ChunkTask
-from walstream.backfill.requests import Prepared, check_sink, prepare_table
-from walstream.backfill.store import PENDING, RUNNING, Backfill, BackfillStore
-from walstream.backfill.typed import lake_shape, read_task
-from walstream.config import Plan, SinkConfig, SourceConfig
-from walstream.errors import Kind, WalstreamError, error_summary
-from walstream.formats.json_values import select_texts
-from walstream.periodic import Periodic
-from walstream.postgres.chunks import (
+from walstream.backfill.chunks import (
     KeyRange,
     chunk_query,
     estimate_rows,
     next_boundary,
 )
-from walstream.postgres.predicate import parse
+from walstream.backfill.merge import Staging
+from walstream.backfill.predicate import parse
+from walstream.backfill.read import ChunkResult, ChunkTask
+from walstream.backfill.requests import Prepared, check_sink, prepare_table
+from walstream.backfill.store import PENDING, RUNNING, Backfill, BackfillStore
+from walstream.backfill.typed import lake_shape, read_task
+from walstream.config import Plan, SinkConfig, SourceConfig
+from walstream.decode.types import TypeRegistry
+from walstream.errors import Kind, WalstreamError, error_summary
+from walstream.formats.json_values import select_texts
+from walstream.periodic import Periodic
 from walstream.postgres.replication import connect
-from walstream.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from typing import Any
 from walstream.backfill.dblog import drop_sql, moved_key
 from walstream.backfill.store import BackfillStore, Mark
 from walstream.backfill.typed import ReadRows, TypedChunk, TypedReads
+from walstream.decode.decoder import WATERMARK
 from walstream.engine.sql import quote
-from walstream.postgres.decoder import WATERMARK
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from walstream.change import parse_lsn
+from walstream.decode.decoder import WATERMARK_PREFIX
+from walstream.decode.table_shape import TableShape
+from walstream.decode.types import PgType, TypeRegistry
 from walstream.formats.json_values import json_nulls, records
-from walstream.postgres.decoder import WATERMARK_PREFIX
-from walstream.postgres.table_shape import TableShape
-from walstream.postgres.types import PgType, TypeRegistry
 
 #: How long a chunk read on a standby waits for it to replay the chunk's low watermark
 #: (then the read fails as one that may succeed later, and the chunk is read again).
@@ -99,7 +99,7 @@ def stage_chunk(
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
-    from walstream.postgres.adbc import connect as arrow_connect
+    from walstream.backfill.adbc import connect as arrow_connect
     from walstream.postgres.replication import connect
     from walstream.postgres.standby import in_recovery, wait_replayed
 
@@ -131,7 +131,7 @@ def read_chunk(task: ChunkTask) -> ChunkResult:
     """The chunk's rows as change rows (`record`, `pk`), staged (`stage_chunk`)."""
     import pyarrow as pa
 
-    from walstream.postgres.adbc import fetch_batches
+    from walstream.backfill.adbc import fetch_batches
 
     registry = TypeRegistry(task.types)
     codecs = [registry.codec(o) for o in task.type_oids]

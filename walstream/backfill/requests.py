@@ -8,16 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from walstream.backfill.chunks import Table, check_where, describe, estimate_rows
+from walstream.backfill.predicate import Predicate, parse
 from walstream.backfill.store import Backfill, BackfillStore
 from walstream.backfill.typed import reads_typed
 from walstream.config import Plan, SinkConfig
+from walstream.decode.catalog import load_metadata
+from walstream.decode.table_shape import TableShape
 from walstream.errors import ConfigError
-from walstream.postgres.catalog import load_metadata
-from walstream.postgres.chunks import Table, check_where, describe, estimate_rows
 from walstream.postgres.generated import publishes
-from walstream.postgres.predicate import Predicate, parse
 from walstream.postgres.replication import connect
-from walstream.postgres.table_shape import TableShape
 
 DEFAULT_CHUNK_SIZE = 20_000
 DEFAULT_TARGET_SECONDS = 2.0

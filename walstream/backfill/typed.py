@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from walstream.backfill.arrow_read import read_typed_chunk
+from walstream.backfill.chunks import Table
 from walstream.backfill.read import ChunkResult, ChunkTask, read_chunk
 from walstream.config import SinkConfig
-from walstream.postgres.chunks import Table
-from walstream.postgres.table_shape import TableShape
+from walstream.decode.table_shape import TableShape
 from walstream.sinks.base import Kind
 from walstream.sinks.registry import capabilities
 

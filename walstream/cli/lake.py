@@ -39,8 +39,8 @@ def optimize(
     import psycopg
 
     from walstream.config import load_config
+    from walstream.decode.table_shape import publication_tables
     from walstream.lake.contract import TableSink
-    from walstream.postgres.table_shape import publication_tables
     from walstream.sinks.registry import sink_for
 
     plan = load_config(config)

@@ -19,7 +19,7 @@ from typing import Any
 
 from psycopg import sql
 
-from walstream.postgres import codecs as t
+from walstream.decode import codecs as t
 
 #: Text that JSON must escape (what `encode_basestring` escapes).
 _ESCAPE = r'["\\\x00-\x1f]'

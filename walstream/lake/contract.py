@@ -2,7 +2,7 @@
 
 A lake sink is not a message sink. It receives, on the driver, one `TableBatch` per
 source table and micro-batch: the batch's changes of that table as typed columns
-(see `postgres/table_shape.py`), sorted by WAL cursor. It writes them into the
+(see `decode/table_shape.py`), sorted by WAL cursor. It writes them into the
 table's lake table in ONE commit that records the batch (Delta: an application
 transaction; Iceberg: snapshot properties), so a replayed batch writes nothing
 twice. Modes:
@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
+from walstream.decode.table_shape import TableShape, load_shape
 from walstream.fields import Duration, Model, Size
-from walstream.postgres.table_shape import TableShape, load_shape
 from walstream.sinks.base import Capabilities, DestinationSettings, Kind, Sink, SinkContext
 
 Mode = Literal["mirror", "history", "changelog"]

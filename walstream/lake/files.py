@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from walstream.decode.table_shape import TableShape
 from walstream.engine.frames import map_in_arrow
 from walstream.errors import SinkError
 from walstream.lake.plan import changelog_rows
 from walstream.lake.typed import to_batch, typed_rows
-from walstream.postgres.table_shape import TableShape
 
 _STATS_DDL = "path STRING, rows BIGINT, newest_us BIGINT, problem STRING, fix STRING"
 #: A TableBatch's columns around the table's own (a changelog file has them in its order).

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from walstream.decode.table_shape import TableShape
 from walstream.errors import SinkError
 from walstream.lake.catalog import (
     CATALOGS,
@@ -38,7 +39,6 @@ from walstream.lake.tables import (
     present_keys,
     staged_or,
 )
-from walstream.postgres.table_shape import TableShape
 from walstream.sinks.registry import register
 
 #: Snapshots walked back from the current one to find this sink's last batch.

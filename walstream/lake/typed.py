@@ -20,8 +20,8 @@ from typing import Any
 
 from walstream.backfill.dblog import keep_typed
 from walstream.backfill.typed import TypedChunk, TypedReads
+from walstream.decode.table_shape import RENAMED_FIX, TableShape
 from walstream.errors import SinkError
-from walstream.postgres.table_shape import RENAMED_FIX, TableShape
 
 #: Column types a JSON value may fail to fit (NaN, infinity, BC dates, nested arrays):
 #: parsed as text first, then cast, so a failure is seen instead of becoming NULL.

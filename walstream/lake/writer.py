@@ -20,6 +20,12 @@ from typing import Any, TypeVar
 
 from walstream.backfill.typed import TypedReads
 from walstream.config import SinkConfig
+from walstream.decode.table_shape import (
+    TableGone,
+    load_shape,
+    publication_tables,
+    rows_by_key,
+)
 from walstream.delivery.parking import ParkingLot
 from walstream.engine.sql import selection_expr
 from walstream.errors import SinkError
@@ -27,12 +33,6 @@ from walstream.lake.contract import FilesBatch, TableBatch, TableSink, Written
 from walstream.lake.files import StagedFiles, discard, stage_changelog
 from walstream.lake.sources import LakeSources
 from walstream.lake.typed import place, to_batch, typed_rows
-from walstream.postgres.table_shape import (
-    TableGone,
-    load_shape,
-    publication_tables,
-    rows_by_key,
-)
 from walstream.sinks.clients import Clients
 from walstream.state.db import once_more
 

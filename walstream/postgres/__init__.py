@@ -1,1 +1,2 @@
-"""Everything that speaks to Postgres: replication, pgoutput decoding, types, setup checks."""
+"""Postgres administration: connections, slots, publications, setup checks, standbys and the
+embedded server."""

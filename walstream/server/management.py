@@ -182,8 +182,8 @@ def backfill_routes(access: Access) -> APIRouter:
     @api.post("/api/backfills", tags=["backfills"], dependencies=[access.write], status_code=201,
               summary="Start backfills of a sink's tables")  # fmt: skip
     def start_backfill(body: BackfillRequest) -> list[dict[str, Any]]:
+        from walstream.backfill.predicate import BadPredicate
         from walstream.backfill.requests import request
-        from walstream.postgres.predicate import BadPredicate
 
         access.known_sink(body.sink)
         try:

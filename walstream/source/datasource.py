@@ -28,9 +28,9 @@ from walstream.errors import SetupError
 from walstream.source.options import SourceOptions
 
 if TYPE_CHECKING:
-    from walstream.postgres.capture import Capture, Cursor
-    from walstream.postgres.heartbeat import Heartbeat
-    from walstream.postgres.types import PgType
+    from walstream.capture.heartbeat import Heartbeat
+    from walstream.capture.reader import Capture, Cursor
+    from walstream.decode.types import PgType
 
 # Spark starts a fresh Python process for each planning step of a Python data source
 # (creating it at load(), planning the read), and those need only the classes: what
@@ -115,7 +115,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """Write a mark into the WAL (a logical message, as heartbeats are): the query
         reads every change committed before it, then ends. Trigger.Once (which asks
         for all available) marks the same way at its one batch."""
-        from walstream.postgres.capture import HEARTBEAT_PREFIX
+        from walstream.capture.reader import HEARTBEAT_PREFIX
         from walstream.postgres.replication import connect
 
         with connect(self.options.writes_dsn, autocommit=True) as conn:
@@ -178,9 +178,9 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         driver = self._driver
         if driver is not None and driver.capture.thread.is_alive():
             return driver
-        from walstream.postgres.capture import Capture
-        from walstream.postgres.catalog import load_metadata
-        from walstream.postgres.heartbeat import Heartbeat
+        from walstream.capture.heartbeat import Heartbeat
+        from walstream.capture.reader import Capture
+        from walstream.decode.catalog import load_metadata
         from walstream.postgres.replication import connect, server_wal_lsn
 
         if driver is not None:

@@ -17,11 +17,11 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
+from walstream.capture.wal_buffer import TxnSlice
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow, arrow_schema
+from walstream.decode.decoder import ChangeDecoder, RelationInfo, TxnContext
+from walstream.decode.types import PgType, TypeRegistry
 from walstream.nopandas import no_pandas
-from walstream.postgres.decoder import ChangeDecoder, RelationInfo, TxnContext
-from walstream.postgres.types import PgType, TypeRegistry
-from walstream.postgres.wal_buffer import TxnSlice
 
 ARROW_BATCH_ROWS = 8192
 
@@ -156,7 +156,7 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
     if piece.nbytes <= target_bytes:
         yield piece
         return
-    from walstream.postgres.wal_buffer import context_after, row_count
+    from walstream.capture.wal_buffer import context_after, row_count
 
     msgs: list[bytes] = []
     size = 0

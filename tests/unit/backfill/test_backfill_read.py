@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import struct
 
-from walstream.postgres import codecs as c
-from walstream.postgres.fastpath import compile_fields_encoder, compile_tuple_encoder
-from walstream.postgres.types import array_codec
+from walstream.decode import codecs as c
+from walstream.decode.fastpath import compile_fields_encoder, compile_tuple_encoder
+from walstream.decode.types import array_codec
 
 
 def tuple_bytes(values: list[bytes | None]) -> bytes:

@@ -8,10 +8,10 @@ import base64
 import pyarrow as pa
 import pytest
 
+from walstream.decode import codecs as t
+from walstream.decode.fastpath import compile_fields_encoder
+from walstream.decode.types import array_codec
 from walstream.formats.json_values import records
-from walstream.postgres import codecs as t
-from walstream.postgres.fastpath import compile_fields_encoder
-from walstream.postgres.types import array_codec
 
 #: column -> (codec, Postgres text values, NULL as None)
 COLUMNS: dict[str, tuple[t.Codec, list[str | None]]] = {

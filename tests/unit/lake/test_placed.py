@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from walstream.backfill.typed import TypedChunk
+from walstream.decode.table_shape import Column, TableShape
 from walstream.errors import SinkError
 from walstream.lake.typed import Placed
-from walstream.postgres.table_shape import Column, TableShape
 
 SHAPE = TableShape("public", "t", (Column("id", "BIGINT"), Column("v", "INT")), ("id",))
 

@@ -7,9 +7,9 @@ import struct
 
 from pyspark import cloudpickle
 
-from walstream.postgres import pgoutput as po
-from walstream.postgres.relations import RelationInfo
-from walstream.postgres.wal_buffer import TxnSlice
+from walstream.capture.wal_buffer import TxnSlice
+from walstream.decode import pgoutput as po
+from walstream.decode.relations import RelationInfo
 from walstream.source.partition import ChangePartition, PackedSlice, partition_batches
 
 REL = RelationInfo(

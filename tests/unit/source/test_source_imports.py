@@ -18,8 +18,8 @@ SCRIPT = textwrap.dedent(
                                   "publication": "p"})
     source.schema()
     reader = source.streamReader(None)
-    heavy = ("psycopg", "psycopg2", "pyarrow", "walstream.postgres.capture",
-             "walstream.postgres.decoder")
+    heavy = ("psycopg", "psycopg2", "pyarrow", "walstream.capture.reader",
+             "walstream.decode.decoder")
     out = {"planning": sorted(m for m in heavy if m in sys.modules)}
     from walstream.source.partition import ChangePartition
     out["read"] = sum(b.num_rows for b in reader.read(ChangePartition("app", [], [], {})))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from walstream.postgres.types import TypeRegistry, load_types
+from walstream.decode.types import TypeRegistry, load_types
 
 _PK_QUERY = """
 SELECT n.nspname, c.relname,

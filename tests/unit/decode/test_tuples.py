@@ -9,16 +9,16 @@ import struct
 
 import pytest
 
-from tests.unit.postgres.test_pgoutput import tuple_data
-from walstream.postgres import codecs as c
-from walstream.postgres import fastpath
-from walstream.postgres.types import TypeRegistry, array_codec
+from tests.unit.decode.test_pgoutput import tuple_data
+from walstream.decode import codecs as c
+from walstream.decode import fastpath
+from walstream.decode.types import TypeRegistry, array_codec
 
 if os.environ.get("CI") == "true":  # CI's setup installs gcc: the build must be there
-    from walstream.postgres import _tuples
+    from walstream.decode import _tuples
 else:
     _tuples = pytest.importorskip(
-        "walstream.postgres._tuples",
+        "walstream.decode._tuples",
         reason="the compiled decoder is not built (bin/setup builds it; it needs gcc)",
     )
 

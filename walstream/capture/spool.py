@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from itertools import chain
 from typing import IO
 
+from walstream.decode.pgoutput import BEGIN_BODY, COMMIT_BODY, STREAM_COMMIT_BODY
 from walstream.errors import SetupError
-from walstream.postgres.pgoutput import BEGIN_BODY, COMMIT_BODY, STREAM_COMMIT_BODY
 
 _LEN = struct.Struct("!I")
 _STREAM_START = struct.Struct("!Ib")

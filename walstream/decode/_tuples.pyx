@@ -5,7 +5,7 @@ The stream's common message is an Insert (or an Update without an old tuple) who
 columns are all text or NULL. Turning its TupleData into the record's JSON and the key
 values is the decoder's work per change; in Python it costs ~6 µs for an 8-column row,
 here well under 1 µs. The output is byte-for-byte the Python encoder's:
-`tests/unit/postgres/test_tuples.py` compares the two on every codec and on edge values.
+`tests/unit/decode/test_tuples.py` compares the two on every codec and on edge values.
 
 Anything unusual returns None and the Python path takes over (which also reports
 malformed input): a column-count mismatch, an unchanged TOAST or binary column, a

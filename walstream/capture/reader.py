@@ -25,24 +25,24 @@ from typing import Any
 import psycopg2
 
 from walstream.backoff import RECONNECT
-from walstream.change import format_lsn
-from walstream.errors import ConnectionFailed, WalstreamError
-from walstream.postgres import pgoutput as po
-from walstream.postgres.decoder import ANNOTATIONS_PREFIX, RelationInfo
-from walstream.postgres.replication import (
+from walstream.capture.spool import Replay, Spools
+from walstream.capture.stream import (
     read_burst,
     replication_connection,
     start_options,
     wait_for_messages,
 )
-from walstream.postgres.spool import Replay, Spools
-from walstream.postgres.wal_buffer import (
+from walstream.capture.wal_buffer import (
     Cursor,
     Txn,
     TxnSlice,
     WalBuffer,
     annotations_text,
 )
+from walstream.change import format_lsn
+from walstream.decode import pgoutput as po
+from walstream.decode.decoder import ANNOTATIONS_PREFIX, RelationInfo
+from walstream.errors import ConnectionFailed, WalstreamError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from walstream.postgres.types import BUILTIN, TEXT, PgType, TypeRegistry, parse_array
+from walstream.decode.types import BUILTIN, TEXT, PgType, TypeRegistry, parse_array
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from walstream.postgres.codecs import BUILTIN, BUILTIN_ARRAYS, TEXT, Codec
+from walstream.decode.codecs import BUILTIN, BUILTIN_ARRAYS, TEXT, Codec
 
 __all__ = [
     "BUILTIN", "BUILTIN_ARRAYS", "SESSION_SETTINGS", "TEXT", "Codec", "PgType", "TypeRegistry",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring
 from typing import Any
 
-from walstream.postgres import codecs as t
+from walstream.decode import codecs as t
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def beside_the_zip() -> Any:
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = os.path.join(os.path.dirname(archive), "_tuples" + suffix)
         if os.path.exists(path):
-            name = "walstream.postgres._tuples"
+            name = "walstream.decode._tuples"
             spec = importlib.util.spec_from_file_location(name, path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
@@ -104,7 +104,7 @@ def compiled_module() -> Any:
     if os.environ.get("WALSTREAM_PURE_PYTHON") == "1":
         return None
     try:
-        from walstream.postgres import _tuples  # type: ignore[attr-defined]
+        from walstream.decode import _tuples  # type: ignore[attr-defined]
     except ImportError:
         _tuples = beside_the_zip()
         if _tuples is None:

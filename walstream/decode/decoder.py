@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from walstream.change import PG_EPOCH_UNIX_US, ChangeRow
+from walstream.decode import pgoutput as po
+from walstream.decode.relations import CompiledRelation, RelationInfo
+from walstream.decode.types import TypeRegistry
 from walstream.errors import DecodeError
-from walstream.postgres import pgoutput as po
-from walstream.postgres.relations import CompiledRelation, RelationInfo
-from walstream.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from walstream.postgres.predicate import BadPredicate, Predicate, parse
+from walstream.backfill.predicate import BadPredicate, Predicate, parse
 
 INJECTIONS = {
     "true); DROP TABLE orders; --": "not valid SQL",

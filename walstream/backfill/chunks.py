@@ -21,8 +21,8 @@ from typing import Any
 
 from psycopg import sql
 
+from walstream.backfill.predicate import BadPredicate, Predicate
 from walstream.errors import ConfigError
-from walstream.postgres.predicate import BadPredicate, Predicate
 
 Key = tuple[str, ...]  # key values as text, in key order
 

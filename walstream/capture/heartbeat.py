@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
+from walstream.capture.reader import HEARTBEAT_PREFIX
 from walstream.periodic import Periodic
-from walstream.postgres.capture import HEARTBEAT_PREFIX
 from walstream.postgres.replication import connect
 
 log = logging.getLogger(__name__)

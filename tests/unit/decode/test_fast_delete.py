@@ -6,9 +6,9 @@ import struct
 
 import pytest
 
-from tests.unit.postgres.test_pgoutput import begin, relation, tuple_data
+from tests.unit.decode.test_pgoutput import begin, relation, tuple_data
+from walstream.decode.decoder import ChangeDecoder
 from walstream.errors import DecodeError
-from walstream.postgres.decoder import ChangeDecoder
 
 
 def delete(oid: int, kind: bytes, *values: bytes | str | None) -> bytes:

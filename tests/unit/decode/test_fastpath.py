@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import json
 
-from tests.unit.postgres.test_pgoutput import tuple_data
-from walstream.postgres import pgoutput as po
-from walstream.postgres.relations import CompiledRelation, RelationInfo
-from walstream.postgres.types import TypeRegistry
+from tests.unit.decode.test_pgoutput import tuple_data
+from walstream.decode import pgoutput as po
+from walstream.decode.relations import CompiledRelation, RelationInfo
+from walstream.decode.types import TypeRegistry
 
 COLUMNS = (
     po.Column('we"ird {name}', 23, -1, True),

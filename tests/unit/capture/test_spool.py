@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
+from walstream.capture.spool import Spools
 from walstream.errors import SetupError
-from walstream.postgres.spool import Spools
 
 TOP, SUB1, SUB2 = 700, 701, 702
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 
-from walstream.postgres import pgoutput as po
-from walstream.postgres.codecs import JSON
-from walstream.postgres.fastpath import compile_tuple_encoder
-from walstream.postgres.types import TypeRegistry
+from walstream.decode import pgoutput as po
+from walstream.decode.codecs import JSON
+from walstream.decode.fastpath import compile_tuple_encoder
+from walstream.decode.types import TypeRegistry
 
 _UNCHANGED = po.UNCHANGED_TOAST
 _U32 = struct.Struct("!I").unpack_from

@@ -6,9 +6,9 @@ import struct
 
 import pytest
 
+from walstream.decode import pgoutput as po
+from walstream.decode.decoder import ChangeDecoder
 from walstream.errors import DecodeError
-from walstream.postgres import pgoutput as po
-from walstream.postgres.decoder import ChangeDecoder
 
 
 def tuple_data(*values: bytes | str | None) -> bytes:

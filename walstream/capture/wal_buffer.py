@@ -8,7 +8,7 @@ batch may end at (`latest`), for the changes in `(start, end]` (`slices`), and s
 what it committed (`commit`): the buffer is trimmed and the end LSN of every whole
 transaction at or below it may be confirmed to Postgres (`confirm_lsn`).
 
-No I/O and no locking here: `capture.py` owns the connection and the lock.
+No I/O and no locking here: `reader.py` owns the connection and the lock.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from walstream.postgres import pgoutput as po
-from walstream.postgres.decoder import (
+from walstream.decode import pgoutput as po
+from walstream.decode.decoder import (
     ANNOTATIONS_PREFIX,
     WATERMARK_PREFIX,
     RelationInfo,

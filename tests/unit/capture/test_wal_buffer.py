@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from walstream.postgres.wal_buffer import WalBuffer
+from walstream.capture.wal_buffer import WalBuffer
 
 INSERT = b"I" + struct.pack("!I", 16384) + b"N\x00\x00"  # a row change (contents unread)
 

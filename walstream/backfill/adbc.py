@@ -9,9 +9,9 @@ from typing import Any
 
 from psycopg import sql
 
+from walstream.decode.types import SESSION_SETTINGS
 from walstream.errors import ConnectionFailed
 from walstream.postgres.replication import safe_dsn
-from walstream.postgres.types import SESSION_SETTINGS
 
 
 def connect(dsn: str) -> Any:
