@@ -183,8 +183,12 @@ def spark_schema() -> Any:
     """The canonical schema as a `pyspark.sql.types.StructType` (imports pyspark lazily)."""
     from pyspark.sql import types as T
 
-    scalar = {"string": T.StringType(), "bigint": T.LongType(), "int": T.IntegerType(),
-              "timestamp": T.TimestampType()}  # fmt: skip
+    scalar = {
+        "string": T.StringType(),
+        "bigint": T.LongType(),
+        "int": T.IntegerType(),
+        "timestamp": T.TimestampType(),
+    }
 
     def spark_type(c: Column) -> Any:
         if c.type.startswith("array<"):
@@ -199,8 +203,12 @@ def arrow_schema() -> Any:
     batches hand them over; imports pyarrow lazily)."""
     import pyarrow as pa
 
-    scalar = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(),
-              "timestamp": pa.timestamp("us", tz="UTC")}  # fmt: skip
+    scalar = {
+        "string": pa.string(),
+        "bigint": pa.int64(),
+        "int": pa.int32(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+    }
 
     def arrow_type(c: Column) -> Any:
         if c.type.startswith("array<"):

@@ -106,8 +106,12 @@ class Subscription:
             self.save()
 
     def _read(self) -> dict[str, Any]:
-        params: dict[str, str | int] = {"after": self._next, "limit": self.limit, "wait": f"{self.wait:g}s",
-                  "coalesce": str(self.coalesce).lower()}  # fmt: skip
+        params: dict[str, str | int] = {
+            "after": self._next,
+            "limit": self.limit,
+            "wait": f"{self.wait:g}s",
+            "coalesce": str(self.coalesce).lower(),
+        }
         deadline = time.monotonic() + self.retry_for
         tries = 0
         while True:

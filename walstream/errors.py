@@ -44,10 +44,14 @@ class WalstreamError(Exception):
     def _mark(self) -> None:
         """The note that carries this error through Spark's text (see the module docstring)."""
         note = MARKER + json.dumps(
-            {"kind": str(self.kind), "type": type(self).__name__, "problem": self.problem,
-             "fix": self.fix},
+            {
+                "kind": str(self.kind),
+                "type": type(self).__name__,
+                "problem": self.problem,
+                "fix": self.fix,
+            },
             ensure_ascii=False,
-        )  # fmt: skip
+        )
         notes = [n for n in getattr(self, "__notes__", []) if not n.startswith(MARKER)]
         self.__notes__ = [*notes, note]
 

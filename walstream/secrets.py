@@ -31,19 +31,46 @@ MASK = "**********"
 MIN_LENGTH = 4
 
 #: Kafka producer settings shown as they are; every other setting is hidden.
-SAFE_KAFKA_SETTINGS = frozenset({
-    "acks", "request.required.acks", "compression.type", "compression.codec",
-    "compression.level", "linger.ms", "queue.buffering.max.ms", "batch.size",
-    "batch.num.messages", "message.max.bytes", "enable.idempotence",
-    "max.in.flight.requests.per.connection", "max.in.flight", "retries",
-    "message.send.max.retries", "retry.backoff.ms", "retry.backoff.max.ms",
-    "request.timeout.ms", "message.timeout.ms", "delivery.timeout.ms",
-    "queue.buffering.max.messages", "queue.buffering.max.kbytes", "socket.keepalive.enable",
-    "socket.timeout.ms", "client.id", "security.protocol", "sasl.mechanism",
-    "sasl.mechanisms", "ssl.endpoint.identification.algorithm", "partitioner",
-    "statistics.interval.ms", "topic.metadata.refresh.interval.ms", "metadata.max.age.ms",
-    "api.version.request", "broker.address.family", "sticky.partitioning.linger.ms",
-})  # fmt: skip
+SAFE_KAFKA_SETTINGS = frozenset(
+    {
+        "acks",
+        "request.required.acks",
+        "compression.type",
+        "compression.codec",
+        "compression.level",
+        "linger.ms",
+        "queue.buffering.max.ms",
+        "batch.size",
+        "batch.num.messages",
+        "message.max.bytes",
+        "enable.idempotence",
+        "max.in.flight.requests.per.connection",
+        "max.in.flight",
+        "retries",
+        "message.send.max.retries",
+        "retry.backoff.ms",
+        "retry.backoff.max.ms",
+        "request.timeout.ms",
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.kbytes",
+        "socket.keepalive.enable",
+        "socket.timeout.ms",
+        "client.id",
+        "security.protocol",
+        "sasl.mechanism",
+        "sasl.mechanisms",
+        "ssl.endpoint.identification.algorithm",
+        "partitioner",
+        "statistics.interval.ms",
+        "topic.metadata.refresh.interval.ms",
+        "metadata.max.age.ms",
+        "api.version.request",
+        "broker.address.family",
+        "sticky.partitioning.linger.ms",
+    }
+)
 
 #: libpq connection parameters that are secrets.
 LIBPQ_SECRETS = ("password", "sslpassword")
@@ -104,9 +131,10 @@ def _collect(obj: Any, name: str, out: set[str]) -> None:
     elif isinstance(obj, dict):
         if name == "producer":  # key material, passwords, OAuth configs ...
             out |= {
-                v for k, v in obj.items()
+                v
+                for k, v in obj.items()
                 if k not in SAFE_KAFKA_SETTINGS and isinstance(v, str) and len(v) >= 8
-            }  # fmt: skip
+            }
         for k, v in obj.items():
             _collect(v, str(k), out)
     elif isinstance(obj, list | tuple):
@@ -149,9 +177,13 @@ def scrubbed(exc: SinkError, values: Iterable[str]) -> SinkError:
     if problem == exc.problem and fix == exc.fix:
         return exc
     return SinkError(
-        problem, fix, retryable=exc.retryable, delivered=exc.delivered,
-        retry_after=exc.retry_after, pause=exc.pause,
-    )  # fmt: skip
+        problem,
+        fix,
+        retryable=exc.retryable,
+        delivered=exc.delivered,
+        retry_after=exc.retry_after,
+        pause=exc.pause,
+    )
 
 
 class SecretFilter(logging.Filter):

@@ -131,14 +131,20 @@ class TansuBroker:
         log = self.log_file.open("wb")
         self.proc = subprocess.Popen(
             [
-                str(tansu_binary()), "broker",
-                "--listener-url", url,
-                "--advertised-listener-url", url,
-                "--storage-engine", "memory://tansu/",
+                str(tansu_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
                 *(["--authentication"] if self.authentication else []),
             ],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self._dir,
-        )  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self._dir,
+        )
 
         def up() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
@@ -189,15 +195,17 @@ class TopicReader:
     def _open(self) -> Any:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        consumer = Consumer({
-            "bootstrap.servers": self.bootstrap,
-            "group.id": f"walstream-reader-{os.getpid()}-{id(self)}",
-            "enable.auto.commit": False,
-            # A fetch refused as out of range (tansu, for a topic just created) resets to
-            # the start, not the end: the default ("latest") would skip what was written.
-            "auto.offset.reset": "earliest",
-            "topic.metadata.refresh.interval.ms": 1000,
-        })  # fmt: skip
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"walstream-reader-{os.getpid()}-{id(self)}",
+                "enable.auto.commit": False,
+                # A fetch refused as out of range (tansu, for a topic just created) resets to
+                # the start, not the end: the default ("latest") would skip what was written.
+                "auto.offset.reset": "earliest",
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
         start = OFFSET_BEGINNING if self.next_offset is None else self.next_offset
         consumer.assign([TopicPartition(self.topic, 0, start)])
         return consumer
@@ -267,15 +275,21 @@ class SparkStandalone:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         home = spark_home()
         env = {
-            **os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_LOG_DIR": str(self._dir), "SPARK_WORKER_DIR": str(self._dir / "work"),
-        }  # fmt: skip
+            **os.environ,
+            "SPARK_HOME": str(home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self._dir),
+            "SPARK_WORKER_DIR": str(self._dir / "work"),
+        }
         log = (self._dir / f"{name}.log").open("wb")
         return subprocess.Popen(
             [str(home / "bin" / "spark-class"), *args],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self._dir, env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self._dir,
+            env=env,
             start_new_session=True,  # its own process group: kill_worker takes executors too
-        )  # fmt: skip
+        )
 
     def log(self, name: str) -> str:
         path = self._dir / f"{name}.log"
@@ -285,21 +299,46 @@ class SparkStandalone:
         from walstream.engine.session import spark_environment
 
         spark_environment(self.master_url)  # Java 17+ for the master and workers too
-        self.master = self._spawn("master", [
-            "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-            "--port", str(self.port), "--webui-port", str(self.ui_port),
-        ])  # fmt: skip
+        self.master = self._spawn(
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.ui_port),
+            ],
+        )
         for i in range(self.workers):
-            self.worker_procs.append(self._spawn(f"worker-{i}", [
-                "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                "--cores", str(self.cores), "--memory", self.memory, "--webui-port", "0",
-                "--work-dir", str(self._dir / f"work-{i}"), self.master_url,
-            ]))  # fmt: skip
+            self.worker_procs.append(
+                self._spawn(
+                    f"worker-{i}",
+                    [
+                        "org.apache.spark.deploy.worker.Worker",
+                        "--host",
+                        "127.0.0.1",
+                        "--cores",
+                        str(self.cores),
+                        "--memory",
+                        self.memory,
+                        "--webui-port",
+                        "0",
+                        "--work-dir",
+                        str(self._dir / f"work-{i}"),
+                        self.master_url,
+                    ],
+                )
+            )
         wait_until(
-            lambda: self.alive_workers() == self.workers, timeout, interval=0.5,
-            message=lambda: f"the Spark cluster did not come up; master log:\n"
-            f"{self.log('master')[-2000:]}",
-        )  # fmt: skip
+            lambda: self.alive_workers() == self.workers,
+            timeout,
+            interval=0.5,
+            message=lambda: (
+                f"the Spark cluster did not come up; master log:\n{self.log('master')[-2000:]}"
+            ),
+        )
         return self
 
     def alive_workers(self) -> int:

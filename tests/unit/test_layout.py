@@ -145,10 +145,11 @@ def test_no_import_cycles_between_modules_or_parts() -> None:
 
 
 def own_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    """A function's own lines: its body, less its docstring and the functions and classes
-    nested in it (they are counted on their own)."""
+    """A function's own lines: from its `def` to its end (the signature counts: a long
+    parameter list is length too), less its docstring and the functions and classes nested
+    in it (they are counted on their own)."""
     assert fn.end_lineno is not None
-    lines = set(range(fn.body[0].lineno, fn.end_lineno + 1))
+    lines = set(range(fn.lineno, fn.end_lineno + 1))
     first = fn.body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
         assert first.end_lineno is not None
@@ -208,12 +209,17 @@ def test_module_docstrings_state_a_contract_in_a_few_lines() -> None:
 
 
 def test_the_function_size_check_sees_a_long_function() -> None:
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_OWN_LINES + 1))
-    nested = "\n".join(f"        y{i} = {i}" for i in range(MAX_OWN_LINES))
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_OWN_LINES))  # + the def line
+    nested = "\n".join(f"        y{i} = {i}" for i in range(MAX_OWN_LINES - 1))
     long = f'def f():\n    """Doc."""\n{body}\n'
     assert long_functions(long) == {"f:1": MAX_OWN_LINES + 1}
+    assert long_functions(long.replace("    x0 = 0\n", "")) == {}  # at the limit
     assert long_functions("# long: it walks every case of the protocol\n" + long) == {}
     assert long_functions("# long:\n" + long) == {"f:2": MAX_OWN_LINES + 1}  # no reason
+    params = "\n".join(f"    p{i}: int," for i in range(MAX_OWN_LINES - 1))
+    assert long_functions(f"def s(\n{params}\n) -> None:\n    pass\n") == {
+        "s:1": MAX_OWN_LINES + 2  # a signature is length too
+    }
     outer = f"def g():\n    def h():\n{nested}\n    return h\n"
     assert long_functions(outer) == {}  # h's lines are h's, g has two
 

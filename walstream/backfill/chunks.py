@@ -63,9 +63,14 @@ def describe(conn: Any, schema: str, table: str) -> Table:
             "check the name (schema.table) and that the source's database has it",
         )
     oid = row[0]
-    cols = [r[0] for r in conn.execute(
-        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-        "AND NOT attisdropped ORDER BY attnum", (oid,)).fetchall()]  # fmt: skip
+    cols = [
+        r[0]
+        for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum",
+            (oid,),
+        ).fetchall()
+    ]
     keys = conn.execute(
         """SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_index i
            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
@@ -170,9 +175,11 @@ def next_boundary(
     # ORDER BY names the table's columns (_t.x): a bare name would sort by the text output.
     query = sql.SQL("SELECT {} FROM {} AS _t WHERE true{}{} ORDER BY {} OFFSET %s LIMIT 2").format(
         sql.SQL(", ").join(sql.SQL("_t.{}::text").format(sql.Identifier(k)) for k in table.pk),
-        table.ident, rng, _where(where),
+        table.ident,
+        rng,
+        _where(where),
         sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in table.pk),
-    )  # fmt: skip
+    )
     with read_only(conn):
         rows = conn.execute(query, [*params, size - 1]).fetchall()
     return tuple(rows[0]) if len(rows) == 2 else None  # one row: it is the table's last
@@ -190,17 +197,22 @@ def plan(conn: Any, table: Table, size: int, where: Predicate | None = None) -> 
 
 
 def chunk_query(
-    table: Table, r: KeyRange, where: Predicate | None = None,
+    table: Table,
+    r: KeyRange,
+    where: Predicate | None = None,
     columns: Sequence[sql.Composable] | None = None,
-) -> tuple[sql.Composed, list[str]]:  # fmt: skip
+) -> tuple[sql.Composed, list[str]]:
     """The query that reads one chunk's rows, in key order, and its parameters.
     `columns`: what it selects (default: the table's columns)."""
     rng, params = _range(table, r)
     query = sql.SQL("SELECT {} FROM {} WHERE true{}{} ORDER BY {}").format(
         sql.SQL(", ").join(columns or [sql.Identifier(c) for c in table.columns]),
-        table.ident, rng, _where(where),
+        table.ident,
+        rng,
+        _where(where),
         # the table's columns: a bare name would sort by a `::text` output column
-        sql.SQL(", ").join(sql.SQL("{}.{}").format(table.ident, sql.Identifier(k))
-                           for k in table.pk),
-    )  # fmt: skip
+        sql.SQL(", ").join(
+            sql.SQL("{}.{}").format(table.ident, sql.Identifier(k)) for k in table.pk
+        ),
+    )
     return query, params

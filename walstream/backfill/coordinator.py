@@ -74,9 +74,14 @@ class Coordinator:
         # Steps back to back while there is work, every 0.5 s when there is none; 5 s
         # after a failure (the state database or a source is away).
         self.task = Periodic(
-            "walstream-backfill", self._step, 0.5, first=0.0, on_error=5.0,
-            what="backfill (trying again in 5s)", logger=log,
-        )  # fmt: skip
+            "walstream-backfill",
+            self._step,
+            0.5,
+            first=0.0,
+            on_error=5.0,
+            what="backfill (trying again in 5s)",
+            logger=log,
+        )
         self.stopping = self.task.stopping
         self._prepared: dict[int, Prepared] = {}
         self._failures: dict[int, int] = {}
@@ -91,9 +96,10 @@ class Coordinator:
         """Reads of chunks this process now leads that a stop (or a dead leader) cut short
         are read again. `source`: only its backfills (this process just became its leader)."""
         mine = [
-            b.id for b in self.store.find(active_only=True)
+            b.id
+            for b in self.store.find(active_only=True)
             if b.sink in self.sinks and self.leads(b.source) and source in (None, b.source)
-        ]  # fmt: skip
+        ]
         again = self.store.requeue_reading(mine)
         if again:
             log.warning(
@@ -113,9 +119,10 @@ class Coordinator:
 
     def _mine(self) -> list[Backfill]:
         return [
-            b for b in self.store.find(active_only=True)
+            b
+            for b in self.store.find(active_only=True)
             if b.sink in self.sinks and self.leads(b.source)
-        ]  # fmt: skip
+        ]
 
     def step(self) -> bool:
         """Start pending backfills, read the next chunks; False when there was nothing to read."""
@@ -157,9 +164,12 @@ class Coordinator:
         self.store.start(b.id, estimate, prepared.table.pk, prepared.table.oid)
         log.warning(
             "backfill %d: %s to sink %s, about %s rows%s",
-            b.id, b.qualified, b.sink, f"{estimate:,}" if estimate is not None else "?",
+            b.id,
+            b.qualified,
+            b.sink,
+            f"{estimate:,}" if estimate is not None else "?",
             f" where {b.where}" if b.where else "",
-        )  # fmt: skip
+        )
 
     def _prepare(self, b: Backfill) -> Prepared:
         found = self._prepared.get(b.id)
@@ -167,9 +177,12 @@ class Coordinator:
             source = self.sources[b.source]
             with connect(source.dsn.get_secret_value(), autocommit=True) as conn:
                 found = prepare_table(
-                    conn, source.publication_name, b.schema, b.table,
+                    conn,
+                    source.publication_name,
+                    b.schema,
+                    b.table,
                     parse(b.where) if b.where else None,
-                )  # fmt: skip
+                )
                 found = replace(found, shape=lake_shape(conn, self.sinks[b.sink], found.table))
             self._prepared[b.id] = found
         return found
@@ -214,18 +227,31 @@ class Coordinator:
                 c = chunks[n]
                 shape = prepared.shape
                 columns = (
-                    select_list(shape) if shape is not None
+                    select_list(shape)
+                    if shape is not None
                     else select_texts(prepared.table.columns, codecs)
-                )  # fmt: skip
+                )
                 query, params = chunk_query(
                     prepared.table, KeyRange(c.after, c.upto), prepared.where, columns
                 )
                 text = cur.mogrify(query, params)
-                tasks.append(ChunkTask(
-                    dsn, b.source, b.id, n, attempt, text, tuple(prepared.table.columns),
-                    prepared.type_oids, prepared.key_idx, prepared.types,
-                    staging.chunk(b.id, n, attempt), shape, source.writes_dsn,
-                ))  # fmt: skip
+                tasks.append(
+                    ChunkTask(
+                        dsn,
+                        b.source,
+                        b.id,
+                        n,
+                        attempt,
+                        text,
+                        tuple(prepared.table.columns),
+                        prepared.type_oids,
+                        prepared.key_idx,
+                        prepared.types,
+                        staging.chunk(b.id, n, attempt),
+                        shape,
+                        source.writes_dsn,
+                    )
+                )
         return tasks
 
     def _read(self, tasks: list[ChunkTask]) -> None:
@@ -250,8 +276,11 @@ class Coordinator:
                     self.store.fail(id_, f"{kind}: {message}")
                     log.error(
                         "backfill %d failed (%d tries), last: %s: %s",
-                        id_, self._failures[id_], kind, message,
-                    )  # fmt: skip
+                        id_,
+                        self._failures[id_],
+                        kind,
+                        message,
+                    )
             self.store.requeue_reading(ids)
             log.error("backfill: reading chunks failed (%s: %s); trying again", kind, message)
             self.stopping.wait(2.0)
@@ -261,8 +290,10 @@ class Coordinator:
             self.store.staged(r.backfill, r.n, r.attempt, r.rows, r.seconds)
         log.info(
             "backfill: read %d chunk(s), %d rows in %.2fs",
-            len(results), sum(r.rows for r in results), time.monotonic() - t0,
-        )  # fmt: skip
+            len(results),
+            sum(r.rows for r in results),
+            time.monotonic() - t0,
+        )
         self._adapt(results)
 
     def _adapt(self, results: list[ChunkResult]) -> None:

@@ -70,9 +70,13 @@ def dropped(pk: Any, changed: Any) -> Any | None:
 
 
 def drop_sql(
-    rows: Any, inside: Any, small: Callable[[Any], Any], moved_key: Callable[[str], str] | None,
-    changed: bool, cut: bool,
-) -> Any:  # fmt: skip
+    rows: Any,
+    inside: Any,
+    small: Callable[[Any], Any],
+    moved_key: Callable[[str], str] | None,
+    changed: bool,
+    cut: bool,
+) -> Any:
     """`rows` (staged change rows with `backfill`, `chunk`, `pk`, `record`) without those
     the stream overrides. `inside`: each change inside a chunk's window, with the chunk
     (`backfill`, `chunk`). `small`: how to ship a side of the join (broadcast when the
@@ -88,20 +92,26 @@ def drop_sql(
         return cond
 
     if changed:
-        keys = small(inside.where("action <> 'truncate'").selectExpr(
-            "backfill AS _b", "chunk AS _c", f"{KEY_SQL} AS _k"
-        ).distinct())  # fmt: skip
+        keys = small(
+            inside.where("action <> 'truncate'")
+            .selectExpr("backfill AS _b", "chunk AS _c", f"{KEY_SQL} AS _k")
+            .distinct()
+        )
         rows = rows.selectExpr("*", f"{KEY_SQL} AS _s")
         rows = rows.join(keys, same_chunk(F.col("_s") == F.col("_k")), "left_anti").drop("_s")
     if cut:
-        truncated = small(inside.where("action = 'truncate'").selectExpr(
-            "backfill AS _b", "chunk AS _c"
-        ).distinct())  # fmt: skip
+        truncated = small(
+            inside.where("action = 'truncate'")
+            .selectExpr("backfill AS _b", "chunk AS _c")
+            .distinct()
+        )
         rows = rows.join(truncated, same_chunk(), "left_anti")
     if moved_key is not None:
-        moved = small(inside.where("old IS NOT NULL").selectExpr(
-            "backfill AS _b", "chunk AS _c", f"{moved_key('old')} AS _o"
-        ).distinct())  # fmt: skip
+        moved = small(
+            inside.where("old IS NOT NULL")
+            .selectExpr("backfill AS _b", "chunk AS _c", f"{moved_key('old')} AS _o")
+            .distinct()
+        )
         rows = rows.selectExpr("*", f"{moved_key('record')} AS _r")
         rows = rows.join(moved, same_chunk(F.col("_r") == F.col("_o")), "left_anti").drop("_r")
     return rows

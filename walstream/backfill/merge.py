@@ -173,8 +173,15 @@ class BackfillMerge:
                 m = json.loads(r.record)
                 if m.get("source") != self.source or int(m["backfill"]) not in running:
                     continue
-                mark = Mark(int(m["backfill"]), int(m["chunk"]), int(m["attempt"]),
-                            str(m["mark"]), int(r.lsn), int(r.seq), batch_id)  # fmt: skip
+                mark = Mark(
+                    int(m["backfill"]),
+                    int(m["chunk"]),
+                    int(m["attempt"]),
+                    str(m["mark"]),
+                    int(r.lsn),
+                    int(r.seq),
+                    batch_id,
+                )
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring a malformed backfill watermark: %r", r.record)
                 continue
@@ -193,6 +200,53 @@ class BackfillMerge:
 
         keys = self._keys_view(df, running)
         targets = self._targets(running)
+        emits = self._claim(marks, batch_id, query_id, targets)
+        out: dict[str, Any] = {}
+        if emits:
+            inside, em = self._inside(spark, keys, emits, query_id, batch_id)
+            placed = self._rows(spark, inside, em, emits)
+            for sink in sorted({e.target.sink for e in emits}):
+                chunks = tuple(
+                    TypedChunk(
+                        e.high.backfill,
+                        e.high.chunk,
+                        e.high.attempt,
+                        e.target.schema,
+                        e.target.table,
+                        self.staging.chunk(e.high.backfill, e.high.chunk, e.high.attempt),
+                        e.high.lsn,
+                        e.high.seq,
+                        e.committed_us,
+                    )
+                    for e in emits
+                    if e.target.sink == sink
+                )
+                if sink in self.typed:
+                    out[sink] = TypedReads(chunks, inside)
+                else:
+                    assert placed is not None
+                    rows, found = placed
+                    out[sink] = ReadRows(
+                        rows.where(f"_sink = {quote(sink)}").drop("_sink"),
+                        chunks,
+                        inside,
+                        found.changed,
+                        found.cut,
+                        found.moved,
+                    )
+
+        self._stage_window(keys, running, targets, query_id, batch_id)
+        return out
+
+    def _claim(
+        self,
+        marks: list[tuple[Any, int]],
+        batch_id: int,
+        query_id: str,
+        targets: dict[int, _Target],
+    ) -> list[_Emit]:
+        """The chunks whose high watermark is in this batch and that this batch emits (an
+        attempt already emitted, or whose window cannot be read, is not)."""
         emits: list[_Emit] = []
         claimed: set[tuple[int, int]] = set()
         for high, us in marks:
@@ -202,8 +256,10 @@ class BackfillMerge:
             if low is None:
                 log.warning(
                     "backfill %d chunk %d: high watermark without its low one; the chunk is read "
-                    "again", high.backfill, high.chunk,
-                )  # fmt: skip
+                    "again",
+                    high.backfill,
+                    high.chunk,
+                )
                 self.store.requeue(high.backfill, high.chunk, high.attempt)
                 continue
             windows = [self.staging.window(query_id, b) for b in range(low.batch, batch_id)]
@@ -212,58 +268,56 @@ class BackfillMerge:
                 log.warning(
                     "backfill %d chunk %d: the stream's keys of %d earlier batch(es) of its window "
                     "are gone (a new checkpoint?); the chunk is read again",
-                    high.backfill, high.chunk, len(missing),
-                )  # fmt: skip
+                    high.backfill,
+                    high.chunk,
+                    len(missing),
+                )
                 self.store.requeue(high.backfill, high.chunk, high.attempt)
                 continue
             if not self.store.emit(high.backfill, high.chunk, high.attempt, batch_id, query_id):
                 continue  # another attempt of this chunk was emitted
             claimed.add((high.backfill, high.chunk))
             emits.append(_Emit(targets[high.backfill], low, high, us))
-        out: dict[str, Any] = {}
-        if emits:
-            inside, em = self._inside(spark, keys, emits, query_id, batch_id)
-            placed = self._rows(spark, inside, em, emits)
-            for sink in sorted({e.target.sink for e in emits}):
-                chunks = tuple(
-                    TypedChunk(e.high.backfill, e.high.chunk, e.high.attempt, e.target.schema,
-                               e.target.table,
-                               self.staging.chunk(e.high.backfill, e.high.chunk, e.high.attempt),
-                               e.high.lsn, e.high.seq, e.committed_us)
-                    for e in emits if e.target.sink == sink
-                )  # fmt: skip
-                if sink in self.typed:
-                    out[sink] = TypedReads(chunks, inside)
-                else:
-                    assert placed is not None
-                    rows, found = placed
-                    out[sink] = ReadRows(rows.where(f"_sink = {quote(sink)}").drop("_sink"), chunks,
-                                         inside, found.changed, found.cut, found.moved)  # fmt: skip
+        return emits
 
+    def _stage_window(
+        self,
+        keys: Any,
+        running: dict[int, tuple[str, str, str]],
+        targets: dict[int, _Target],
+        query_id: str,
+        batch_id: int,
+    ) -> None:
+        """Keep this batch's keys of the tables whose chunks are still open (past the first
+        low watermark): their windows read them when their high watermark comes."""
         open_lows = self.store.open_lows(list(running))
-        if open_lows:
-            first = min(m.cursor for m in open_lows)
-            tables = {(targets[m.backfill].schema, targets[m.backfill].table) for m in open_lows}
-            cond = " OR ".join(
-                f"(`schema` = {quote(s)} AND `table` = {quote(t)})" for s, t in tables
+        if not open_lows:
+            return
+        first = min(m.cursor for m in open_lows)
+        tables = {(targets[m.backfill].schema, targets[m.backfill].table) for m in open_lows}
+        cond = " OR ".join(f"(`schema` = {quote(s)} AND `table` = {quote(t)})" for s, t in tables)
+        (
+            keys.where(
+                f"({cond}) AND (lsn > {first[0]} OR (lsn = {first[0]} AND seq > {first[1]}))"
             )
-            (
-                keys.where(
-                    f"({cond}) AND (lsn > {first[0]} OR (lsn = {first[0]} AND seq > {first[1]}))"
-                )
-                .write.mode("overwrite")
-                .parquet(self.staging.window(query_id, batch_id))
-            )
-        return out
+            .write.mode("overwrite")
+            .parquet(self.staging.window(query_id, batch_id))
+        )
 
     def _keys_view(self, df: Any, running: dict[int, tuple[str, str, str]]) -> Any:
         """This batch's changes of the backfilled tables, as window rows."""
         tables = {(s, t) for _, s, t in running.values()}
         cond = " OR ".join(f"(`schema` = {quote(s)} AND `table` = {quote(t)})" for s, t in tables)
         return df.where(f"action <> '{WATERMARK}' AND ({cond})").selectExpr(
-            "`schema`", "`table`", "pk", "lsn", "seq", "action", "record",
+            "`schema`",
+            "`table`",
+            "pk",
+            "lsn",
+            "seq",
+            "action",
+            "record",
             "CASE WHEN action = 'update' THEN old END AS old",
-        )  # fmt: skip
+        )
 
     def _targets(self, running: dict[int, tuple[str, str, str]]) -> dict[int, _Target]:
         found = self.store.key_columns(list(running))
@@ -281,13 +335,26 @@ class BackfillMerge:
         from pyspark.sql import functions as F
 
         em = spark.createDataFrame(
-            [(e.high.backfill, e.high.chunk, e.target.sink, e.target.schema, e.target.table,
-              e.target.oid, e.low.lsn, e.low.seq, e.high.lsn, e.high.seq, e.committed_us)
-             for e in emits],
+            [
+                (
+                    e.high.backfill,
+                    e.high.chunk,
+                    e.target.sink,
+                    e.target.schema,
+                    e.target.table,
+                    e.target.oid,
+                    e.low.lsn,
+                    e.low.seq,
+                    e.high.lsn,
+                    e.high.seq,
+                    e.committed_us,
+                )
+                for e in emits
+            ],
             "backfill BIGINT, chunk INT, _sink STRING, _schema STRING, _table STRING, "
             "_oid BIGINT, low_lsn BIGINT, low_seq INT, high_lsn BIGINT, high_seq INT, "
             "committed_us BIGINT",
-        )  # fmt: skip
+        )
         em = F.broadcast(em)
         first = min(e.low.batch for e in emits)
         windows = [self.staging.window(query_id, b) for b in range(first, batch_id)]
@@ -298,12 +365,17 @@ class BackfillMerge:
         # Each window change, paired with the chunks whose window holds it.
         inside = window.join(
             em,
-            (F.col("schema") == F.col("_schema")) & (F.col("table") == F.col("_table"))
-            & ((F.col("lsn") > F.col("low_lsn"))
-               | ((F.col("lsn") == F.col("low_lsn")) & (F.col("seq") > F.col("low_seq"))))
-            & ((F.col("lsn") < F.col("high_lsn"))
-               | ((F.col("lsn") == F.col("high_lsn")) & (F.col("seq") < F.col("high_seq")))),
-        )  # fmt: skip
+            (F.col("schema") == F.col("_schema"))
+            & (F.col("table") == F.col("_table"))
+            & (
+                (F.col("lsn") > F.col("low_lsn"))
+                | ((F.col("lsn") == F.col("low_lsn")) & (F.col("seq") > F.col("low_seq")))
+            )
+            & (
+                (F.col("lsn") < F.col("high_lsn"))
+                | ((F.col("lsn") == F.col("high_lsn")) & (F.col("seq") < F.col("high_seq")))
+            ),
+        )
         return inside, em
 
     def _rows(self, spark: Any, inside: Any, em: Any, emits: list[_Emit]) -> tuple[Any, Any] | None:
@@ -320,9 +392,10 @@ class BackfillMerge:
         # can drop nothing (a quiet table's windows are empty) is left out, and with it
         # its per-row work (the key as JSON, a JSON path per key column).
         found = inside.selectExpr(
-            "count_if(action <> 'truncate') AS changed", "count_if(action = 'truncate') AS cut",
+            "count_if(action <> 'truncate') AS changed",
+            "count_if(action = 'truncate') AS cut",
             "count_if(old IS NOT NULL) AS moved",
-        ).first()  # fmt: skip
+        ).first()
         # The window's keys are usually few next to the chunks' rows. Sent to every task
         # (a hash lookup per row) instead of shuffling the rows to join them.
         small = F.broadcast if found.changed + found.cut <= BROADCAST_ROWS else (lambda d: d)

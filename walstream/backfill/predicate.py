@@ -27,34 +27,136 @@ MAX_LENGTH = 4000
 
 #: Built-in scalar functions a predicate may call (all immutable or stable, none with side
 #: effects, none that reads files, other tables, settings or the server's state).
-FUNCTIONS = frozenset({
-    # text
-    "lower", "upper", "initcap", "length", "char_length", "character_length", "octet_length",
-    "bit_length", "btrim", "ltrim", "rtrim", "substring", "substr", "left", "right", "strpos",
-    "position", "replace", "concat", "concat_ws", "starts_with", "split_part", "reverse",
-    "lpad", "rpad", "translate", "overlay", "md5", "normalize", "like_escape",
-    "similar_to_escape", "regexp_like", "regexp_replace",
-    # numbers
-    "abs", "ceil", "ceiling", "floor", "round", "trunc", "mod", "sign", "power", "sqrt",
-    # time
-    "now", "statement_timestamp", "transaction_timestamp", "date_trunc", "date_part",
-    "extract", "age", "make_date", "make_time", "make_timestamp", "make_timestamptz",
-    "make_interval", "to_timestamp", "to_date", "to_char", "to_number", "timezone",
-    "isfinite", "overlaps", "date_bin",
-    # json, arrays, ranges
-    "jsonb_typeof", "json_typeof", "jsonb_array_length", "json_array_length",
-    "jsonb_extract_path_text", "json_extract_path_text", "jsonb_path_exists",
-    "array_length", "cardinality", "array_position", "array_lower", "array_upper",
-    "lower_inc", "upper_inc", "isempty", "num_nulls", "num_nonnulls",
-})  # fmt: skip
+FUNCTIONS = frozenset(
+    {
+        # text
+        "lower",
+        "upper",
+        "initcap",
+        "length",
+        "char_length",
+        "character_length",
+        "octet_length",
+        "bit_length",
+        "btrim",
+        "ltrim",
+        "rtrim",
+        "substring",
+        "substr",
+        "left",
+        "right",
+        "strpos",
+        "position",
+        "replace",
+        "concat",
+        "concat_ws",
+        "starts_with",
+        "split_part",
+        "reverse",
+        "lpad",
+        "rpad",
+        "translate",
+        "overlay",
+        "md5",
+        "normalize",
+        "like_escape",
+        "similar_to_escape",
+        "regexp_like",
+        "regexp_replace",
+        # numbers
+        "abs",
+        "ceil",
+        "ceiling",
+        "floor",
+        "round",
+        "trunc",
+        "mod",
+        "sign",
+        "power",
+        "sqrt",
+        # time
+        "now",
+        "statement_timestamp",
+        "transaction_timestamp",
+        "date_trunc",
+        "date_part",
+        "extract",
+        "age",
+        "make_date",
+        "make_time",
+        "make_timestamp",
+        "make_timestamptz",
+        "make_interval",
+        "to_timestamp",
+        "to_date",
+        "to_char",
+        "to_number",
+        "timezone",
+        "isfinite",
+        "overlaps",
+        "date_bin",
+        # json, arrays, ranges
+        "jsonb_typeof",
+        "json_typeof",
+        "jsonb_array_length",
+        "json_array_length",
+        "jsonb_extract_path_text",
+        "json_extract_path_text",
+        "jsonb_path_exists",
+        "array_length",
+        "cardinality",
+        "array_position",
+        "array_lower",
+        "array_upper",
+        "lower_inc",
+        "upper_inc",
+        "isempty",
+        "num_nulls",
+        "num_nonnulls",
+    }
+)
 
 #: Operators a predicate may use, spelled as Postgres spells them (LIKE is `~~`).
-OPERATORS = frozenset({
-    "=", "<>", "!=", "<", ">", "<=", ">=", "+", "-", "*", "/", "%", "^", "||",
-    "~~", "!~~", "~~*", "!~~*", "~", "~*", "!~", "!~*",
-    "->", "->>", "#>", "#>>", "@>", "<@", "?", "?|", "?&", "&&",
-    "BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC",
-})  # fmt: skip
+OPERATORS = frozenset(
+    {
+        "=",
+        "<>",
+        "!=",
+        "<",
+        ">",
+        "<=",
+        ">=",
+        "+",
+        "-",
+        "*",
+        "/",
+        "%",
+        "^",
+        "||",
+        "~~",
+        "!~~",
+        "~~*",
+        "!~~*",
+        "~",
+        "~*",
+        "!~",
+        "!~*",
+        "->",
+        "->>",
+        "#>",
+        "#>>",
+        "@>",
+        "<@",
+        "?",
+        "?|",
+        "?&",
+        "&&",
+        "BETWEEN",
+        "NOT BETWEEN",
+        "BETWEEN SYMMETRIC",
+        "NOT BETWEEN SYMMETRIC",
+    }
+)
 
 _FIX = (
     "write one boolean expression over the table's columns, e.g. "
@@ -137,9 +239,23 @@ def parse(text: str) -> Predicate:
 
 def _only_target(stmt: Any) -> bool:
     """A `SELECT <expr>` and nothing else: no FROM, WHERE, GROUP BY, ORDER BY, UNION..."""
-    clauses = ("distinctClause", "intoClause", "fromClause", "whereClause", "groupClause",
-               "havingClause", "windowClause", "valuesLists", "sortClause", "limitOffset",
-               "limitCount", "lockingClause", "withClause", "larg", "rarg")  # fmt: skip
+    clauses = (
+        "distinctClause",
+        "intoClause",
+        "fromClause",
+        "whereClause",
+        "groupClause",
+        "havingClause",
+        "windowClause",
+        "valuesLists",
+        "sortClause",
+        "limitOffset",
+        "limitCount",
+        "lockingClause",
+        "withClause",
+        "larg",
+        "rarg",
+    )
     return stmt.op.name == "SETOP_NONE" and not any(getattr(stmt, c, None) for c in clauses)
 
 
@@ -201,9 +317,14 @@ def _function(text: str, node: Any) -> None:
             "number, time, json and array functions listed in docs/backfills.md)",
         )
     if (
-        node.agg_star or node.agg_distinct or node.agg_order or node.agg_filter or node.over
-        or node.agg_within_group or node.func_variadic
-    ):  # fmt: skip
+        node.agg_star
+        or node.agg_distinct
+        or node.agg_order
+        or node.agg_filter
+        or node.over
+        or node.agg_within_group
+        or node.func_variadic
+    ):
         raise BadPredicate(text, f"{name}() is called as an aggregate or window function")
     # Bound to the built-in: a function of the same name elsewhere on the search path
     # (an attacker's public.lower) is never the one called.
@@ -220,12 +341,33 @@ def _operator(text: str, node: Any) -> None:
         raise BadPredicate(text, f"it uses the operator {'.'.join(names) or '?'}")
 
 
-_ALLOWED = frozenset({
-    "A_Const", "ColumnRef", "TypeCast", "A_Expr", "BoolExpr", "NullTest", "BooleanTest",
-    "FuncCall", "CoalesceExpr", "MinMaxExpr", "CaseExpr", "CaseWhen", "SQLValueFunction",
-    "A_ArrayExpr", "A_Indirection", "A_Indices", "RowExpr", "CollateClause",
-    "String", "Integer", "Float", "Boolean", "BitString",
-})  # fmt: skip
+_ALLOWED = frozenset(
+    {
+        "A_Const",
+        "ColumnRef",
+        "TypeCast",
+        "A_Expr",
+        "BoolExpr",
+        "NullTest",
+        "BooleanTest",
+        "FuncCall",
+        "CoalesceExpr",
+        "MinMaxExpr",
+        "CaseExpr",
+        "CaseWhen",
+        "SQLValueFunction",
+        "A_ArrayExpr",
+        "A_Indirection",
+        "A_Indices",
+        "RowExpr",
+        "CollateClause",
+        "String",
+        "Integer",
+        "Float",
+        "Boolean",
+        "BitString",
+    }
+)
 
 _REFUSED = {
     "SubLink": "it holds a sub-query",

@@ -73,21 +73,35 @@ class ChunkResult:
 def staged_schema() -> Any:
     import pyarrow as pa
 
-    return pa.schema([
-        ("pk", pa.list_(pa.string())), ("record", pa.string()), ("ord", pa.int32()),
-        ("backfill", pa.int64()), ("chunk", pa.int32()), ("json_nulls", pa.list_(pa.string())),
-    ])  # fmt: skip
+    return pa.schema(
+        [
+            ("pk", pa.list_(pa.string())),
+            ("record", pa.string()),
+            ("ord", pa.int32()),
+            ("backfill", pa.int64()),
+            ("chunk", pa.int32()),
+            ("json_nulls", pa.list_(pa.string())),
+        ]
+    )
 
 
 def watermark(conn: Any, task: ChunkTask, mark: str, **extra: Any) -> int:
     """Emit the chunk's `mark` watermark through `conn`; its LSN."""
-    content = json.dumps({
-        "source": task.source, "backfill": task.backfill, "chunk": task.n,
-        "attempt": task.attempt, "mark": mark, **extra,
-    })  # fmt: skip
-    return parse_lsn(conn.execute(
-        "SELECT pg_logical_emit_message(true, %s, %s)::text", (WATERMARK_PREFIX, content)
-    ).fetchone()[0])  # fmt: skip
+    content = json.dumps(
+        {
+            "source": task.source,
+            "backfill": task.backfill,
+            "chunk": task.n,
+            "attempt": task.attempt,
+            "mark": mark,
+            **extra,
+        }
+    )
+    return parse_lsn(
+        conn.execute(
+            "SELECT pg_logical_emit_message(true, %s, %s)::text", (WATERMARK_PREFIX, content)
+        ).fetchone()[0]
+    )
 
 
 def stage_chunk(
@@ -143,8 +157,10 @@ def read_chunk(task: ChunkTask) -> ChunkResult:
         for batch in fetch_batches(conn, task.query):
             n = batch.num_rows
             record, pk = records(batch.columns, task.columns, codecs, task.key_idx)
-            ids = [pa.repeat(pa.scalar(task.backfill, pa.int64()), n),
-                   pa.repeat(pa.scalar(task.n, pa.int32()), n)]  # fmt: skip
+            ids = [
+                pa.repeat(pa.scalar(task.backfill, pa.int64()), n),
+                pa.repeat(pa.scalar(task.n, pa.int32()), n),
+            ]
             ords = pa.array(range(done, done + n), pa.int32())
             nulls = json_nulls(batch.columns, task.columns, codecs)
             yield pa.RecordBatch.from_arrays([pk, record, ords, *ids, nulls], schema=schema)

@@ -88,9 +88,12 @@ def prepare_table(
     meta = load_metadata(conn)
     types = tuple(meta.types.catalog.values())
     return Prepared(
-        replace(t, columns=names), predicate, oids,
-        tuple(names.index(k) for k in t.pk), types,
-    )  # fmt: skip
+        replace(t, columns=names),
+        predicate,
+        oids,
+        tuple(names.index(k) for k in t.pk),
+        types,
+    )
 
 
 def check_sink(sink: SinkConfig, schema: str, table: str) -> None:
@@ -150,10 +153,15 @@ def request(
             plans.append((schema, table, estimate_rows(conn, prepared.table, prepared.where)))
     for schema, table, estimate in plans:
         id_ = store.create(
-            sink.name, source.name, schema, table, predicate.sql if predicate else None,
+            sink.name,
+            source.name,
+            schema,
+            table,
+            predicate.sql if predicate else None,
             chunk_size or (DEFAULT_TYPED_CHUNK_SIZE if reads_typed(sink) else DEFAULT_CHUNK_SIZE),
-            DEFAULT_TARGET_SECONDS if target_seconds is None else target_seconds, estimate,
-        )  # fmt: skip
+            DEFAULT_TARGET_SECONDS if target_seconds is None else target_seconds,
+            estimate,
+        )
         found = store.get(id_)
         assert found is not None
         created.append(found)

@@ -38,9 +38,17 @@ from walstream.errors import ConfigError
 from walstream.state import Store
 
 __all__ = [
-    "ACTIVE", "CANCELLED", "DONE", "FAILED", "PENDING", "RUNNING",
-    "Backfill", "BackfillStore", "Chunk", "Mark",
-]  # fmt: skip
+    "ACTIVE",
+    "CANCELLED",
+    "DONE",
+    "FAILED",
+    "PENDING",
+    "RUNNING",
+    "Backfill",
+    "BackfillStore",
+    "Chunk",
+    "Mark",
+]
 
 _BACKFILL_COLUMNS = """b.id, b.sink, b.source, b.table_schema, b.table_name, b."where",
     b.chunk_size, b.target_seconds, b.status, b.error, b.rows_estimated, b.created_at,
@@ -230,9 +238,13 @@ class BackfillStore(Store):
         self._run(
             "INSERT INTO {chunks} (backfill, n, after, upto) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT (backfill, n) DO NOTHING",
-            (id_, n, list(after) if after is not None else None,
-             list(upto) if upto is not None else None),
-        )  # fmt: skip
+            (
+                id_,
+                n,
+                list(after) if after is not None else None,
+                list(upto) if upto is not None else None,
+            ),
+        )
         if upto is None:
             self._run("UPDATE {backfills} SET planned_all = true WHERE id = %s", (id_,))
 
@@ -244,10 +256,17 @@ class BackfillStore(Store):
             (id_,) if status is None else (id_, status),
         )
         return [
-            Chunk(r[0], r[1], tuple(r[2]) if r[2] is not None else None,
-                  tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6])
+            Chunk(
+                r[0],
+                r[1],
+                tuple(r[2]) if r[2] is not None else None,
+                tuple(r[3]) if r[3] is not None else None,
+                r[4],
+                r[5],
+                r[6],
+            )
             for r in rows
-        ]  # fmt: skip
+        ]
 
     def last_chunk(self, id_: int) -> Chunk | None:
         found = self._run(
@@ -258,8 +277,15 @@ class BackfillStore(Store):
         if not found:
             return None
         r = found[0]
-        return Chunk(r[0], r[1], tuple(r[2]) if r[2] is not None else None,
-                     tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6])  # fmt: skip
+        return Chunk(
+            r[0],
+            r[1],
+            tuple(r[2]) if r[2] is not None else None,
+            tuple(r[3]) if r[3] is not None else None,
+            r[4],
+            r[5],
+            r[6],
+        )
 
     def reading(self, id_: int, ns: Sequence[int]) -> dict[int, int]:
         """Chunks `ns` start a new read: their attempt numbers."""

@@ -45,9 +45,15 @@ class Heartbeat:
         self.conn: psycopg.Connection[Any] | None = None
         # A missed heartbeat is reported by the staleness check; the next one reconnects.
         self.task = Periodic(
-            f"walstream-heartbeat-{slot}", self._beat, interval, first=0.0,
-            level=logging.WARNING, what=f"heartbeat for slot {slot}", cleanup=self._close, logger=log,
-        )  # fmt: skip
+            f"walstream-heartbeat-{slot}",
+            self._beat,
+            interval,
+            first=0.0,
+            level=logging.WARNING,
+            what=f"heartbeat for slot {slot}",
+            cleanup=self._close,
+            logger=log,
+        )
 
     def start(self) -> Heartbeat:
         self.task.start()

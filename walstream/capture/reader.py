@@ -355,8 +355,9 @@ class Capture:
                         "slot %s: one batch's changes fill the read-ahead buffer (%d MiB), so "
                         "reading goes on past it until Spark commits that batch; give "
                         "max_buffer_bytes room for two batches, or lower max_changes_per_batch",
-                        self.slot, self.max_buffer_bytes >> 20,
-                    )  # fmt: skip
+                        self.slot,
+                        self.max_buffer_bytes >> 20,
+                    )
             return end
 
     def wait_latest(self, start: Cursor, max_rows: int | None, timeout: float) -> Cursor:

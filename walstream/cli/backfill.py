@@ -86,19 +86,33 @@ def summary(b: Backfill) -> str:
 
 def status_table(rows: list[Backfill]) -> Table:
     t = Table(title="backfills", title_justify="left")
-    for col in ("id", "sink", "table", "status", "rows read", "of ~", "rate/s", "ETA",
-                "chunks", "where / error"):  # fmt: skip
+    for col in (
+        "id",
+        "sink",
+        "table",
+        "status",
+        "rows read",
+        "of ~",
+        "rate/s",
+        "ETA",
+        "chunks",
+        "where / error",
+    ):
         t.add_column(col, justify="right" if col in ("rows read", "of ~", "rate/s") else "left")
     style = {DONE: "green", FAILED: "bold red", CANCELLED: "yellow"}
     for b in rows:
         t.add_row(
-            str(b.id), escape(b.sink), escape(b.qualified),
+            str(b.id),
+            escape(b.sink),
+            escape(b.qualified),
             f"[{style.get(b.status, 'cyan')}]{b.status}[/]",
-            f"{b.rows_read:,}", _rows(b.rows_estimated),
-            f"{b.rate:,.0f}" if b.rate else "", _duration(b.eta),
+            f"{b.rows_read:,}",
+            _rows(b.rows_estimated),
+            f"{b.rate:,.0f}" if b.rate else "",
+            _duration(b.eta),
             f"{b.chunks_emitted}/{b.chunks}{'+' if b.status == 'running' and not b.planned_all else ''}",
             escape(b.error or b.where or ""),
-        )  # fmt: skip
+        )
     return t
 
 
@@ -131,10 +145,14 @@ def follow(store: BackfillStore, ids: list[int], interval: float = 1.0) -> list[
             hinted = _hint(now, started, hinted)
             time.sleep(interval)
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
         console=console,
-    ) as progress:  # fmt: skip
+    ) as progress:
         tasks = {
             b.id: progress.add_task(
                 escape(f"{b.id} {b.qualified}"), total=b.rows_estimated or None, rate=""
@@ -148,9 +166,11 @@ def follow(store: BackfillStore, ids: list[int], interval: float = 1.0) -> list[
                 if b.status == DONE:
                     total = b.rows_read
                 progress.update(
-                    tasks[b.id], completed=b.rows_read, total=total,
+                    tasks[b.id],
+                    completed=b.rows_read,
+                    total=total,
                     rate=f"{b.rate:,.0f} rows/s" if b.rate else b.status,
-                )  # fmt: skip
+                )
             if all(b.status not in ACTIVE for b in now):
                 return now
             hinted = _hint(now, started, hinted)

@@ -101,10 +101,14 @@ class Workload:
             conn.execute(
                 "INSERT INTO orders (id, customer, amount, status, tags, details) "
                 "VALUES (%s, %s, %s, 'new', %s, %s)",
-                (next_id, f"customer-{rnd.randrange(50)}", f"{rnd.randrange(1, 500)}.{rnd.randrange(100):02d}",
-                 ["demo", rnd.choice(("web", "app", "store"))],
-                 json.dumps({"items": rnd.randrange(1, 6), "gift": rnd.random() < 0.2})),
-            )  # fmt: skip
+                (
+                    next_id,
+                    f"customer-{rnd.randrange(50)}",
+                    f"{rnd.randrange(1, 500)}.{rnd.randrange(100):02d}",
+                    ["demo", rnd.choice(("web", "app", "store"))],
+                    json.dumps({"items": rnd.randrange(1, 6), "gift": rnd.random() < 0.2}),
+                ),
+            )
             open_orders.append(next_id)
         elif roll < 0.9:
             order = rnd.choice(open_orders)
@@ -142,11 +146,18 @@ def prepare_demo(home: Path, pg: EmbeddedPostgres) -> tuple[Plan, Path]:
     demo.mkdir(parents=True, exist_ok=True)
     raw = {
         "spark": {"master": "local[*]", "checkpoint_dir": str(demo / "checkpoints")},
-        "sources": [{"name": "demo", "dsn": dsn, "tables": ["public.orders"],
-                     "heartbeat_interval": "2s"}],
-        "sinks": [{"name": "orders-to-files", "source": "demo", "format": "sequin",
-                   "destination": {"type": "file", "path": str(demo / "out")}}],
-    }  # fmt: skip
+        "sources": [
+            {"name": "demo", "dsn": dsn, "tables": ["public.orders"], "heartbeat_interval": "2s"}
+        ],
+        "sinks": [
+            {
+                "name": "orders-to-files",
+                "source": "demo",
+                "format": "sequin",
+                "destination": {"type": "file", "path": str(demo / "out")},
+            }
+        ],
+    }
     path = demo / "walstream.yaml"
     path.write_text(
         "# Written by `walstream demo`: the embedded server's database into JSON-lines files.\n"
@@ -227,9 +238,13 @@ def run_demo(
             runtime.stop()
         messages = cfg.sinks[0].destination.read_back()
         return DemoResult(
-            path, out, workload.written, delivered(), len(messages),
+            path,
+            out,
+            workload.written,
+            delivered(),
+            len(messages),
             messages[-1].decode() if messages else None,
-        )  # fmt: skip
+        )
 
 
 def demo(

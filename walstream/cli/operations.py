@@ -53,18 +53,32 @@ def _lot(config: Path, sink: str | None = None) -> ParkingLot:
 
 def _table(rows: list[Parked], title: str, secrets: list[str]) -> Table:
     t = Table(title=title, title_justify="left")
-    for col in ("id", "sink", "group", "lsn:seq", "table", "action", "attempts", "next attempt",
-                "last error"):  # fmt: skip
+    for col in (
+        "id",
+        "sink",
+        "group",
+        "lsn:seq",
+        "table",
+        "action",
+        "attempts",
+        "next attempt",
+        "last error",
+    ):
         t.add_column(col)
     for p in rows:
         last = p.errors[-1]["error"] if p.errors else "(behind its group's head)"
         last = scrub(last, secrets)
         t.add_row(
-            str(p.id), escape(p.sink), escape(p.group), f"{p.lsn}:{p.seq}", escape(p.message.table),
-            p.message.action, str(p.attempts),
+            str(p.id),
+            escape(p.sink),
+            escape(p.group),
+            f"{p.lsn}:{p.seq}",
+            escape(p.message.table),
+            p.message.action,
+            str(p.attempts),
             p.next_attempt_at.strftime("%Y-%m-%d %H:%M:%S") if p.next_attempt_at else "-",
             escape(last[:80]),
-        )  # fmt: skip
+        )
     return t
 
 

@@ -14,14 +14,31 @@ def progress_table(runtime: object) -> Table:
 
     assert isinstance(runtime, Runtime)
     table = Table(title="walstream run — Ctrl-C stops", title_justify="left")
-    for col in ("sink", "delivered", "rate/s", "replay-skipped", "parked", "retried", "dead",
-                "batches", "commit → delivered"):  # fmt: skip
+    for col in (
+        "sink",
+        "delivered",
+        "rate/s",
+        "replay-skipped",
+        "parked",
+        "retried",
+        "dead",
+        "batches",
+        "commit → delivered",
+    ):
         table.add_column(col, justify="left" if col == "sink" else "right")
     for name, p in sorted(runtime.progress().items()):
         lag = f"{p.last_batch_at - p.last_committed_us / 1e6:.2f}s" if p.last_committed_us else "-"
-        table.add_row(name, f"{p.delivered:,}", f"{runtime.rates.get(name, 0.0):,.0f}",
-                      f"{p.skipped:,}", f"{p.parked:,}", f"{p.retried:,}", f"{p.dead:,}",
-                      f"{p.batches:,}", lag)  # fmt: skip
+        table.add_row(
+            name,
+            f"{p.delivered:,}",
+            f"{runtime.rates.get(name, 0.0):,.0f}",
+            f"{p.skipped:,}",
+            f"{p.parked:,}",
+            f"{p.retried:,}",
+            f"{p.dead:,}",
+            f"{p.batches:,}",
+            lag,
+        )
     held = [why for sq in runtime.queries for why in sq.pipeline.holding.values()]
     if held:
         table.caption = f"[yellow]{escape('; '.join(held))}[/]"
@@ -53,6 +70,12 @@ def log_progress(runtime: object, every: float = 10.0) -> None:
         logging.getLogger("walstream.run").info(
             "sink %s: delivered %d (%.0f/s), replay-skipped %d, parked %d, retried %d, dead %d, "
             "batches %d",
-            name, p.delivered, runtime.rates.get(name, 0.0), p.skipped, p.parked, p.retried,
-            p.dead, p.batches,
-        )  # fmt: skip
+            name,
+            p.delivered,
+            runtime.rates.get(name, 0.0),
+            p.skipped,
+            p.parked,
+            p.retried,
+            p.dead,
+            p.batches,
+        )

@@ -59,8 +59,10 @@ def recover(
             "stop the walstream (or other client) reading it first, then run this again",
         )
     if info is not None and not info.lost:
-        console.print(f"slot {escape(src.slot_name)} of source {escape(source)} is healthy "
-                      f"({info.wal_status}): nothing to recover")  # fmt: skip
+        console.print(
+            f"slot {escape(src.slot_name)} of source {escape(source)} is healthy "
+            f"({info.wal_status}): nothing to recover"
+        )
         raise typer.Exit(1)
     sinks = [s for s in cfg.sinks if s.source == source]
     state = "was invalidated" if info is not None else "does not exist"
@@ -96,8 +98,10 @@ def recover(
             continue
         for b in made:
             console.print(f"backfill {b.id}: {escape(b.qualified)} → sink {escape(b.sink)}")
-    console.print("start `walstream run`: it streams from the new slot and carries out the "
-                  "backfills (`walstream backfill status` shows them)")  # fmt: skip
+    console.print(
+        "start `walstream run`: it streams from the new slot and carries out the "
+        "backfills (`walstream backfill status` shows them)"
+    )
     if failed:
         raise typer.Exit(1)
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from walstream.cli.output import console, err_console
 from walstream.cli.progress import log_progress, progress_table
+
+if TYPE_CHECKING:
+    from walstream.config.plan import Plan
+    from walstream.runtime import Runtime
 
 
 def run(
@@ -53,11 +57,9 @@ def run(
     """
     import signal
 
-    from rich.live import Live
-
     from walstream.config import load_config
     from walstream.engine.session import find_java
-    from walstream.runtime import Runtime, check_destinations
+    from walstream.runtime import Runtime
     from walstream.secrets import guard_logs, secret_values
 
     cfg = load_config(config)
@@ -65,6 +67,39 @@ def run(
     find_java()  # Spark's Java, before anything is created (a SetupError names the fix)
     if port is not None:
         cfg = dataclasses.replace(cfg, server=cfg.server.model_copy(update={"port": port}))
+    _check_destinations(cfg)
+    started = time.monotonic()
+    runtime = Runtime(
+        cfg,
+        until_caught_up=until_caught_up,
+        say=lambda text: console.print(f"[dim]•[/] {escape(text)}"),
+    )
+
+    def on_signal(*_: object) -> None:  # first: finish the batch in flight; second: abandon it
+        (runtime.abandon if runtime.stopping.is_set() else runtime.stopping).set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    if until_caught_up:
+        console.print("[dim]•[/] delivering what the slots hold now, then stopping")
+    runtime.start()
+    if runtime.server is not None:
+        console.print(f"[dim]•[/] health, metrics, API and console at {runtime.server.url}")
+    _stream(runtime, started, time.monotonic() + seconds if seconds is not None else None)
+    progress = runtime.progress()
+    totals = {k: v.delivered for k, v in progress.items()}
+    skipped = {k: v.skipped for k, v in progress.items() if v.skipped}
+    console.print(
+        escape(f"{'caught up' if runtime.caught_up else 'stopped'}; delivered this run: {totals}")
+        + (escape(f"; skipped as delivered before a restart: {skipped}") if skipped else "")
+    )
+
+
+def _check_destinations(cfg: Plan) -> None:
+    """Each sink's destination, before anything starts: one that cannot work stops the
+    run (exit 2); one unreachable now is a warning (the run retries it)."""
+    from walstream.runtime import check_destinations
+
     console.print(f"[dim]•[/] checking {len(cfg.sinks)} destination(s)")
     for name, problem in check_destinations(cfg):
         if problem is None:
@@ -82,23 +117,13 @@ def run(
             err_console.print(f"  [yellow]fix:[/] {escape(problem.fix)}")
         err_console.print("nothing was started: fix the sink, then run again")
         raise typer.Exit(2)
-    started = time.monotonic()
-    runtime = Runtime(
-        cfg, until_caught_up=until_caught_up,
-        say=lambda text: console.print(f"[dim]•[/] {escape(text)}"),
-    )  # fmt: skip
 
-    def on_signal(*_: object) -> None:  # first: finish the batch in flight; second: abandon it
-        (runtime.abandon if runtime.stopping.is_set() else runtime.stopping).set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    if until_caught_up:
-        console.print("[dim]•[/] delivering what the slots hold now, then stopping")
-    runtime.start()
-    if runtime.server is not None:
-        console.print(f"[dim]•[/] health, metrics, API and console at {runtime.server.url}")
-    until = time.monotonic() + seconds if seconds is not None else None
+def _stream(runtime: Runtime, started: float, until: float | None) -> None:
+    """Run until `until` (or a stop), showing progress live on a terminal, in log lines
+    otherwise, and when the first changes were delivered."""
+    from rich.live import Live
+
     first: list[float] = []
 
     def first_delivery(rt: Runtime) -> None:
@@ -121,13 +146,6 @@ def run(
             log_progress(rt)
 
         runtime.run(until, on_tick=log_tick)
-    progress = runtime.progress()
-    totals = {k: v.delivered for k, v in progress.items()}
-    skipped = {k: v.skipped for k, v in progress.items() if v.skipped}
-    console.print(
-        escape(f"{'caught up' if runtime.caught_up else 'stopped'}; delivered this run: {totals}")
-        + (escape(f"; skipped as delivered before a restart: {skipped}") if skipped else "")
-    )
 
 
 def register(app: typer.Typer) -> None:

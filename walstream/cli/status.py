@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -54,41 +54,71 @@ def status(
     if as_json:
         console.print_json(json.dumps(data))
     else:
-
-        def badge(s: str) -> str:
-            return f"[{STYLE.get(s, 'white')}]{s}[/]"
-
-        health = data.get("health", data["status"])
-        up = data.get("uptime_seconds")
-        console.print(
-            f"walstream {escape(str(data.get('version', '')))} at {escape(url)}: "
-            f"{badge(health)} ({data['status']}"
-            + (f", up {_seconds(up)})" if up is not None else ")")
-        )
-        t = Table(title="sources", title_justify="left")
-        for col in ("source", "status", "role", "slot lag", "WAL kept", "last report", "ingested",
-                    "why"):  # fmt: skip
-            t.add_column(col)
-        for src in data["sources"]:
-            t.add_row(
-                escape(src["name"]), badge(src["status"]), src["role"], _bytes(src["lag_bytes"]),
-                _bytes(src["retained_wal_bytes"]), _seconds(src["last_report_age_seconds"]),
-                f"{src['ingested']:,}", escape("; ".join(src["reasons"])),
-            )  # fmt: skip
-        console.print(t)
-        t = Table(title="sinks", title_justify="left")
-        for col in ("sink", "type", "status", "delivered", "rate/s", "parked", "dead letters",
-                    "why"):  # fmt: skip
-            t.add_column(col)
-        for k in data["sinks"]:
-            t.add_row(
-                escape(k["name"]), k["type"], badge(k["status"]), f"{k['delivered']:,}",
-                f"{k['rate_per_second']:,.0f}", f"{k['parked']:,}", f"{k['dead_letters']:,}",
-                escape("; ".join(k["reasons"])),
-            )  # fmt: skip
-        console.print(t)
+        _print_health(data, url)
     if data["status"] == "error":
         raise typer.Exit(1)
+
+
+def _print_health(data: dict[str, Any], url: str) -> None:
+    """/health's answer as two tables, sources and sinks."""
+
+    def badge(s: str) -> str:
+        return f"[{STYLE.get(s, 'white')}]{s}[/]"
+
+    health = data.get("health", data["status"])
+    up = data.get("uptime_seconds")
+    console.print(
+        f"walstream {escape(str(data.get('version', '')))} at {escape(url)}: "
+        f"{badge(health)} ({data['status']}" + (f", up {_seconds(up)})" if up is not None else ")")
+    )
+    t = Table(title="sources", title_justify="left")
+    for col in (
+        "source",
+        "status",
+        "role",
+        "slot lag",
+        "WAL kept",
+        "last report",
+        "ingested",
+        "why",
+    ):
+        t.add_column(col)
+    for src in data["sources"]:
+        t.add_row(
+            escape(src["name"]),
+            badge(src["status"]),
+            src["role"],
+            _bytes(src["lag_bytes"]),
+            _bytes(src["retained_wal_bytes"]),
+            _seconds(src["last_report_age_seconds"]),
+            f"{src['ingested']:,}",
+            escape("; ".join(src["reasons"])),
+        )
+    console.print(t)
+    t = Table(title="sinks", title_justify="left")
+    for col in (
+        "sink",
+        "type",
+        "status",
+        "delivered",
+        "rate/s",
+        "parked",
+        "dead letters",
+        "why",
+    ):
+        t.add_column(col)
+    for k in data["sinks"]:
+        t.add_row(
+            escape(k["name"]),
+            k["type"],
+            badge(k["status"]),
+            f"{k['delivered']:,}",
+            f"{k['rate_per_second']:,.0f}",
+            f"{k['parked']:,}",
+            f"{k['dead_letters']:,}",
+            escape("; ".join(k["reasons"])),
+        )
+    console.print(t)
 
 
 def _bytes(n: int | None) -> str:

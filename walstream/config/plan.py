@@ -77,20 +77,34 @@ def resolve(config: Config) -> Plan:
     sources, sinks = _events(config, sources, sinks)
     by_name = {s.name: s for s in sources}
     sinks = [
-        k.model_copy(update={"destination": k.destination.resolved(SinkContext(
-            source=k.source, source_dsn=by_name[k.source].dsn.get_secret_value(),
-            state_dsn=state_dsn, state_schema=config.state.schema_,
-        ))}) for k in sinks
-    ]  # fmt: skip
+        k.model_copy(
+            update={
+                "destination": k.destination.resolved(
+                    SinkContext(
+                        source=k.source,
+                        source_dsn=by_name[k.source].dsn.get_secret_value(),
+                        state_dsn=state_dsn,
+                        state_schema=config.state.schema_,
+                    )
+                )
+            }
+        )
+        for k in sinks
+    ]
     by_type: dict[type[DestinationSettings], list[tuple[int, SinkConfig]]] = {}
     for i, sink in enumerate(sinks):  # each sink type's checks across its sinks
         by_type.setdefault(type(sink.destination), []).append((i, sink))
     for settings, of_type in by_type.items():
         settings.check_sinks(of_type)
     return Plan(
-        state=config.state, spark=config.spark, server=config.server, events=config.events,
-        sources=tuple(sources), sinks=tuple(sinks), state_dsn=state_dsn,
-    )  # fmt: skip
+        state=config.state,
+        spark=config.spark,
+        server=config.server,
+        events=config.events,
+        sources=tuple(sources),
+        sinks=tuple(sinks),
+        state_dsn=state_dsn,
+    )
 
 
 def _unique(sources: list[SourceConfig], sinks: list[SinkConfig]) -> None:
@@ -119,11 +133,17 @@ def _shards(
             out_sources.append(s)
             continue
         for i, tables in enumerate(s.shards, 1):
-            out_sources.append(s.model_copy(update={
-                "name": f"{s.name}-{i}", "slot": f"{s.slot_name}_{i}",
-                "publication": f"{s.publication_name}_{i}", "tables": list(tables),
-                "shards": None,
-            }))  # fmt: skip
+            out_sources.append(
+                s.model_copy(
+                    update={
+                        "name": f"{s.name}-{i}",
+                        "slot": f"{s.slot_name}_{i}",
+                        "publication": f"{s.publication_name}_{i}",
+                        "tables": list(tables),
+                        "shards": None,
+                    }
+                )
+            )
     out_sinks: list[SinkConfig] = []
     for k in sinks:
         parent = sharded.get(k.source)
@@ -131,10 +151,15 @@ def _shards(
             out_sinks.append(k)
             continue
         for i in range(1, len(parent.shards) + 1):
-            out_sinks.append(k.model_copy(update={
-                "name": f"{k.name}-{i}", "source": f"{parent.name}-{i}",
-                "destination": k.destination.for_shard(i),
-            }))  # fmt: skip
+            out_sinks.append(
+                k.model_copy(
+                    update={
+                        "name": f"{k.name}-{i}",
+                        "source": f"{parent.name}-{i}",
+                        "destination": k.destination.for_shard(i),
+                    }
+                )
+            )
     return out_sources, out_sinks
 
 

@@ -113,11 +113,15 @@ class SinkConfig(Model):
         route expression, filter, event types or transform; and it takes read rows."""
         dest = self.destination
         return (
-            self.transform is None and self.filter is None and not self.event_types
-            and not self.group_by and dest.group_by() is None and dest.route_expression() is None
+            self.transform is None
+            and self.filter is None
+            and not self.event_types
+            and not self.group_by
+            and dest.group_by() is None
+            and dest.route_expression() is None
             and dest.key_expression() == DestinationSettings.key_expression(dest)
             and "read" in self.actions
-        )  # fmt: skip
+        )
 
     def wants_table(self, schema: str, table: str) -> bool:
         return not self.tables or any(

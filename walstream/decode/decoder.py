@@ -24,8 +24,15 @@ from walstream.errors import DecodeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ANNOTATIONS_PREFIX", "WATERMARK", "WATERMARK_PREFIX", "ChangeDecoder", "RelationInfo",
-           "TxnContext", "annotations_json"]  # fmt: skip
+__all__ = [
+    "ANNOTATIONS_PREFIX",
+    "WATERMARK",
+    "WATERMARK_PREFIX",
+    "ChangeDecoder",
+    "RelationInfo",
+    "TxnContext",
+    "annotations_json",
+]
 
 ANNOTATIONS_PREFIX = "walstream:annotations"
 #: Backfill watermarks (docs/architecture.md §6): a transactional logical message with this
@@ -144,8 +151,11 @@ class ChangeDecoder:
                 omitted = nulls = None
         except (IndexError, struct.error, UnicodeDecodeError):
             return None  # the full parser reports what is wrong
-        return [self._fast_row(rel, "insert" if kind == 73 else "update", pk, record, None,
-                               omitted, nulls)]  # fmt: skip
+        return [
+            self._fast_row(
+                rel, "insert" if kind == 73 else "update", pk, record, None, omitted, nulls
+            )
+        ]
 
     def _fast_delete(self, raw: bytes, off: int) -> list[ChangeRow] | None:
         """A Delete as `_change` makes it (`record` and `old` both the old tuple's JSON),
@@ -174,18 +184,37 @@ class ChangeDecoder:
         return [self._fast_row(rel, "delete", pk, record, record, omitted, nulls)]
 
     def _fast_row(
-        self, rel: CompiledRelation, action: str, pk: list[str | None], record: str,
-        old: str | None, omitted: list[str] | None, nulls: list[str] | None,
-    ) -> ChangeRow:  # fmt: skip
+        self,
+        rel: CompiledRelation,
+        action: str,
+        pk: list[str | None],
+        record: str,
+        old: str | None,
+        omitted: list[str] | None,
+        nulls: list[str] | None,
+    ) -> ChangeRow:
         txn = self.txn
         assert txn is not None
         seq = txn.seq
         txn.seq = seq + 1
         info = rel.info
         return ChangeRow(
-            self.source, txn.lsn, seq, txn.xid, txn.committed_at_us, action, info.schema,
-            info.table, pk, record, old, txn.annotations, omitted, info.oid, nulls,
-        )  # fmt: skip
+            self.source,
+            txn.lsn,
+            seq,
+            txn.xid,
+            txn.committed_at_us,
+            action,
+            info.schema,
+            info.table,
+            pk,
+            record,
+            old,
+            txn.annotations,
+            omitted,
+            info.oid,
+            nulls,
+        )
 
     def apply(self, msg: po.PgOutputMessage) -> list[ChangeRow]:
         if isinstance(msg, po.Insert | po.Update | po.Delete | po.Truncate):
@@ -229,9 +258,20 @@ class ChangeDecoder:
             txn.seq = seq + 1
             content = msg.content.decode("utf-8", errors="replace")
             row = ChangeRow(
-                self.source, txn.lsn, seq, txn.xid, txn.committed_at_us, WATERMARK,
-                "", "", [], content, None, None, None,
-            )  # fmt: skip
+                self.source,
+                txn.lsn,
+                seq,
+                txn.xid,
+                txn.committed_at_us,
+                WATERMARK,
+                "",
+                "",
+                [],
+                content,
+                None,
+                None,
+                None,
+            )
             return [row]
         elif self.on_message is not None:
             self.on_message(msg, txn)

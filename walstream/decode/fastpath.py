@@ -47,9 +47,12 @@ def _value_expr(i: int, codec: t.Codec, v: str, ns: dict[str, object]) -> str:
 
 
 def _compile(
-    lines: list[str], names: Sequence[str], key_idx: Sequence[int], ns: dict[str, object],
+    lines: list[str],
+    names: Sequence[str],
+    key_idx: Sequence[int],
+    ns: dict[str, object],
     label: str,
-) -> Any:  # fmt: skip
+) -> Any:
     """Append the return of (record JSON, pk) from p<i>/v<i> to `lines`; compile `encode`."""
     n = len(names)
     for i, name in enumerate(names):
@@ -64,9 +67,14 @@ def _compile(
 
 #: The compiled encoder's column kinds (the enum in _tuples.pyx); other codecs are called.
 _KINDS: dict[int, int] = {
-    id(t.INT): 0, id(t.JSON): 1, id(t.TEXT): 2, id(t.BOOL): 3, id(t.NUMERIC): 4,
-    id(t.FLOAT): 5, id(t.TIMESTAMPTZ): 6,
-}  # fmt: skip
+    id(t.INT): 0,
+    id(t.JSON): 1,
+    id(t.TEXT): 2,
+    id(t.BOOL): 3,
+    id(t.NUMERIC): 4,
+    id(t.FLOAT): 5,
+    id(t.TIMESTAMPTZ): 6,
+}
 _CODEC = 7
 
 
@@ -94,8 +102,9 @@ def beside_the_zip() -> Any:
             return module
     log.warning(
         "walstream runs from %s without its compiled decoder beside it: decoding in Python, "
-        "several times slower", archive,
-    )  # fmt: skip
+        "several times slower",
+        archive,
+    )
     return None
 
 
@@ -117,8 +126,9 @@ def compiled_module() -> Any:
     if stale:
         log.warning(
             "walstream's compiled decoder is older than its source (%s); using the slower "
-            "Python one. Rebuild it with bin/setup (or pip install -e .)", source,
-        )  # fmt: skip
+            "Python one. Rebuild it with bin/setup (or pip install -e .)",
+            source,
+        )
         return None
     return _tuples
 

@@ -44,8 +44,17 @@ class RelationInfo:
 class CompiledRelation:
     """Per-relation encoders: column JSON keys, value encoders, key positions."""
 
-    __slots__ = ("encoders", "fast", "info", "json_set", "key_idx", "key_order", "key_set", "keys",
-                 "names")  # fmt: skip
+    __slots__ = (
+        "encoders",
+        "fast",
+        "info",
+        "json_set",
+        "key_idx",
+        "key_order",
+        "key_set",
+        "keys",
+        "names",
+    )
 
     def __init__(self, info: RelationInfo, types: TypeRegistry) -> None:
         self.info = info
@@ -122,10 +131,12 @@ class CompiledRelation:
         if fast is None:
             return None
         pk = fast[1]
-        return "{" + ",".join([
-            key + ("null" if (v := pk[j]) is None else enc(v.encode("utf-8")))
-            for key, enc, j in self.key_order
-        ]) + "}", pk  # fmt: skip
+        return "{" + ",".join(
+            [
+                key + ("null" if (v := pk[j]) is None else enc(v.encode("utf-8")))
+                for key, enc, j in self.key_order
+            ]
+        ) + "}", pk
 
     def record(
         self, values: po.TupleData, fill: po.TupleData | None = None, only_keys: bool = False

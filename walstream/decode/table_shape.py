@@ -36,10 +36,19 @@ SELECT t.typname, t.typtype, t.typelem::int8, t.typbasetype::int8, t.typtypmod, 
 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = %s"""
 
 _SCALARS = {
-    "int2": "INT", "int4": "INT", "int8": "BIGINT", "oid": "BIGINT", "xid": "BIGINT",
-    "float4": "FLOAT", "float8": "DOUBLE", "bool": "BOOLEAN", "date": "DATE",
-    "timestamptz": "TIMESTAMP", "timestamp": "TIMESTAMP_NTZ", "bytea": "BINARY",
-}  # fmt: skip
+    "int2": "INT",
+    "int4": "INT",
+    "int8": "BIGINT",
+    "oid": "BIGINT",
+    "xid": "BIGINT",
+    "float4": "FLOAT",
+    "float8": "DOUBLE",
+    "bool": "BOOLEAN",
+    "date": "DATE",
+    "timestamptz": "TIMESTAMP",
+    "timestamp": "TIMESTAMP_NTZ",
+    "bytea": "BINARY",
+}
 
 
 def numeric_type(typmod: int) -> str:
@@ -77,10 +86,17 @@ def arrow_type(ddl: str) -> Any:
     if m:
         return pa.decimal128(int(m.group(1)), int(m.group(2)))
     simple = {
-        "INT": pa.int32(), "BIGINT": pa.int64(), "FLOAT": pa.float32(), "DOUBLE": pa.float64(),
-        "BOOLEAN": pa.bool_(), "DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us", tz="UTC"),
-        "TIMESTAMP_NTZ": pa.timestamp("us"), "BINARY": pa.binary(), "STRING": pa.string(),
-    }  # fmt: skip
+        "INT": pa.int32(),
+        "BIGINT": pa.int64(),
+        "FLOAT": pa.float32(),
+        "DOUBLE": pa.float64(),
+        "BOOLEAN": pa.bool_(),
+        "DATE": pa.date32(),
+        "TIMESTAMP": pa.timestamp("us", tz="UTC"),
+        "TIMESTAMP_NTZ": pa.timestamp("us"),
+        "BINARY": pa.binary(),
+        "STRING": pa.string(),
+    }
     return simple[ddl]
 
 

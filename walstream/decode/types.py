@@ -15,9 +15,18 @@ from typing import Any
 from walstream.decode.codecs import BUILTIN, BUILTIN_ARRAYS, TEXT, Codec
 
 __all__ = [
-    "BUILTIN", "BUILTIN_ARRAYS", "SESSION_SETTINGS", "TEXT", "Codec", "PgType", "TypeRegistry",
-    "array_codec", "load_types", "parse_array", "session_options",
-]  # fmt: skip
+    "BUILTIN",
+    "BUILTIN_ARRAYS",
+    "SESSION_SETTINGS",
+    "TEXT",
+    "Codec",
+    "PgType",
+    "TypeRegistry",
+    "array_codec",
+    "load_types",
+    "parse_array",
+    "session_options",
+]
 
 #: GUCs walstream sets on every connection whose text output it decodes.
 SESSION_SETTINGS: dict[str, str] = {

@@ -125,8 +125,12 @@ def deliver_ledger_columns(
                         exc = scrubbed(raw, secret_values(plan.destination))
                         log.warning(
                             "sink %s: %s; %d of %d message(s) delivered, the rest go through "
-                            "retries", plan.sink, exc.problem, len(exc.delivered), rows_of.num_rows,
-                        )  # fmt: skip
+                            "retries",
+                            plan.sink,
+                            exc.problem,
+                            len(exc.delivered),
+                            rows_of.num_rows,
+                        )
                         chunk = list(messages(plan, rows([rows_of])))
                         rest = [m for i, m in enumerate(chunk) if i not in exc.delivered]
                         settle(chunk, deliver_chunk(sink, rest, plan, blocked, stats))

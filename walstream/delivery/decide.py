@@ -50,8 +50,16 @@ def outcomes(
                 out.append((m, PARKED, exc.problem, 1, backoff.delay(1, exc.retry_after)))
             elif m.group in refused:
                 head = refused[m.group]
-                out.append((m, DEAD, f"behind {head.lsn}:{head.seq} of its group, which was "
-                            f"refused for good: {exc.problem}", 0, None))  # fmt: skip
+                out.append(
+                    (
+                        m,
+                        DEAD,
+                        f"behind {head.lsn}:{head.seq} of its group, which was "
+                        f"refused for good: {exc.problem}",
+                        0,
+                        None,
+                    )
+                )
             else:
                 refused[m.group] = m
                 out.append((m, DEAD, exc.problem, 1, None))

@@ -121,19 +121,31 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
         message_key = key.encode() if key is not None else None
         table = f"{change.schema}.{change.table}"
         yield Message(
-            change.lsn, change.seq, value.encode() if value is not None else None,
-            message_key, route, table=table, action=change.action, group=group or "",
+            change.lsn,
+            change.seq,
+            value.encode() if value is not None else None,
+            message_key,
+            route,
+            table=table,
+            action=change.action,
+            group=group or "",
             error=error,
-            idempotency_override=None if change.backfill is None else (
-                sql_key or read_idempotency_key(change.backfill, change.pk)
-            ),
-        )  # fmt: skip
+            idempotency_override=None
+            if change.backfill is None
+            else (sql_key or read_idempotency_key(change.backfill, change.pk)),
+        )
         if plan.tombstones and change.action == "delete":
             # Shares the delete's cursor: delivery never splits the pair across chunks.
             yield Message(
-                change.lsn, change.seq, None, message_key, route,
-                table=table, action="tombstone", group=group or "",
-            )  # fmt: skip
+                change.lsn,
+                change.seq,
+                None,
+                message_key,
+                route,
+                table=table,
+                action="tombstone",
+                group=group or "",
+            )
 
 
 def send(sink: TaskSink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:
@@ -176,8 +188,12 @@ def attempt(
             wait = exc.retry_after or INLINE.delay(tries + 1)
             log.warning(
                 "sink %s: %s; %d message(s) pending, retry %d in %.1fs",
-                plan.sink, exc.problem, len(pending), tries, min(wait, left),
-            )  # fmt: skip
+                plan.sink,
+                exc.problem,
+                len(pending),
+                tries,
+                min(wait, left),
+            )
             time.sleep(min(wait, left))
 
 
@@ -230,9 +246,14 @@ class Settle:
     that parked rows are durable before a replay's ledger skips them."""
 
     def __init__(
-        self, plan: DeliveryPlan, partition: int, stats: Stats,
-        parking: ParkingLot | None, parked_before: int, ledger: bool,
-    ) -> None:  # fmt: skip
+        self,
+        plan: DeliveryPlan,
+        partition: int,
+        stats: Stats,
+        parking: ParkingLot | None,
+        parked_before: int,
+        ledger: bool,
+    ) -> None:
         self.plan, self.partition, self.stats = plan, partition, stats
         self.parking, self.parked_before, self.ledger = parking, parked_before, ledger
 
@@ -246,8 +267,10 @@ class Settle:
                 stats.discarded += dropped
                 log.warning(
                     "sink %s: %d message(s) discarded: max_parked (%d) reached, on_full: discard",
-                    plan.sink, dropped, plan.max_parked,
-                )  # fmt: skip
+                    plan.sink,
+                    dropped,
+                    plan.max_parked,
+                )
             stats.parked += sum(1 for e in to_park if e[1] == PARKED)
             stats.dead += sum(1 for e in to_park if e[1] == DEAD)
         self.record(chunk[-1].cursor, to_park)
@@ -297,8 +320,10 @@ def deliver_chunk(
         plan.parking.set_paused(plan.sink, True, exc.problem)
         log.error(
             "sink %s is paused: %s; after fixing it, `walstream resume %s`",
-            plan.sink, exc.problem, plan.sink,
-        )  # fmt: skip
+            plan.sink,
+            exc.problem,
+            plan.sink,
+        )
         raise exc  # the batch is replayed after resume; the ledger skips what was sent
     if exc is not None and exc.retryable and len(failed) == len(go):
         raise exc  # the sink accepted nothing: it is down, not this message
@@ -307,9 +332,11 @@ def deliver_chunk(
     if out:
         log.warning(
             "sink %s: %d message(s) parked or dead-lettered in batch %d: %s",
-            plan.sink, len(out), plan.batch_id,
+            plan.sink,
+            len(out),
+            plan.batch_id,
             exc.problem if exc else "a transform failed, or their group is blocked",
-        )  # fmt: skip
+        )
     return out
 
 

@@ -68,17 +68,52 @@ _COLUMNS = (
 
 
 def _row(r: Sequence[Any]) -> Parked:
-    (id_, sink, group, lsn, seq, tomb, status, attempts, next_at, errors, key, value, route,
-     table, action, created, untransformed, ikey) = r  # fmt: skip
-    msg = Message(
-        lsn, seq, None if tomb or value is None else bytes(value),
-        bytes(key) if key is not None else None, route, table=table, action=action, group=group,
-        idempotency_override=ikey,
-    )  # fmt: skip
-    return Parked(
-        id_, sink, group, lsn, seq, tomb, status, attempts, next_at, errors, msg, created,
+    (
+        id_,
+        sink,
+        group,
+        lsn,
+        seq,
+        tomb,
+        status,
+        attempts,
+        next_at,
+        errors,
+        key,
+        value,
+        route,
+        table,
+        action,
+        created,
         untransformed,
-    )  # fmt: skip
+        ikey,
+    ) = r
+    msg = Message(
+        lsn,
+        seq,
+        None if tomb or value is None else bytes(value),
+        bytes(key) if key is not None else None,
+        route,
+        table=table,
+        action=action,
+        group=group,
+        idempotency_override=ikey,
+    )
+    return Parked(
+        id_,
+        sink,
+        group,
+        lsn,
+        seq,
+        tomb,
+        status,
+        attempts,
+        next_at,
+        errors,
+        msg,
+        created,
+        untransformed,
+    )
 
 
 class ParkingLot(Store):
@@ -150,13 +185,27 @@ class ParkingLot(Store):
         rows = []
         for m, status, error, attempts, delay in entries:
             errors = [{"at": now.isoformat(), "error": error}] if error else []
-            rows.append((
-                sink, m.group, m.lsn, m.seq, m.value is None, status, attempts,
-                now + timedelta(seconds=delay) if delay is not None else None,
-                json.dumps(errors), m.key, m.value, m.route, m.table, m.action,
-                json.dumps(sink_config) if status == DEAD and sink_config else None,
-                m.error is not None, m.idempotency_override,
-            ))  # fmt: skip
+            rows.append(
+                (
+                    sink,
+                    m.group,
+                    m.lsn,
+                    m.seq,
+                    m.value is None,
+                    status,
+                    attempts,
+                    now + timedelta(seconds=delay) if delay is not None else None,
+                    json.dumps(errors),
+                    m.key,
+                    m.value,
+                    m.route,
+                    m.table,
+                    m.action,
+                    json.dumps(sink_config) if status == DEAD and sink_config else None,
+                    m.error is not None,
+                    m.idempotency_override,
+                )
+            )
         if not rows:
             return
         with self._conn().cursor() as cur:
@@ -225,9 +274,13 @@ class ParkingLot(Store):
             if dead:
                 # The messages behind the head die with it; each says why (no error of its own).
                 behind = json.dumps(
-                    [{"at": datetime.now(UTC).isoformat(),
-                      "error": f"dead with its group: message {head.id} before it failed: {error}"}]
-                )  # fmt: skip
+                    [
+                        {
+                            "at": datetime.now(UTC).isoformat(),
+                            "error": f"dead with its group: message {head.id} before it failed: {error}",
+                        }
+                    ]
+                )
                 self._exec(
                     sql.SQL(
                         "UPDATE {} SET status = 'dead', next_attempt_at = NULL, updated_at = now(), "
@@ -235,9 +288,14 @@ class ParkingLot(Store):
                         "ELSE errors || %s::jsonb END "
                         "WHERE sink = %s AND group_key = %s AND status = 'parked'"
                     ).format(self.table),
-                    (json.dumps(sink_config) if sink_config else None, head.id, behind,
-                     head.sink, head.group),
-                )  # fmt: skip
+                    (
+                        json.dumps(sink_config) if sink_config else None,
+                        head.id,
+                        behind,
+                        head.sink,
+                        head.group,
+                    ),
+                )
 
     def parked_counts(self, sinks: list[str]) -> dict[str, int]:
         """{sink: parked messages} for these sinks: an index range per sink, so dead letters

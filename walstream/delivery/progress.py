@@ -21,9 +21,16 @@ class SinkProgress:
     latency: float | None = None
 
     def add_batch(
-        self, delivered: int, newest_us: int, *, skipped: int = 0, parked: int = 0, dead: int = 0,
-        discarded: int = 0, latest_us: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        delivered: int,
+        newest_us: int,
+        *,
+        skipped: int = 0,
+        parked: int = 0,
+        dead: int = 0,
+        discarded: int = 0,
+        latest_us: int = 0,
+    ) -> None:
         """Count one finished batch. `newest_us`: the commit time (µs) of the newest change
         it delivered (0: none); `latest_us`: the newest it saw at all."""
         self.delivered += delivered

@@ -131,9 +131,11 @@ class Retrier:
                     sink.deliver(msgs)
                 if poison is not None:  # what came before it is delivered; it fails here
                     raise SinkError(
-                        poison.problem, poison.fix, retryable=False,
+                        poison.problem,
+                        poison.fix,
+                        retryable=False,
                         delivered=frozenset(range(len(msgs))),
-                    )  # fmt: skip
+                    )
             except SinkError as raw:
                 failure = scrubbed(raw, secret_values(config))  # before it is logged or kept
                 ok = [chunk[k].id for k in sorted(failure.delivered)]
@@ -143,8 +145,10 @@ class Retrier:
                     self.parking.set_paused(config.name, True, failure.problem)
                     log.error(
                         "sink %s is paused: %s; after fixing it, `walstream resume %s`",
-                        config.name, failure.problem, config.name,
-                    )  # fmt: skip
+                        config.name,
+                        failure.problem,
+                        config.name,
+                    )
                     break
                 head = next(p for k, p in enumerate(chunk) if k not in failure.delivered)
                 attempts = head.attempts + 1
@@ -158,15 +162,24 @@ class Retrier:
                     log.error(
                         "sink %s: group %r is dead-lettered after %d attempt(s): %s; "
                         "see `walstream dead-letters list --sink %s`",
-                        config.name, group, attempts, failure.problem, config.name,
-                    )  # fmt: skip
+                        config.name,
+                        group,
+                        attempts,
+                        failure.problem,
+                        config.name,
+                    )
                 else:
                     log.warning(
                         "sink %s: parked message %s of group %r failed again (attempt %d of %d): "
                         "%s; next attempt in %.0fs",
-                        config.name, head.id, group, attempts, config.max_attempts, failure.problem,
+                        config.name,
+                        head.id,
+                        group,
+                        attempts,
+                        config.max_attempts,
+                        failure.problem,
                         delay,
-                    )  # fmt: skip
+                    )
                 break
             self.parking.delivered([p.id for p in chunk])
             done += len(chunk)

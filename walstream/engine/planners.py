@@ -18,12 +18,14 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 #: The worker modules of Spark's one-shot steps that plan a Python data source's read.
-PLANNING_MODULES = frozenset({
-    "pyspark.sql.worker.lookup_data_sources",
-    "pyspark.sql.worker.create_data_source",
-    "pyspark.sql.worker.plan_data_source_read",
-    "pyspark.sql.worker.data_source_pushdown_filters",
-})  # fmt: skip
+PLANNING_MODULES = frozenset(
+    {
+        "pyspark.sql.worker.lookup_data_sources",
+        "pyspark.sql.worker.create_data_source",
+        "pyspark.sql.worker.plan_data_source_read",
+        "pyspark.sql.worker.data_source_pushdown_filters",
+    }
+)
 
 
 def release(spark: Any) -> list[str]:
@@ -65,8 +67,10 @@ def release_after_planning(spark: Any, queries: list[Any]) -> bool:
     try:
         stopped = release(spark)
     except Exception as exc:
-        log.info("could not end Spark's planning processes (they stay until Spark stops, "
-                 "~250 MB): %s", str(exc).splitlines()[0][:200])  # fmt: skip
+        log.info(
+            "could not end Spark's planning processes (they stay until Spark stops, ~250 MB): %s",
+            str(exc).splitlines()[0][:200],
+        )
         return True
     if stopped:
         log.debug("ended Spark's planning processes: %s", ", ".join(stopped))

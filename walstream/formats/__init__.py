@@ -30,8 +30,11 @@ FORMATS = ("sequin", "debezium", "record")
 #: The formats made over Arrow columns (the mirror's is made in Python).
 ARROW_FORMATS = FORMATS
 _MODULES: dict[str, ModuleType] = {
-    "sequin": sequin, "debezium": debezium, "record": record, "mirror": mirror,
-}  # fmt: skip
+    "sequin": sequin,
+    "debezium": debezium,
+    "record": record,
+    "mirror": mirror,
+}
 
 
 def _module(name: str) -> ModuleType:

@@ -44,9 +44,9 @@ def sql(*, sink: str, db: str, backfill: bool) -> str:
         "WHEN 'update' THEN coalesce(old, 'null') ELSE 'null' END"
     )
     after = "CASE WHEN action = 'delete' THEN 'null' ELSE coalesce(record, 'null') END"
-    op = "CASE action " + " ".join(
-        f"WHEN '{a}' THEN '{o}'" for a, o in DEBEZIUM_OP.items()
-    ) + " END"  # fmt: skip
+    op = (
+        "CASE action " + " ".join(f"WHEN '{a}' THEN '{o}'" for a, o in DEBEZIUM_OP.items()) + " END"
+    )
     snapshot = (
         f"CASE WHEN backfill IS NOT NULL THEN {sql_lit(SNAPSHOT)} ELSE '' END" if backfill else "''"
     )
@@ -71,17 +71,29 @@ def arrow(col: dict[str, Any], *, sink: str, db: str) -> Any:
     action, old = col["action"], col["old"]
     delete, update = pc.equal(action, "delete"), pc.equal(action, "update")
     before = pc.if_else(
-        delete, pc.coalesce(old, col["record"], null),
+        delete,
+        pc.coalesce(old, col["record"], null),
         pc.if_else(update, pc.coalesce(old, null), null),
-    )  # fmt: skip
+    )
     pieces = [
-        '{"before":', before, ',"after":', pc.if_else(delete, null, pc.coalesce(col["record"], null)),
-        ',"source":{"connector":"walstream","name":', each(col["source"], json_string),
-        f',"db":{json_string(db)},"schema":', each(col["schema"], json_string), ',"table":',
-        each(col["table"], json_string), ',"lsn":', col["lsn"].cast(pa.string()), ',"txId":',
-        pc.coalesce(col["xid"].cast(pa.string()), null), ',"ts_ms":',
-        each(at, lambda us: str(us // 1000)), '},"op":"',
+        '{"before":',
+        before,
+        ',"after":',
+        pc.if_else(delete, null, pc.coalesce(col["record"], null)),
+        ',"source":{"connector":"walstream","name":',
+        each(col["source"], json_string),
+        f',"db":{json_string(db)},"schema":',
+        each(col["schema"], json_string),
+        ',"table":',
+        each(col["table"], json_string),
+        ',"lsn":',
+        col["lsn"].cast(pa.string()),
+        ',"txId":',
+        pc.coalesce(col["xid"].cast(pa.string()), null),
+        ',"ts_ms":',
+        each(at, lambda us: str(us // 1000)),
+        '},"op":"',
         each(action, lambda a: DEBEZIUM_OP.get(a)),  # unknown: NULL, left to Python
         f'","ts_ms":{time.time_ns() // 1_000_000}}}',
-    ]  # fmt: skip
+    ]
     return pc.binary_join_element_wise(*pieces, "")

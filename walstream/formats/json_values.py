@@ -90,22 +90,31 @@ def column_json(values: Any, codec: t.Codec) -> Any:
         special = pc.is_in(values, pa.array(["NaN", "Infinity", "-Infinity"]))
         out = pc.if_else(special, _quoted(pc, values), values)
     elif codec is t.TEXT:
-        out = _patch(values, _quoted(pc, values),
-                     pc.invert(pc.match_substring_regex(values, _ESCAPE)),
-                     encode_basestring)  # fmt: skip
+        out = _patch(
+            values,
+            _quoted(pc, values),
+            pc.invert(pc.match_substring_regex(values, _ESCAPE)),
+            encode_basestring,
+        )
     elif codec is t.DATE:
-        out = _patch(values, _quoted(pc, values), pc.match_substring_regex(values, _PLAIN_DATE),
-                     slow)  # fmt: skip
+        out = _patch(
+            values, _quoted(pc, values), pc.match_substring_regex(values, _PLAIN_DATE), slow
+        )
     elif codec is t.TIMESTAMP:
         iso = pc.replace_substring(values, " ", "T", max_replacements=1)
-        out = _patch(values, _quoted(pc, iso),
-                     pc.match_substring_regex(values, _PLAIN_TIMESTAMP), slow)  # fmt: skip
+        out = _patch(
+            values, _quoted(pc, iso), pc.match_substring_regex(values, _PLAIN_TIMESTAMP), slow
+        )
     elif codec is t.TIMESTAMPTZ:
         iso = pc.replace_substring(
             pc.utf8_slice_codeunits(values, 0, -3), " ", "T", max_replacements=1
         )
-        out = _patch(values, pc.binary_join_element_wise('"', iso, 'Z"', ""),
-                     pc.match_substring_regex(values, _TIMESTAMPTZ_UTC), slow)  # fmt: skip
+        out = _patch(
+            values,
+            pc.binary_join_element_wise('"', iso, 'Z"', ""),
+            pc.match_substring_regex(values, _TIMESTAMPTZ_UTC),
+            slow,
+        )
     elif codec is t.BYTEA:
         out = _quoted(pc, values)  # base64 from the SELECT
     else:
@@ -114,9 +123,11 @@ def column_json(values: Any, codec: t.Codec) -> Any:
 
 
 def records(
-    columns: Sequence[Any], names: Sequence[str], codecs: Sequence[t.Codec],
+    columns: Sequence[Any],
+    names: Sequence[str],
+    codecs: Sequence[t.Codec],
     key_idx: Sequence[int],
-) -> tuple[Any, Any]:  # fmt: skip
+) -> tuple[Any, Any]:
     """(record JSON, pk) of a batch of rows: `columns` as Postgres text, one Arrow array
     each. The same strings `fastpath.compile_fields_encoder` makes row by row."""
     import pyarrow as pa
@@ -132,8 +143,9 @@ def records(
     parts.append("}")
     record = pc.binary_join_element_wise(*parts, "")
     keys = [columns[i].cast(pa.string()) for i in key_idx]
-    offsets = pa.array(range(0, n * len(keys) + 1, len(keys)) if keys else [0] * (n + 1),
-                       pa.int32())  # fmt: skip
+    offsets = pa.array(
+        range(0, n * len(keys) + 1, len(keys)) if keys else [0] * (n + 1), pa.int32()
+    )
     flat = _interleave(keys, n)
     return record, pa.ListArray.from_arrays(offsets, flat)
 
@@ -146,9 +158,11 @@ def json_nulls(columns: Sequence[Any], names: Sequence[str], codecs: Sequence[t.
     import pyarrow.compute as pc
 
     n = len(columns[0]) if columns else 0
-    found = [(name, pc.fill_null(pc.equal(values, "null"), False))
-             for name, codec, values in zip(names, codecs, columns, strict=True)
-             if codec is t.JSON]  # fmt: skip
+    found = [
+        (name, pc.fill_null(pc.equal(values, "null"), False))
+        for name, codec, values in zip(names, codecs, columns, strict=True)
+        if codec is t.JSON
+    ]
     if not found:
         return pa.nulls(n, pa.list_(pa.string()))
     out: list[list[str] | None] = [None] * n

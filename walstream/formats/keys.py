@@ -61,10 +61,12 @@ def idempotency_keys(backfill: int, pk: Any) -> Any:
 
     prefix = f"read:{backfill}:"
     return pa.array(
-        [b2a_base64((prefix + j).encode(), newline=False).decode("ascii")
-         for j in pk_json(pk).to_pylist()],
+        [
+            b2a_base64((prefix + j).encode(), newline=False).decode("ascii")
+            for j in pk_json(pk).to_pylist()
+        ],
         pa.string(),
-    )  # fmt: skip
+    )
 
 
 def message_keys(pk: Any) -> Any:

@@ -76,16 +76,30 @@ def arrow(col: dict[str, Any], *, sink: str, db: str) -> Any:
     null = pa.scalar("null")
     at = col["committed_at"].cast(pa.int64())
     pieces = [
-        '{"record":', pc.coalesce(col["record"], null), ',"changes":', _changes(col, null),
-        ',"action":"', col["action"], '","metadata":{"table_schema":',
-        each(col["schema"], json_string), ',"table_name":', each(col["table"], json_string),
-        ',"commit_timestamp":"', each(at, iso_timestamp), '","commit_lsn":',
-        col["lsn"].cast(pa.string()), ',"commit_idx":', col["seq"].cast(pa.string()),
-        ',"idempotency_key":"', col["_ikey"], '","transaction_annotations":',
+        '{"record":',
+        pc.coalesce(col["record"], null),
+        ',"changes":',
+        _changes(col, null),
+        ',"action":"',
+        col["action"],
+        '","metadata":{"table_schema":',
+        each(col["schema"], json_string),
+        ',"table_name":',
+        each(col["table"], json_string),
+        ',"commit_timestamp":"',
+        each(at, iso_timestamp),
+        '","commit_lsn":',
+        col["lsn"].cast(pa.string()),
+        ',"commit_idx":',
+        col["seq"].cast(pa.string()),
+        ',"idempotency_key":"',
+        col["_ikey"],
+        '","transaction_annotations":',
         pc.coalesce(col["annotations"], null),
-        f',"sink":{{"name":{json_string(sink)}}},"source":{{"name":', each(col["source"], json_string),
+        f',"sink":{{"name":{json_string(sink)}}},"source":{{"name":',
+        each(col["source"], json_string),
         "}}}",
-    ]  # fmt: skip
+    ]
     return pc.binary_join_element_wise(*pieces, "")
 
 

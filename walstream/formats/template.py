@@ -27,8 +27,7 @@ _SEQ = 98765432109876543
 _PK = "\x00walstream-pk\x00"
 
 #: The columns `Sink.deliver_columns` reads, as `read_batch` makes them.
-COLUMNS = ("lsn", "seq", "committed_at", "schema", "table", "action", "_key", "_ikey",
-           "_message")  # fmt: skip
+COLUMNS = ("lsn", "seq", "committed_at", "schema", "table", "action", "_key", "_ikey", "_message")
 
 
 @dataclass(frozen=True)
@@ -42,16 +41,42 @@ class ReadTemplate:
 
     @classmethod
     def of(
-        cls, fmt: str, *, sink: str, db: str, source: str, schema: str, table: str,
-        backfill: int, lsn: int, committed_us: int,
-    ) -> ReadTemplate | None:  # fmt: skip
+        cls,
+        fmt: str,
+        *,
+        sink: str,
+        db: str,
+        source: str,
+        schema: str,
+        table: str,
+        backfill: int,
+        lsn: int,
+        committed_us: int,
+    ) -> ReadTemplate | None:
         """The template, or None when the format does not hold each value once as it is
         (then Spark formats the rows)."""
-        row = ChangeRow(source, lsn, _SEQ, None, committed_us, "read", schema, table, [_PK],
-                        _RECORD, None, None, None, backfill=backfill)  # fmt: skip
+        row = ChangeRow(
+            source,
+            lsn,
+            _SEQ,
+            None,
+            committed_us,
+            "read",
+            schema,
+            table,
+            [_PK],
+            _RECORD,
+            None,
+            None,
+            None,
+            backfill=backfill,
+        )
         text = formatter(fmt, sink=sink, db=db)(row)
-        markers = {"record": _RECORD, "seq": str(_SEQ),
-                   "ikey": read_idempotency_key(backfill, [_PK])}  # fmt: skip
+        markers = {
+            "record": _RECORD,
+            "seq": str(_SEQ),
+            "ikey": read_idempotency_key(backfill, [_PK]),
+        }
         found = []
         for kind, marker in markers.items():
             n = text.count(marker)
@@ -81,9 +106,15 @@ class ReadTemplate:
 
 
 def read_batch(
-    template: ReadTemplate, rows: Any, *, schema: str, table: str, lsn: int, high_seq: int,
+    template: ReadTemplate,
+    rows: Any,
+    *,
+    schema: str,
+    table: str,
+    lsn: int,
+    high_seq: int,
     committed_us: int,
-) -> Any:  # fmt: skip
+) -> Any:
     """Staged rows (`pk`, `record`, `ord`) as a RecordBatch of `COLUMNS`: each at the high
     watermark's place (lsn; seq = the watermark's seq + 1 + the row's ordinal)."""
     import pyarrow as pa

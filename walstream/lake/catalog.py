@@ -75,10 +75,14 @@ def sqlalchemy_url(dsn: str, schema: str) -> str:
     }
     query["options"] = (query.get("options", "") + f" -csearch_path={schema}").strip()
     return URL.create(
-        "postgresql+psycopg", username=params.get("user"), password=params.get("password"),
-        host=params.get("host"), port=int(params["port"]) if "port" in params else None,
-        database=params.get("dbname"), query=query,
-    ).render_as_string(hide_password=False)  # fmt: skip
+        "postgresql+psycopg",
+        username=params.get("user"),
+        password=params.get("password"),
+        host=params.get("host"),
+        port=int(params["port"]) if "port" in params else None,
+        database=params.get("dbname"),
+        query=query,
+    ).render_as_string(hide_password=False)
 
 
 CATALOGS: Clients[Any] = Clients()

@@ -117,9 +117,12 @@ class DeltaSink(TableSink):
         table = self._open(lake.location)
         if table is None:
             table = dl.DeltaTable.create(
-                lake.location, schema, mode="ignore", storage_options=self.options or None,
+                lake.location,
+                schema,
+                mode="ignore",
+                storage_options=self.options or None,
                 partition_by=self.config.partition_by or None,
-            )  # fmt: skip
+            )
         done = table.transaction_version(app_id)
         if done is not None and done >= batch.batch_id:
             return Written(lake.path_for_messages(), 0, replayed=True)
@@ -129,9 +132,13 @@ class DeltaSink(TableSink):
         if self.config.mode == "changelog":
             rows = lake.changelog(batch)
             dl.write_deltalake(
-                table, rows, mode="append", schema_mode="merge", commit_properties=commit,
+                table,
+                rows,
+                mode="append",
+                schema_mode="merge",
+                commit_properties=commit,
                 storage_options=self.options or None,
-            )  # fmt: skip
+            )
             n = rows.num_rows
         elif self.config.mode == "mirror":
             n = self._mirror(table, lake, batch, commit)
@@ -154,8 +161,9 @@ class DeltaSink(TableSink):
         if done is not None and done >= batch.batch_id:
             return Written(lake.path_for_messages(), 0, replayed=True)
         targets = [f"{lake.location.rstrip('/')}/{name}" for _, name in batch.files]
-        now_at = [staged_or(path, target) for (path, _), target in
-                  zip(batch.files, targets, strict=True)]  # fmt: skip
+        now_at = [
+            staged_or(path, target) for (path, _), target in zip(batch.files, targets, strict=True)
+        ]
         metas = [pq.read_metadata(f) for f in now_at]
         wanted = lake.files_schema(batch, metas)
         existing = None if table is None else _arrow_schema(table)
@@ -168,8 +176,11 @@ class DeltaSink(TableSink):
                 return None  # a key the table has: the rows are merged
         else:
             table = dl.DeltaTable.create(
-                lake.location, wanted, mode="ignore", storage_options=self.options or None,
-            )  # fmt: skip
+                lake.location,
+                wanted,
+                mode="ignore",
+                storage_options=self.options or None,
+            )
         now = int(time.time() * 1000)
         actions = []
         for (path, name), target, meta in zip(batch.files, targets, metas, strict=True):
@@ -203,12 +214,17 @@ class DeltaSink(TableSink):
         )
         log.warning(
             "Delta table %s: widening %s (the table is rewritten once)",
-            table.table_uri, ", ".join(f"{n} to {t}" for n, t in widened.items()),
-        )  # fmt: skip
+            table.table_uri,
+            ", ".join(f"{n} to {t}" for n, t in widened.items()),
+        )
         _deltalake().write_deltalake(
-            table, data.cast(schema), mode="overwrite", schema_mode="overwrite",
-            partition_by=self.config.partition_by or None, storage_options=self.options or None,
-        )  # fmt: skip
+            table,
+            data.cast(schema),
+            mode="overwrite",
+            schema_mode="overwrite",
+            partition_by=self.config.partition_by or None,
+            storage_options=self.options or None,
+        )
         return self._open(table.table_uri)
 
     def _mirror(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
@@ -218,16 +234,22 @@ class DeltaSink(TableSink):
         key, columns = list(batch.shape.key), batch.shape.names
         rows = lake.filled(batch, lambda keys: key_filter_rows(_current(table), key, keys))
         plan = mirror_plan(
-            rows, key, columns, batch.complete,
+            rows,
+            key,
+            columns,
+            batch.complete,
             lambda keys: present_keys(lambda c, lo, hi: _key_range(table, key, c, lo, hi), keys),
-        )  # fmt: skip
+        )
         if plan.truncated or plan.appends_only:
             # after a truncate the table is what the batch left; new keys only: an append
             _deltalake().write_deltalake(
-                table, plan.upserts, mode="overwrite" if plan.truncated else "append",
-                schema_mode="merge", commit_properties=commit,
+                table,
+                plan.upserts,
+                mode="overwrite" if plan.truncated else "append",
+                schema_mode="merge",
+                commit_properties=commit,
                 storage_options=self.options or None,
-            )  # fmt: skip
+            )
             return int(plan.upserts.num_rows)
         source = lake.mirror_source(plan, key, columns)
         on = " AND ".join(f"t.{_sql_name(k)} = s.{_sql_name(k)}" for k in key)
@@ -237,13 +259,19 @@ class DeltaSink(TableSink):
                 source = source.append_column(f, pa.nulls(source.num_rows, f.type))
         cols = {_sql_name(c): f"s.{_sql_name(c)}" for c in source.schema.names if c != "_delete"}
         (
-            table.merge(source, on, source_alias="s", target_alias="t", merge_schema=True,
-                        commit_properties=commit)
+            table.merge(
+                source,
+                on,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=True,
+                commit_properties=commit,
+            )
             .when_matched_delete("s._delete")
             .when_matched_update(cols, "NOT s._delete")
             .when_not_matched_insert(cols, "NOT s._delete")
             .execute()
-        )  # fmt: skip
+        )
         return int(plan.upserts.num_rows)
 
     def _history(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
@@ -257,12 +285,18 @@ class DeltaSink(TableSink):
         )
         cols = {_sql_name(c): f"s.{_sql_name(c)}" for c in schema.names}
         (
-            table.merge(source, on, source_alias="s", target_alias="t", merge_schema=True,
-                        commit_properties=commit)
+            table.merge(
+                source,
+                on,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=True,
+                commit_properties=commit,
+            )
             .when_matched_update({"valid_to": "s.valid_from", "is_current": "false"})
             .when_not_matched_insert(cols, "NOT s._close")
             .execute()
-        )  # fmt: skip
+        )
         return int(plan.versions.num_rows)
 
     def optimize(self, schema: str, table: str) -> dict[str, Any]:
@@ -272,9 +306,10 @@ class DeltaSink(TableSink):
         opt = self.config.optimize
         compacted = t.optimize.compact(target_size=opt.target_file_size)
         removed = t.vacuum(
-            retention_hours=int(opt.retain // 3600), dry_run=False,
+            retention_hours=int(opt.retain // 3600),
+            dry_run=False,
             enforce_retention_duration=False,
-        )  # fmt: skip
+        )
         t.cleanup_metadata()
         return {
             "table": self.target(schema, table),
@@ -306,8 +341,12 @@ def _stats(meta: Any) -> str:
     min/max of integer and text columns (what data skipping on keys needs)."""
     import json
 
-    out: dict[str, Any] = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {},
-                           "nullCount": {}}  # fmt: skip
+    out: dict[str, Any] = {
+        "numRecords": meta.num_rows,
+        "minValues": {},
+        "maxValues": {},
+        "nullCount": {},
+    }
     schema = meta.schema
     for i in range(meta.num_columns):
         column = schema.column(i)

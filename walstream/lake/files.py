@@ -103,10 +103,15 @@ def _writer(shape: TableShape, stage: str) -> Callable[[Iterator[Any]], Iterator
         from pyarrow import fs as pafs
         from pyspark import TaskContext
 
-        schema = pa.schema([
-            ("path", pa.string()), ("rows", pa.int64()), ("newest_us", pa.int64()),
-            ("problem", pa.string()), ("fix", pa.string()),
-        ])  # fmt: skip
+        schema = pa.schema(
+            [
+                ("path", pa.string()),
+                ("rows", pa.int64()),
+                ("newest_us", pa.int64()),
+                ("problem", pa.string()),
+                ("fix", pa.string()),
+            ]
+        )
         got = [b for b in batches if b.num_rows]
         if not got:
             return
@@ -114,9 +119,9 @@ def _writer(shape: TableShape, stage: str) -> Callable[[Iterator[Any]], Iterator
             rows = changelog_rows(to_batch(pa.Table.from_batches(got), shape), shape.names)
         except SinkError as exc:
             yield pa.RecordBatch.from_pylist(
-                [{"path": "", "rows": 0, "newest_us": 0, "problem": exc.problem,
-                  "fix": exc.fix}], schema=schema,
-            )  # fmt: skip
+                [{"path": "", "rows": 0, "newest_us": 0, "problem": exc.problem, "fix": exc.fix}],
+                schema=schema,
+            )
             return
         ctx = TaskContext.get()
         part = ctx.partitionId() if ctx is not None else 0
@@ -126,8 +131,16 @@ def _writer(shape: TableShape, stage: str) -> Callable[[Iterator[Any]], Iterator
         newest = pc.max(rows["_committed_at"]).cast(pa.int64()).as_py() or 0
         uri = f"{stage.rstrip('/')}/part-{part:05d}.parquet"
         yield pa.RecordBatch.from_pylist(
-            [{"path": uri, "rows": rows.num_rows, "newest_us": newest, "problem": None,
-              "fix": None}], schema=schema,
-        )  # fmt: skip
+            [
+                {
+                    "path": uri,
+                    "rows": rows.num_rows,
+                    "newest_us": newest,
+                    "problem": None,
+                    "fix": None,
+                }
+            ],
+            schema=schema,
+        )
 
     return run

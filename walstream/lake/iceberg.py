@@ -156,9 +156,11 @@ class IcebergSink(TableSink):
         staged = [path for path, _ in batch.files]
         existing = None if table is None else table.schema().as_arrow()
         # a try that moved them under the table before a crash created the table first
-        now_at = staged if table is None else [
-            staged_or(path, _local(_data_file(table, name))) for path, name in batch.files
-        ]  # fmt: skip
+        now_at = (
+            staged
+            if table is None
+            else [staged_or(path, _local(_data_file(table, name))) for path, name in batch.files]
+        )
         metas = [pq.read_metadata(f) for f in now_at]
         wanted = lake.files_schema(batch, metas)
         if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
@@ -186,9 +188,12 @@ class IcebergSink(TableSink):
         key, schema = list(batch.shape.key), lake.schema(batch)
         rows = lake.filled(batch, lambda keys: self._rows(table, key, keys))
         plan = mirror_plan(
-            rows, key, batch.shape.names, batch.complete,
+            rows,
+            key,
+            batch.shape.names,
+            batch.complete,
             lambda keys: present_keys(lambda c, lo, hi: _key_range(table, key, c, lo, hi), keys),
-        )  # fmt: skip
+        )
         if plan.appends_only:
             touched = []
         elif plan.present is not None:  # looked up: the table has only these (and deletes)

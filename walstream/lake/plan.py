@@ -100,9 +100,12 @@ def fill_toast(
                 "lake: %d change(s) left an unchanged TOAST value out for rows neither the lake "
                 "table nor the source has any more (first: key %s, %s at %s:%s): left out, as "
                 "a later change deletes the row or moves it to a key the source has",
-                len(gone), key_of(gone[0], key), ", ".join(gone[0]["_toast"]), gone[0]["_lsn"],
+                len(gone),
+                key_of(gone[0], key),
+                ", ".join(gone[0]["_toast"]),
+                gone[0]["_lsn"],
                 gone[0]["_seq"],
-            )  # fmt: skip
+            )
             data = [r for r in data if not r["_toast"]]
     elif unknown:
         r = next(r for r in data if r["_toast"])
@@ -118,9 +121,11 @@ def fill_toast(
 
 
 def _fill(
-    data: list[dict[str, Any]], key: Sequence[str], target: dict[Key, dict[str, Any]],
+    data: list[dict[str, Any]],
+    key: Sequence[str],
+    target: dict[Key, dict[str, Any]],
     source: dict[Key, dict[str, Any]] | None,
-) -> list[Key]:  # fmt: skip
+) -> list[Key]:
     """Fill `data`'s unchanged TOAST values in place, in WAL order, from the previous version
     (in the batch, in `target`, in `source`); the keys (deduplicated, in order) of the rows
     left unknown, which keep their `_toast`."""
@@ -182,8 +187,14 @@ def split_moves(rows: Any, key: Sequence[str]) -> Any:
         if old is not None:
             before = dict(r["_before"])
             gone = {c: before.get(c) for c in r if c not in META}
-            gone.update(_op="delete", _lsn=r["_lsn"], _seq=r["_seq"],
-                        _committed_at=r["_committed_at"], _toast=None, _before=r["_before"])  # fmt: skip
+            gone.update(
+                _op="delete",
+                _lsn=r["_lsn"],
+                _seq=r["_seq"],
+                _committed_at=r["_committed_at"],
+                _toast=None,
+                _before=r["_before"],
+            )
             out.append(gone)
             moved += 1
         out.append(r)
@@ -205,9 +216,12 @@ class MirrorPlan:
 
 
 def mirror_plan(
-    rows: Any, key: Sequence[str], columns: Sequence[str], complete: bool = False,
+    rows: Any,
+    key: Sequence[str],
+    columns: Sequence[str],
+    complete: bool = False,
     present: Callable[[Any], Any] | None = None,
-) -> MirrorPlan:  # fmt: skip
+) -> MirrorPlan:
     """The newest version of each key after the last truncate.
 
     `complete`: the batch holds every change of the table (no filter, every action), so
@@ -236,8 +250,9 @@ def mirror_plan(
         found = present(ends.filter(read).select(list(key)))
         if found.num_rows == 0:
             return MirrorPlan(truncated, upserts, no_deletes, True, found)
-        return MirrorPlan(truncated, upserts, newest.filter(deleted).select(list(key)), False,
-                          found)  # fmt: skip
+        return MirrorPlan(
+            truncated, upserts, newest.filter(deleted).select(list(key)), False, found
+        )
     return MirrorPlan(truncated, upserts, newest.filter(deleted).select(list(key)))
 
 
@@ -277,9 +292,13 @@ def history_plan(rows: Any, key: Sequence[str], columns: Sequence[str], schema: 
         deleted = r["_op"] == "delete"
         v = {c: r.get(c) for c in columns}
         v.update(
-            _op=r["_op"], _lsn=r["_lsn"], _seq=r["_seq"], valid_from=at,
-            valid_to=at if deleted else None, is_current=not deleted,
-        )  # fmt: skip
+            _op=r["_op"],
+            _lsn=r["_lsn"],
+            _seq=r["_seq"],
+            valid_from=at,
+            valid_to=at if deleted else None,
+            is_current=not deleted,
+        )
         out.append(v)
         if deleted:
             open_.pop(k, None)

@@ -57,16 +57,28 @@ class LakeTable:
         if mode == "mirror":
             return pa.schema(cols)
         if mode == "history":
-            return pa.schema([
-                *cols, pa.field("_op", pa.string()), pa.field("_lsn", pa.int64()),
-                pa.field("_seq", pa.int32()), pa.field("valid_from", ts),
-                pa.field("valid_to", ts), pa.field("is_current", pa.bool_()),
-            ])  # fmt: skip
-        return pa.schema([
-            pa.field("_op", pa.string()), pa.field("_lsn", pa.int64()),
-            pa.field("_seq", pa.int32()), pa.field("_committed_at", ts), *cols,
-            rows.field("_toast"), rows.field("_before"),
-        ])  # fmt: skip
+            return pa.schema(
+                [
+                    *cols,
+                    pa.field("_op", pa.string()),
+                    pa.field("_lsn", pa.int64()),
+                    pa.field("_seq", pa.int32()),
+                    pa.field("valid_from", ts),
+                    pa.field("valid_to", ts),
+                    pa.field("is_current", pa.bool_()),
+                ]
+            )
+        return pa.schema(
+            [
+                pa.field("_op", pa.string()),
+                pa.field("_lsn", pa.int64()),
+                pa.field("_seq", pa.int32()),
+                pa.field("_committed_at", ts),
+                *cols,
+                rows.field("_toast"),
+                rows.field("_before"),
+            ]
+        )
 
     def check_schema(self, existing: Any, wanted: Any) -> dict[str, Any]:
         """The columns whose type widened at the source ({name: new Arrow type}); a type
@@ -152,9 +164,11 @@ def widens(old: Any, new: Any) -> bool:
     if (old, new) in ((pa.int32(), pa.int64()), (pa.float32(), pa.float64())):
         return True
     return (
-        pa.types.is_decimal(old) and pa.types.is_decimal(new)
-        and new.scale == old.scale and new.precision >= old.precision
-    )  # fmt: skip
+        pa.types.is_decimal(old)
+        and pa.types.is_decimal(new)
+        and new.scale == old.scale
+        and new.precision >= old.precision
+    )
 
 
 def _merged(old: Any, new: Any) -> Any | None:
@@ -261,8 +275,10 @@ def adoptable(files: Any, wanted: Any, existing: Any | None) -> bool:
     they are: each has the shape's columns now (`wanted`) in their types, and so has the
     table (`existing`, None when it does not exist yet)."""
     names = wanted.names
-    if any(s.names != names or not all(_same(a.type, b.type) for a, b in zip(s, wanted,
-           strict=True)) for s in files):  # fmt: skip
+    if any(
+        s.names != names or not all(_same(a.type, b.type) for a, b in zip(s, wanted, strict=True))
+        for s in files
+    ):
         return False
     if existing is None:
         return True

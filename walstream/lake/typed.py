@@ -99,15 +99,17 @@ def typed_rows(df: Any, shape: TableShape, only: bool = False, whole_before: boo
     parse = shape.ddl(as_text=_FALLIBLE)
     row, lost = _typed(F.from_json(F.col("record"), parse), shape, ("record", "json_nulls"))
     # `_before`'s json text is written only by a changelog: no second parse of `old` else
-    old, lost_old = _typed(F.from_json(F.col("old"), parse), shape,
-                           ("old", None) if whole_before else None)  # fmt: skip
+    old, lost_old = _typed(
+        F.from_json(F.col("old"), parse), shape, ("old", None) if whole_before else None
+    )
     if not whole_before:
         lost_old = [x for x, c in zip(lost_old, _fallible(shape), strict=True) if c in shape.key]
     lost += [F.when(x.isNotNull(), F.concat(F.lit("old "), x)) for x in lost_old]
     same = (F.col("schema") == shape.schema) & (F.col("table") == shape.table)
     if only:
-        lost.append(F.when(~same, F.concat(F.lit(OTHER_TABLE), F.col("schema"), F.lit("."),
-                                           F.col("table"))))  # fmt: skip
+        lost.append(
+            F.when(~same, F.concat(F.lit(OTHER_TABLE), F.col("schema"), F.lit("."), F.col("table")))
+        )
     checks = F.filter(F.array(*lost), lambda x: x.isNotNull()) if lost else F.array()
     return (df if only else df.where(same)).select(
         F.col("action").alias("_op"),
@@ -221,10 +223,11 @@ def place(reads: TypedReads, shape: TableShape, skip_before: int | None = None) 
     """The chunks of `reads` for the shape's table (None when none), with their windows'
     changed keys (one small Spark job)."""
     chunks = [
-        c for c in reads.chunks
+        c
+        for c in reads.chunks
         if (c.schema, c.table) == (shape.schema, shape.table)
         and (skip_before is None or c.lsn >= skip_before)
-    ]  # fmt: skip
+    ]
     if not chunks:
         return None
     truncated, changed = _window_keys(reads, shape, chunks, shape.arrow_schema())
@@ -248,19 +251,20 @@ def _window_keys(
     old, _ = _typed(F.from_json(F.col("old"), parse), key_shape)
     found = (
         reads.inside.where(
-            (F.col("schema") == shape.schema) & (F.col("table") == shape.table)
+            (F.col("schema") == shape.schema)
+            & (F.col("table") == shape.table)
             & F.col("backfill").isin(sorted({c.backfill for c in chunks}))
         )
         .select("backfill", "chunk", "action", new.alias("_new"), old.alias("_old"))
         .toArrow()
-    )  # fmt: skip
+    )
     if found.num_rows == 0:
         return set(), {}
     truncate = pc.equal(found["action"], "truncate")
     truncated = {
-        (r["backfill"], r["chunk"]) for r in found.filter(truncate).select(["backfill", "chunk"])
-        .to_pylist()
-    }  # fmt: skip
+        (r["backfill"], r["chunk"])
+        for r in found.filter(truncate).select(["backfill", "chunk"]).to_pylist()
+    }
     rest = found.filter(pc.invert(truncate))
     parts = []
     for side in ("_new", "_old"):

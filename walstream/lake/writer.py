@@ -112,16 +112,29 @@ class _Write:
 
     def batch(self, shape: Any, rows: Any) -> TableBatch:
         return TableBatch(
-            self.sink.name, self.query_id, self.batch_id, shape, rows, self.complete,
+            self.sink.name,
+            self.query_id,
+            self.batch_id,
+            shape,
+            rows,
+            self.complete,
             None if rows is None else functools.partial(_source_rows, self.dsn, shape),
-        )  # fmt: skip
+        )
 
 
 def write_tables(
-    df: Any, sink: SinkConfig, table_sink: TableSink, query_id: str, batch_id: int,
-    skip_before: int | None = None, reads: Any = None, publication: str | None = None,
-    empty: bool = False, stage: str | None = None, sources: LakeSources | None = None,
-) -> TablesWritten:  # fmt: skip
+    df: Any,
+    sink: SinkConfig,
+    table_sink: TableSink,
+    query_id: str,
+    batch_id: int,
+    skip_before: int | None = None,
+    reads: Any = None,
+    publication: str | None = None,
+    empty: bool = False,
+    stage: str | None = None,
+    sources: LakeSources | None = None,
+) -> TablesWritten:
     """Write the batch's changes (and backfill rows placed in it) to one lake sink.
 
     When the sink can take one table only (of `publication`), its rows are typed in one
@@ -143,12 +156,25 @@ def write_tables(
         rows = rows.unionByName(reads.rows.where(where).drop("backfill"))
     assert table_sink.config.source_dsn is not None, "the plan fills in source_dsn"
     w = _Write(
-        sink, table_sink, query_id, batch_id, skip_before, typed_reads, stage, sources,
+        sink,
+        table_sink,
+        query_id,
+        batch_id,
+        skip_before,
+        typed_reads,
+        stage,
+        sources,
         table_sink.config.source_dsn.get_secret_value(),
-        complete=(skip_before is None and sink.filter is None and not sink.event_types
-                  and set(sink.actions) >= {"insert", "update", "delete", "truncate"}),
-        no_rows=empty and (reads is None or typed_reads is not None), several=False, rows=rows,
-    )  # fmt: skip
+        complete=(
+            skip_before is None
+            and sink.filter is None
+            and not sink.event_types
+            and set(sink.actions) >= {"insert", "update", "delete", "truncate"}
+        ),
+        no_rows=empty and (reads is None or typed_reads is not None),
+        several=False,
+        rows=rows,
+    )
     t0 = time.monotonic()
     shapes = _shapes(w, publication)
     w.t_found = time.monotonic() - t0
@@ -165,24 +191,31 @@ def _shapes(w: _Write, publication: str | None) -> list[Any]:
     """The shapes of the tables this batch writes: the publication's one table (no job),
     else those the batch's rows and backfill reads have (a job; `w.rows` persisted)."""
     dest = w.table_sink.config
-    placed_tables = [] if w.typed_reads is None else list(
-        dict.fromkeys((c.schema, c.table) for c in w.typed_reads.chunks)
-    )  # fmt: skip
+    placed_tables = (
+        []
+        if w.typed_reads is None
+        else list(dict.fromkeys((c.schema, c.table) for c in w.typed_reads.chunks))
+    )
     candidates = (
-        on_source(w.dsn, lambda c: [t for t in publication_tables(c, publication)
-                                    if w.sink.wants_table(*t)])
+        on_source(
+            w.dsn,
+            lambda c: [t for t in publication_tables(c, publication) if w.sink.wants_table(*t)],
+        )
         if publication is not None and not w.no_rows
         else []
-    )  # fmt: skip
+    )
     w.several = len(candidates) != 1 and not w.no_rows
 
     def shapes_of(tables: list[tuple[str, str]]) -> list[Any]:
-        return on_source(w.dsn, lambda c: [
-            load_shape(c, schema, table, need_key=dest.mode != "changelog").select(
-                dest.columns.include, dest.columns.exclude
-            )
-            for schema, table in tables
-        ])  # fmt: skip
+        return on_source(
+            w.dsn,
+            lambda c: [
+                load_shape(c, schema, table, need_key=dest.mode != "changelog").select(
+                    dest.columns.include, dest.columns.exclude
+                )
+                for schema, table in tables
+            ],
+        )
 
     if w.no_rows:
         return shapes_of(placed_tables)
@@ -213,10 +246,11 @@ def _write_table(w: _Write, shape: Any) -> None:
         _staged(w, shape)
         return
     arrow = (
-        None if w.no_rows
+        None
+        if w.no_rows
         # one table published: its rows are the batch's, and another name stops it
         else typed_rows(w.rows, shape, not w.several, dest.mode == "changelog").toArrow()
-    )  # fmt: skip
+    )
     if arrow is not None and arrow.num_rows == 0:
         arrow = None
     if placed is not None and arrow is None and placed.whole and _adopted(w, shape, placed):
@@ -227,19 +261,29 @@ def _write_table(w: _Write, shape: Any) -> None:
 def _staged(w: _Write, shape: Any) -> None:
     """A changelog table's rows, written to files by the executors and committed as such."""
     done = _changelog_files(
-        w.rows, shape, w.table_sink, w.batch(shape, None),
-        f"{w.stage}/{w.batch_id}/{shape.schema}.{shape.table}", not w.several,
+        w.rows,
+        shape,
+        w.table_sink,
+        w.batch(shape, None),
+        f"{w.stage}/{w.batch_id}/{shape.schema}.{shape.table}",
+        not w.several,
         functools.partial(renamed, w.sources, w.sink.name, w.table_sink, shape),
-    )  # fmt: skip
+    )
     if done is None:
         return
     staged, wrote = done
     w.out.count(staged.rows, wrote, (shape.schema, shape.table), staged.newest_us)
     log.debug(
-        "batch %d: sink %s committed %d file(s) the executors wrote, %d rows of %s.%s, to "
-        "%s%s", w.batch_id, w.sink.name, len(staged.files), staged.rows, shape.schema,
-        shape.table, wrote.target, " (replayed: written before)" if wrote.replayed else "",
-    )  # fmt: skip
+        "batch %d: sink %s committed %d file(s) the executors wrote, %d rows of %s.%s, to %s%s",
+        w.batch_id,
+        w.sink.name,
+        len(staged.files),
+        staged.rows,
+        shape.schema,
+        shape.table,
+        wrote.target,
+        " (replayed: written before)" if wrote.replayed else "",
+    )
 
 
 def _adopted(w: _Write, shape: Any, placed: Any) -> bool:
@@ -252,9 +296,15 @@ def _adopted(w: _Write, shape: Any, placed: Any) -> bool:
     w.out.count(adopted.rows, adopted, (shape.schema, shape.table), placed.newest_us)
     log.debug(
         "batch %d: sink %s committed %d staged backfill file(s) of %s.%s, %d rows, to %s%s",
-        w.batch_id, w.sink.name, len(files.files), shape.schema, shape.table, adopted.rows,
-        adopted.target, " (replayed: written before)" if adopted.replayed else "",
-    )  # fmt: skip
+        w.batch_id,
+        w.sink.name,
+        len(files.files),
+        shape.schema,
+        shape.table,
+        adopted.rows,
+        adopted.target,
+        " (replayed: written before)" if adopted.replayed else "",
+    )
     return True
 
 
@@ -267,9 +317,13 @@ def _typed(w: _Write, shape: Any, arrow: Any, reads_part: Any, t1: float) -> Non
         return
     typed = None if arrow is None else to_batch(arrow, shape)
     if reads_part is not None:
-        typed = reads_part if typed is None else pa.concat_tables(
-            [typed, reads_part.cast(typed.schema)]
-        ).sort_by([("_lsn", "ascending"), ("_seq", "ascending")])  # fmt: skip
+        typed = (
+            reads_part
+            if typed is None
+            else pa.concat_tables([typed, reads_part.cast(typed.schema)]).sort_by(
+                [("_lsn", "ascending"), ("_seq", "ascending")]
+            )
+        )
     assert typed is not None
     batch = w.batch(shape, typed)
     renamed(w.sources, w.sink.name, w.table_sink, shape)
@@ -278,10 +332,18 @@ def _typed(w: _Write, shape: Any, arrow: Any, reads_part: Any, t1: float) -> Non
     w.out.add(typed, written, (shape.schema, shape.table))
     log.debug(
         "batch %d: sink %s wrote %d rows of %s.%s to %s%s (tables %.3fs, typed rows %.3fs, "
-        "commit %.3fs)", w.batch_id, w.sink.name, written.rows, shape.schema, shape.table,
-        written.target, " (replayed: written before)" if written.replayed else "",
-        w.t_found, t2 - t1, time.monotonic() - t2,
-    )  # fmt: skip
+        "commit %.3fs)",
+        w.batch_id,
+        w.sink.name,
+        written.rows,
+        shape.schema,
+        shape.table,
+        written.target,
+        " (replayed: written before)" if written.replayed else "",
+        w.t_found,
+        t2 - t1,
+        time.monotonic() - t2,
+    )
 
 
 def _source_rows(dsn: str, shape: Any, keys: list[tuple[Any, ...]]) -> dict[Any, Any]:
@@ -296,9 +358,14 @@ def _on_executors(dest: Any) -> bool:
 
 
 def _changelog_files(
-    rows: Any, shape: Any, table_sink: TableSink, batch: TableBatch, stage: str, only: bool,
+    rows: Any,
+    shape: Any,
+    table_sink: TableSink,
+    batch: TableBatch,
+    stage: str,
+    only: bool,
     check: Callable[[], None],
-) -> tuple[StagedFiles, Written] | None:  # fmt: skip
+) -> tuple[StagedFiles, Written] | None:
     """One changelog table's rows of the batch, written by the executors under `stage` and
     committed as they are; None when the batch has none. When the table's columns are not
     the files' (changed at the source), the rows are written by the driver instead."""
@@ -321,9 +388,9 @@ def _changelog_files(
 def renamed(sources: LakeSources | None, sink: str, table_sink: TableSink, shape: Any) -> None:
     """SinkError (the sink pauses) when the source table of `shape` is not the one `sink`
     wrote under its name, or was written under another (`LakeSources.changed`)."""
-    change = None if sources is None else sources.changed(
-        sink, shape.oid, shape.schema, shape.table
-    )  # fmt: skip
+    change = (
+        None if sources is None else sources.changed(sink, shape.oid, shape.schema, shape.table)
+    )
     if change is None:
         return
     name = f"{shape.schema}.{shape.table}"
@@ -394,6 +461,10 @@ class Upkeep:
                 log.warning("sink %s: optimizing %s.%s failed: %s", sink, schema, table, exc)
                 continue
             log.info(
-                "sink %s: optimized %s.%s in %.1fs: %s", sink, schema, table,
-                time.monotonic() - t0, result,
-            )  # fmt: skip
+                "sink %s: optimized %s.%s in %.1fs: %s",
+                sink,
+                schema,
+                table,
+                time.monotonic() - t0,
+                result,
+            )

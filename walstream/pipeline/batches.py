@@ -180,9 +180,12 @@ class Pipeline:
                     self.source.name, started, time.monotonic() - t0, self._newest_us
                 )
             log.debug(
-                "batch %d of source %s: %.3fs%s", batch_id, self.source.name,
-                time.monotonic() - t0, f" ({len(running)} backfill(s) running)" if running else "",
-            )  # fmt: skip
+                "batch %d of source %s: %.3fs%s",
+                batch_id,
+                self.source.name,
+                time.monotonic() - t0,
+                f" ({len(running)} backfill(s) running)" if running else "",
+            )
         finally:
             self.idle.set()
 
@@ -209,10 +212,14 @@ class Pipeline:
                 others = [s.name for s in self.sinks if s.name not in reasons]
                 log.warning(
                     "source %s: batch %d waits: %s%s",
-                    self.source.name, batch_id, "; ".join(reasons.values()),
+                    self.source.name,
+                    batch_id,
+                    "; ".join(reasons.values()),
                     f" (and with it sink{'s' if len(others) > 1 else ''} {', '.join(others)}: "
-                    "the sinks of a source share its slot)" if others else "",
-                )  # fmt: skip
+                    "the sinks of a source share its slot)"
+                    if others
+                    else "",
+                )
                 said = reasons
             if self.draining.wait(1.0):
                 raise Stopping(f"walstream is stopping; batch {batch_id} runs on the next start")
@@ -223,9 +230,13 @@ class Pipeline:
         waiting for a resume."""
         from walstream.postgres.slots import check_slot_at
 
-        check_slot_at(self.source.dsn.get_secret_value(), self.source.slot_name,
-                      self.source.name, None, dropped_while="while a batch waited for a paused "
-                      "sink")  # fmt: skip
+        check_slot_at(
+            self.source.dsn.get_secret_value(),
+            self.source.slot_name,
+            self.source.name,
+            None,
+            dropped_while="while a batch waited for a paused sink",
+        )
 
     def hold_reasons(self) -> dict[str, str]:
         paused, skips = self.parking.states()
@@ -246,9 +257,15 @@ class Pipeline:
         return out
 
     def _deliver(
-        self, df: Any, sink: SinkConfig, batch_id: int, query_id: str, reads: Any = None,
-        empty: bool = False, streamed: StreamedSinks | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        df: Any,
+        sink: SinkConfig,
+        batch_id: int,
+        query_id: str,
+        reads: Any = None,
+        empty: bool = False,
+        streamed: StreamedSinks | None = None,
+    ) -> None:
         """Deliver the batch to one sink; `reads`: backfill rows that join it there.
         `empty`: the batch is known to hold no changes. `streamed`: `df` carries the
         message sinks' columns (then `reads` is None)."""
@@ -270,11 +287,18 @@ class Pipeline:
         plan = replace(steps.plan, query_id=query_id, batch_id=batch_id)
         fresh = not caps.ledger or self.ledger.start_batch(sink.name, query_id, batch_id)
         unblocked = self.parked.get(sink.name, 0) == 0
-        routes = route(caps, Batch(
-            messages_made=steps.messages_made, tombstones=sink.tombstones,
-            transform=plan.transform_function is not None, fresh=fresh, unblocked=unblocked,
-            reads=reads is not None, plain=skip is None and sink.plain_messages(),
-        ))  # fmt: skip
+        routes = route(
+            caps,
+            Batch(
+                messages_made=steps.messages_made,
+                tombstones=sink.tombstones,
+                transform=plan.transform_function is not None,
+                fresh=fresh,
+                unblocked=unblocked,
+                reads=reads is not None,
+                plain=skip is None and sink.plain_messages(),
+            ),
+        )
         if streamed is not None:
             prepared = streamed.prepare(df, sink.name, skip)
         elif reads is not None:
@@ -301,8 +325,12 @@ class Pipeline:
         if direct is not None:
             first = plan.partitions - len(direct.chunks)
             stats += deliver_direct(df.sparkSession, direct, plan, first)
-            log.debug("batch %d: sink %s: %d backfill chunk(s) delivered from their staged "
-                      "files", batch_id, sink.name, len(direct.chunks))  # fmt: skip
+            log.debug(
+                "batch %d: sink %s: %d backfill chunk(s) delivered from their staged files",
+                batch_id,
+                sink.name,
+                len(direct.chunks),
+            )
         last = max(((s.last_lsn, s.last_seq) for s in stats if s.last_lsn >= 0), default=None)
         driver_sink.batch_delivered(sink.name, batch_id, last)
         self._delivered(sink.name, batch_id, stats, time.monotonic() - t0, t_plan)
@@ -326,9 +354,15 @@ class Pipeline:
         return job, None, plan
 
     def _place_reads(
-        self, prepared: Any, reads: Any, steps: SinkSteps, sink: SinkConfig, plan: DeliveryPlan,
-        reads_route: Route | None, spread: int,
-    ) -> tuple[Any, Direct | None, DeliveryPlan]:  # fmt: skip
+        self,
+        prepared: Any,
+        reads: Any,
+        steps: SinkSteps,
+        sink: SinkConfig,
+        plan: DeliveryPlan,
+        reads_route: Route | None,
+        spread: int,
+    ) -> tuple[Any, Direct | None, DeliveryPlan]:
         """The job delivering a batch's changes with its backfill read rows (None: none
         goes through Spark), the chunks delivered from their staged files, and the plan
         with the partition count: the Spark job's partitions, then one per direct chunk."""
@@ -353,19 +387,27 @@ class Pipeline:
         newest = max((s.max_committed_us for s in stats if s.delivered), default=0)
         with self.lock:
             self.progress.setdefault(sink, SinkProgress()).add_batch(
-                sum(s.delivered for s in stats), newest,
-                skipped=sum(s.skipped for s in stats), parked=sum(s.parked for s in stats),
-                dead=sum(s.dead for s in stats), discarded=sum(s.discarded for s in stats),
+                sum(s.delivered for s in stats),
+                newest,
+                skipped=sum(s.skipped for s in stats),
+                parked=sum(s.parked for s in stats),
+                dead=sum(s.dead for s in stats),
+                discarded=sum(s.discarded for s in stats),
                 latest_us=max((s.max_committed_us for s in stats), default=0),
-            )  # fmt: skip
+            )
         self._newest_us = max(self._newest_us, newest)
         if self.metrics is not None:
             self.metrics.delivered(sink, newest)
         log.debug(
             "batch %d: sink %s delivered %d, skipped %d, in %.3fs (planning %.3fs) over %d partitions",
-            batch_id, sink, sum(s.delivered for s in stats),
-            sum(s.skipped for s in stats), took, planning, len(stats),
-        )  # fmt: skip
+            batch_id,
+            sink,
+            sum(s.delivered for s in stats),
+            sum(s.skipped for s in stats),
+            took,
+            planning,
+            len(stats),
+        )
 
     def _steps(
         self, spark: Any, sink: SinkConfig, driver_sink: Any, skip: int | None, backfill: bool
@@ -404,18 +446,35 @@ class Pipeline:
         return steps
 
     def _write_tables(
-        self, df: Any, sink: SinkConfig, table_sink: TableSink, batch_id: int, query_id: str,
-        reads: Any, empty: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        df: Any,
+        sink: SinkConfig,
+        table_sink: TableSink,
+        batch_id: int,
+        query_id: str,
+        reads: Any,
+        empty: bool = False,
+    ) -> None:
         """A lake sink: each table's changes of the batch in one commit (lake/writer.py)."""
         t0 = time.monotonic()
         out = write_or_pause(
             lambda: write_tables(
-                df, sink, table_sink, query_id, batch_id, self.skips.get(sink.name), reads,
-                self.source.publication_name, empty, self.lake_stage, self.lake_sources,
+                df,
+                sink,
+                table_sink,
+                query_id,
+                batch_id,
+                self.skips.get(sink.name),
+                reads,
+                self.source.publication_name,
+                empty,
+                self.lake_stage,
+                self.lake_sources,
             ),
-            sink.name, self.parking, lambda: self._hold(batch_id),
-        )  # fmt: skip
+            sink.name,
+            self.parking,
+            lambda: self._hold(batch_id),
+        )
         self.upkeep.after_batch(sink.name, table_sink, out)
         with self.lock:
             p = self.progress.setdefault(sink.name, SinkProgress())
@@ -425,6 +484,11 @@ class Pipeline:
             self.metrics.delivered(sink.name, out.max_committed_us)
         log.debug(
             "batch %d: sink %s wrote %d changes as %d rows into %d tables (%d replayed) in %.3fs",
-            batch_id, sink.name, out.changes, out.rows, out.tables, out.replayed,
+            batch_id,
+            sink.name,
+            out.changes,
+            out.rows,
+            out.tables,
+            out.replayed,
             time.monotonic() - t0,
-        )  # fmt: skip
+        )

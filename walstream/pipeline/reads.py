@@ -56,9 +56,16 @@ def plan_direct(
         if not sink.wants_table(c.schema, c.table):
             continue
         template = ReadTemplate.of(
-            plan.format, sink=plan.sink, db=plan.db, source=source, schema=c.schema,
-            table=c.table, backfill=c.backfill, lsn=c.lsn, committed_us=c.committed_us,
-        )  # fmt: skip
+            plan.format,
+            sink=plan.sink,
+            db=plan.db,
+            source=source,
+            schema=c.schema,
+            table=c.table,
+            backfill=c.backfill,
+            lsn=c.lsn,
+            committed_us=c.committed_us,
+        )
         if template is None:
             return None
         chunks.append((c, template))
@@ -128,16 +135,22 @@ def _batches(direct: Direct, chunk: TypedChunk, template: ReadTemplate) -> Itera
             rows = pa.Table.from_batches([batch])
             drop = dropped(rows["pk"], changed)
             if len(tied):
-                with_batch = pc.is_in(group_keys(chunk.schema, chunk.table, rows["pk"]),
-                                      value_set=tied)  # fmt: skip
+                with_batch = pc.is_in(
+                    group_keys(chunk.schema, chunk.table, rows["pk"]), value_set=tied
+                )
                 drop = with_batch if drop is None else pc.or_(drop, with_batch)
             if drop is not None:
                 rows = rows.filter(pc.invert(drop))
             if rows.num_rows:
                 yield read_batch(
-                    template, rows, schema=chunk.schema, table=chunk.table, lsn=chunk.lsn,
-                    high_seq=chunk.seq, committed_us=chunk.committed_us,
-                )  # fmt: skip
+                    template,
+                    rows,
+                    schema=chunk.schema,
+                    table=chunk.table,
+                    lsn=chunk.lsn,
+                    high_seq=chunk.seq,
+                    committed_us=chunk.committed_us,
+                )
 
 
 def _no_rows(batches: Any) -> Any:

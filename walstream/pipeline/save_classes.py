@@ -36,9 +36,11 @@ def build_archive(force: bool = False) -> Path | None:
     t0 = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "walstream.pipeline.save_classes", "--job", str(partial)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "WALSTREAM_CLASS_ARCHIVE": "off"},  # it writes one, uses none
-    )  # fmt: skip
+    )
     if done.returncode != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
         log.warning(
@@ -68,22 +70,40 @@ def _job(target: Path) -> None:
     from walstream.formats.keys import sql_idempotency_key
     from walstream.source.datasource import register
 
-    cfg = parse_config({
-        "spark": {"master": "local[1]", "conf": {
-            "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={target} {QUIET}",
-        }},
-        "sources": [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:1/app"}],
-        "sinks": [{"name": "out", "source": "app",
-                   "destination": {"type": "file", "path": "/nonexistent"}}],
-    })  # fmt: skip
+    cfg = parse_config(
+        {
+            "spark": {
+                "master": "local[1]",
+                "conf": {
+                    "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={target} {QUIET}",
+                },
+            },
+            "sources": [{"name": "app", "dsn": "postgresql://walstream@127.0.0.1:1/app"}],
+            "sinks": [
+                {
+                    "name": "out",
+                    "source": "app",
+                    "destination": {"type": "file", "path": "/nonexistent"},
+                }
+            ],
+        }
+    )
     spark = build_spark(cfg)
     register(spark)
     rows = spark.range(0, 1000).selectExpr(
-        "'app' AS source", "id AS lsn", "CAST(id % 7 AS INT) AS seq", "id AS xid",
-        "timestamp_micros(id) AS committed_at", "'insert' AS action", "'public' AS schema",
-        "'t' AS table", "array(CAST(id AS STRING)) AS pk", "to_json(named_struct('id', id)) AS record",
-        "CAST(NULL AS STRING) AS old", "CAST(NULL AS STRING) AS annotations",
-    )  # fmt: skip
+        "'app' AS source",
+        "id AS lsn",
+        "CAST(id % 7 AS INT) AS seq",
+        "id AS xid",
+        "timestamp_micros(id) AS committed_at",
+        "'insert' AS action",
+        "'public' AS schema",
+        "'t' AS table",
+        "array(CAST(id AS STRING)) AS pk",
+        "to_json(named_struct('id', id)) AS record",
+        "CAST(NULL AS STRING) AS old",
+        "CAST(NULL AS STRING) AS annotations",
+    )
     for name in ("sequin", "debezium"):
         message = sql_format(name, sink="out", db="app", backfill=False)
         ikey = sql_idempotency_key(False)
@@ -141,10 +161,13 @@ def _stream(spark: Any) -> None:
 
     with tempfile.TemporaryDirectory() as ckpt:
         q = (
-            spark.readStream.format("walstream_ticks").load().writeStream
-            .foreachBatch(batch).option("checkpointLocation", ckpt)
-            .trigger(processingTime="0 seconds").start()
-        )  # fmt: skip
+            spark.readStream.format("walstream_ticks")
+            .load()
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", ckpt)
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
         deadline = time.monotonic() + 120
         while len(seen) < 3 and time.monotonic() < deadline and q.isActive:
             time.sleep(0.1)

@@ -54,19 +54,28 @@ class BatchPart:
 
     def apply(self, plan: DeliveryPlan, first_attempt: bool) -> DeliveryPlan:
         return replace(
-            plan, query_id=self.query_id, batch_id=self.batch_id, partitions=self.partitions,
+            plan,
+            query_id=self.query_id,
+            batch_id=self.batch_id,
+            partitions=self.partitions,
             route=Route(self.route),
-            fresh=self.fresh and first_attempt, unblocked=self.unblocked and first_attempt,
-        )  # fmt: skip
+            fresh=self.fresh and first_attempt,
+            unblocked=self.unblocked and first_attempt,
+        )
 
 
 class SinkSteps:
     """One sink's steps for batches with (`backfill`) or without backfill rows."""
 
     def __init__(
-        self, spark: Any, sink: SinkConfig, skip_before: int | None = None,
-        backfill: bool = False, db: str = "", plan: DeliveryPlan | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        spark: Any,
+        sink: SinkConfig,
+        skip_before: int | None = None,
+        backfill: bool = False,
+        db: str = "",
+        plan: DeliveryPlan | None = None,
+    ) -> None:
         from pyspark.sql import functions as F
 
         self.context = spark.sparkContext
@@ -77,11 +86,15 @@ class SinkSteps:
         names = p.names
         self._trim = None
         if p.sql_message:  # where SQL made the message, the row's JSON columns need not travel on
-            self._trim = column_seq(spark, [
-                F.expr(f"CASE WHEN _message IS NULL THEN `{c}` END AS `{c}`")
-                if c in TRIMMED else F.col(c)
-                for c in names
-            ])  # fmt: skip
+            self._trim = column_seq(
+                spark,
+                [
+                    F.expr(f"CASE WHEN _message IS NULL THEN `{c}` END AS `{c}`")
+                    if c in TRIMMED
+                    else F.col(c)
+                    for c in names
+                ],
+            )
         self.names = names
         #: Each message is made in SQL or Arrow (`_message`), not by a Python step.
         self.messages_made = "_message" in names or p.worker_format is not None

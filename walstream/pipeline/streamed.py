@@ -53,10 +53,13 @@ class Streamed:
         df = df.withColumns(computed)
         if self._sql_message:  # the row's JSON travels on only where SQL made no message
             message = F.col(self.prefix + "_message")
-            df = df.withColumns({
-                self.prefix + c: F.when(message.isNull(), F.col(c))
-                for c in TRIMMED if c in self._keep
-            })  # fmt: skip
+            df = df.withColumns(
+                {
+                    self.prefix + c: F.when(message.isNull(), F.col(c))
+                    for c in TRIMMED
+                    if c in self._keep
+                }
+            )
         return df
 
     def select_columns(self, spark: Any) -> Any:

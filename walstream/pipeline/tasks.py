@@ -62,10 +62,18 @@ def with_messages(plan: DeliveryPlan, batches: Iterable[Any]) -> Iterator[Any]:
 
 def _stats_schema(pa: Any) -> Any:
     return pa.schema(
-        [("partition", pa.int32()), ("delivered", pa.int64()), ("skipped", pa.int64()),
-         ("last_lsn", pa.int64()), ("last_seq", pa.int32()), ("max_committed_us", pa.int64()),
-         ("parked", pa.int64()), ("dead", pa.int64()), ("discarded", pa.int64())]
-    )  # fmt: skip
+        [
+            ("partition", pa.int32()),
+            ("delivered", pa.int64()),
+            ("skipped", pa.int64()),
+            ("last_lsn", pa.int64()),
+            ("last_seq", pa.int32()),
+            ("max_committed_us", pa.int64()),
+            ("parked", pa.int64()),
+            ("dead", pa.int64()),
+            ("discarded", pa.int64()),
+        ]
+    )
 
 
 _EXTRAS = ("_group", "_key", "_route", "_message", "_ikey")

@@ -129,8 +129,9 @@ def reachable_bin(bin_dir: Path, user: str | None) -> Path:
     if not (found / "initdb").exists():
         staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir="/var/tmp"))
         try:
-            shutil.copytree(install, staging / "install" / install.parent.name / install.name,
-                            symlinks=True)  # fmt: skip
+            shutil.copytree(
+                install, staging / "install" / install.parent.name / install.name, symlinks=True
+            )
             for libs in install.parent.parent.glob("*.libs"):
                 shutil.copytree(libs, staging / "install" / libs.name, symlinks=True)
             for root, dirs, files in os.walk(staging):  # readable whatever root's umask was
@@ -222,12 +223,14 @@ class EmbeddedPostgres:
         self._prepare_dirs()
         self._cmd(
             str(self.bin / "initdb"),
-            "-D", str(self.data),
-            "-U", self.superuser,
+            "-D",
+            str(self.data),
+            "-U",
+            self.superuser,
             "--auth=trust",
             "--encoding=UTF8",
             "--locale=C.UTF-8",
-        )  # fmt: skip
+        )
 
     @classmethod
     def standby_of(
@@ -235,15 +238,25 @@ class EmbeddedPostgres:
     ) -> EmbeddedPostgres:
         """A physical standby of the running `primary` (not started): its base backup,
         streaming from the primary through the physical slot `slot`, which is created."""
-        standby = cls(settings={**primary.settings, **(settings or {})}, bin_dir=primary.bin,
-                      superuser=primary.superuser)  # fmt: skip
+        standby = cls(
+            settings={**primary.settings, **(settings or {})},
+            bin_dir=primary.bin,
+            superuser=primary.superuser,
+        )
         standby._prepare_dirs()
         standby._cmd(
             str(standby.bin / "pg_basebackup"),
-            "-D", str(standby.data),
-            "-d", primary.dsn(),  # the dbname goes into primary_conninfo (slot sync needs it)
-            "-R", "-X", "stream", "-C", "-S", slot,
-        )  # fmt: skip
+            "-D",
+            str(standby.data),
+            "-d",
+            primary.dsn(),  # the dbname goes into primary_conninfo (slot sync needs it)
+            "-R",
+            "-X",
+            "stream",
+            "-C",
+            "-S",
+            slot,
+        )
         return standby
 
     def start(self) -> EmbeddedPostgres:
@@ -253,13 +266,18 @@ class EmbeddedPostgres:
         opts += [f"-p {self.port}", f"-c unix_socket_directories='{self.base / 'sock'}'"]
         proc = self._cmd(
             str(self.bin / "pg_ctl"),
-            "-D", str(self.data),
-            "-l", str(self.log_file),
-            "-o", " ".join(opts),
-            "-w", "-t", "60",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log_file),
+            "-o",
+            " ".join(opts),
+            "-w",
+            "-t",
+            "60",
             "start",
             check=False,
-        )  # fmt: skip
+        )
         if proc.returncode != 0:
             tail = self.log_tail()
             raise SetupError(

@@ -54,10 +54,15 @@ def generated_findings(
     source asks for them where they cannot be, or the publication disagrees."""
     version = conn.info.server_version
     if wanted and version < SINCE:
-        return [Finding("error", SETTING,
-                        f"PostgreSQL {version // 10000} cannot publish generated columns "
-                        "(18 can): they are never sent",
-                        f"set {SETTING}: false on the source, or upgrade to PostgreSQL 18")]  # fmt: skip
+        return [
+            Finding(
+                "error",
+                SETTING,
+                f"PostgreSQL {version // 10000} cannot publish generated columns "
+                "(18 can): they are never sent",
+                f"set {SETTING}: false on the source, or upgrade to PostgreSQL 18",
+            )
+        ]
     current = publishes(conn, publication) if publication else None
     effective = wanted if current is None else current
     out = []
@@ -70,17 +75,25 @@ def generated_findings(
         if effective:
             message = f"generated column(s) {cols}: sent ({SETTING})"
         elif version < SINCE:
-            message = (f"generated column(s) {cols}: not sent, PostgreSQL before 18 cannot "
-                       "publish them (messages and backfills leave them out)")  # fmt: skip
+            message = (
+                f"generated column(s) {cols}: not sent, PostgreSQL before 18 cannot "
+                "publish them (messages and backfills leave them out)"
+            )
         else:
-            message = (f"generated column(s) {cols}: not sent; {SETTING}: true on the source "
-                       "sends them")  # fmt: skip
+            message = (
+                f"generated column(s) {cols}: not sent; {SETTING}: true on the source sends them"
+            )
         out.append(Finding("ok", f"table {schema}.{table}", message))
     if publication and current is not None and version >= SINCE and current != wanted:
-        out.append(disagreement(
-            conn, publication, SETTING, "stored" if wanted else "none",
-            f"it {'sends' if current else 'does not send'} generated columns, but the source "
-            f"sets {SETTING}: {str(wanted).lower()}",
-            str(current).lower(),
-        ))  # fmt: skip
+        out.append(
+            disagreement(
+                conn,
+                publication,
+                SETTING,
+                "stored" if wanted else "none",
+                f"it {'sends' if current else 'does not send'} generated columns, but the source "
+                f"sets {SETTING}: {str(wanted).lower()}",
+                str(current).lower(),
+            )
+        )
     return out

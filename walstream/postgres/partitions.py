@@ -76,19 +76,28 @@ def partition_findings(
         name = f"{schema}.{table}"
         shown = ", ".join(leaves[:3]) + (f" and {len(leaves) - 3} more" if len(leaves) > 3 else "")
         if effective:
-            message = (f"partitioned ({len(leaves)} partitions): every partition's changes "
-                       f"arrive as {name}, and partitions added later are published with it")  # fmt: skip
+            message = (
+                f"partitioned ({len(leaves)} partitions): every partition's changes "
+                f"arrive as {name}, and partitions added later are published with it"
+            )
         else:
-            message = (f"partitioned ({len(leaves)} partitions): changes arrive under each "
-                       f"partition's name ({shown or 'none yet'}), not as {name}; "
-                       f"{SETTING}: true on the source sends them as {name}")  # fmt: skip
+            message = (
+                f"partitioned ({len(leaves)} partitions): changes arrive under each "
+                f"partition's name ({shown or 'none yet'}), not as {name}; "
+                f"{SETTING}: true on the source sends them as {name}"
+            )
         out.append(Finding("ok", f"table {name}", message))
     if publication and current is not None and current != wanted:
-        out.append(disagreement(
-            conn, publication, SETTING, str(wanted).lower(),
-            f"{SETTING} is {str(current).lower()} on the publication but "
-            f"{str(wanted).lower()} in the source's settings, and it publishes partitioned "
-            "tables: their changes would arrive under other names than the sinks expect",
-            str(current).lower(),
-        ))  # fmt: skip
+        out.append(
+            disagreement(
+                conn,
+                publication,
+                SETTING,
+                str(wanted).lower(),
+                f"{SETTING} is {str(current).lower()} on the publication but "
+                f"{str(wanted).lower()} in the source's settings, and it publishes partitioned "
+                "tables: their changes would arrive under other names than the sinks expect",
+                str(current).lower(),
+            )
+        )
     return out

@@ -18,10 +18,16 @@ log = logging.getLogger(__name__)
 
 
 def prepare_capture(
-    dsn: str, slot: str, publication: str, tables: Sequence[str], name: str,
-    standby: bool = False, resume_from: int | None = None, primary: str | None = None,
+    dsn: str,
+    slot: str,
+    publication: str,
+    tables: Sequence[str],
+    name: str,
+    standby: bool = False,
+    resume_from: int | None = None,
+    primary: str | None = None,
     options: PublicationOptions = NO_OPTIONS,
-) -> int:  # fmt: skip
+) -> int:
     """Fail with every setup error and its fix, or make slot and publication exist.
 
     Returns the slot's confirmed LSN. From the moment this returns, every change

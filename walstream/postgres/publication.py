@@ -30,8 +30,9 @@ class PublicationOptions:
         return sql.SQL(" WITH ({})").format(sql.SQL(", ").join(options))
 
 
-def disagreement(conn: Any, publication: str, setting: str, value: str, problem: str,
-                 keep: str) -> Any:  # fmt: skip
+def disagreement(
+    conn: Any, publication: str, setting: str, value: str, problem: str, keep: str
+) -> Any:
     """The error `check` reports when an existing publication's `setting` is not what the
     source asks: its fix sets the publication's to `value` (SQL), or the source's to `keep`."""
     from psycopg import sql
@@ -41,8 +42,12 @@ def disagreement(conn: Any, publication: str, setting: str, value: str, problem:
     stmt = sql.SQL("ALTER PUBLICATION {} SET ({} = {})").format(
         sql.Identifier(publication), sql.SQL(setting), sql.SQL(value)
     )
-    return Finding("error", f"publication {publication}", problem,
-                   f"{stmt.as_string(conn)}; or set {setting}: {keep} on the source")  # fmt: skip
+    return Finding(
+        "error",
+        f"publication {publication}",
+        problem,
+        f"{stmt.as_string(conn)}; or set {setting}: {keep} on the source",
+    )
 
 
 #: A source that asks nothing of its publication.

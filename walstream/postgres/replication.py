@@ -38,9 +38,11 @@ def safe_dsn(dsn: str) -> str:
 
 
 def ensure_publication(
-    conn: psycopg.Connection[Any], name: str, tables: Iterable[str] | None,
+    conn: psycopg.Connection[Any],
+    name: str,
+    tables: Iterable[str] | None,
     options: PublicationOptions = NO_OPTIONS,
-) -> bool:  # fmt: skip
+) -> bool:
     """Create the publication when missing (FOR TABLE ..., or FOR ALL TABLES) with `options`.
     True if created."""
     cur = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))

@@ -80,24 +80,38 @@ def _server(conn: psycopg.Connection[Any], streaming: bool = False) -> list[Find
         out.append(Finding("ok", "server version", f"PostgreSQL {human}; {features(version)}"))
     keep = fetch_rows(conn, "SHOW max_slot_wal_keep_size")[0][0]
     if keep == "-1":
-        out.append(Finding("ok", "max_slot_wal_keep_size",
-                           "-1: a slot that stops advancing keeps WAL until the disk is full",
-                           "to cap it, set max_slot_wal_keep_size: a slot past it is "
-                           "invalidated instead, and `walstream recover` restores the sinks"))  # fmt: skip
+        out.append(
+            Finding(
+                "ok",
+                "max_slot_wal_keep_size",
+                "-1: a slot that stops advancing keeps WAL until the disk is full",
+                "to cap it, set max_slot_wal_keep_size: a slot past it is "
+                "invalidated instead, and `walstream recover` restores the sinks",
+            )
+        )
     else:
-        out.append(Finding("ok", "max_slot_wal_keep_size",
-                           f"{keep}: a slot holding more WAL than that is invalidated "
-                           "(walstream warns in /health as it gets close)"))  # fmt: skip
+        out.append(
+            Finding(
+                "ok",
+                "max_slot_wal_keep_size",
+                f"{keep}: a slot holding more WAL than that is invalidated "
+                "(walstream warns in /health as it gets close)",
+            )
+        )
     work_mem = fetch_rows(conn, "SHOW logical_decoding_work_mem")[0][0]
     if streaming:
-        large = (f"{work_mem}: the server streams a transaction with more changes than that "
-                 "while it runs (streaming: true); walstream spools it on its own disk "
-                 "(spill_dir) and delivers it when it commits")  # fmt: skip
+        large = (
+            f"{work_mem}: the server streams a transaction with more changes than that "
+            "while it runs (streaming: true); walstream spools it on its own disk "
+            "(spill_dir) and delivers it when it commits"
+        )
     else:
-        large = (f"{work_mem}: the server decodes a transaction larger than that through its "
-                 "own disk (pg_replslot) and sends it when it commits; walstream takes it in "
-                 "batches, within the source's max_buffer_bytes (streaming: true moves that "
-                 "spill to walstream's disk)")  # fmt: skip
+        large = (
+            f"{work_mem}: the server decodes a transaction larger than that through its "
+            "own disk (pg_replslot) and sends it when it commits; walstream takes it in "
+            "batches, within the source's max_buffer_bytes (streaming: true moves that "
+            "spill to walstream's disk)"
+        )
     out.append(Finding("ok", "logical_decoding_work_mem", large))
     wal_level = fetch_rows(conn, "SHOW wal_level")[0][0]
     if wal_level != "logical":
@@ -194,10 +208,11 @@ def _publication(
     if not rows and named and not tables:  # the missing tables are the problem to fix first
         return [
             Finding(
-                "warning", subject,
+                "warning",
+                subject,
                 "does not exist yet; walstream run creates it for the tables once they exist",
             )
-        ], []  # fmt: skip
+        ], []
     if not rows:
         target = (
             sql.SQL("FOR TABLE {}").format(

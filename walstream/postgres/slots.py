@@ -75,13 +75,19 @@ def slot_info(conn: Any, name: str) -> SlotInfo | None:
         reason = "wal_removed"
     confirmed = s.get("confirmed_flush_lsn")
     return SlotInfo(
-        name=name, plugin=s.get("plugin"), slot_type=s.get("slot_type"),
+        name=name,
+        plugin=s.get("plugin"),
+        slot_type=s.get("slot_type"),
         database=s.get("database"),
-        active=bool(s.get("active")), confirmed=parse_lsn(confirmed) if confirmed else None,
-        wal_status=s.get("wal_status"), invalidation=reason,
-        safe_wal_size=s.get("safe_wal_size"), failover=s.get("failover"), synced=s.get("synced"),
+        active=bool(s.get("active")),
+        confirmed=parse_lsn(confirmed) if confirmed else None,
+        wal_status=s.get("wal_status"),
+        invalidation=reason,
+        safe_wal_size=s.get("safe_wal_size"),
+        failover=s.get("failover"),
+        synced=s.get("synced"),
         temporary=bool(s.get("temporary")),
-    )  # fmt: skip
+    )
 
 
 def recovery_fix(source: str) -> str:
@@ -216,8 +222,14 @@ def slot_findings(conn: Any, slot: str, info: SlotInfo | None) -> list[Finding]:
             )
         ]
     if info.lost:
-        return [Finding("error", f"slot {slot}", f"invalidated by PostgreSQL: {info.why}",
-                        recovery_fix("SOURCE"))]  # fmt: skip
+        return [
+            Finding(
+                "error",
+                f"slot {slot}",
+                f"invalidated by PostgreSQL: {info.why}",
+                recovery_fix("SOURCE"),
+            )
+        ]
     if info.active:
         return [
             retention(info),
@@ -241,13 +253,17 @@ def retention_warning(wal_status: str | None, safe: int | None, held: int | None
     bytes from its restart_lsn; `safe`: pg_replication_slots.safe_wal_size): past the cap
     already, or under WAL_LEFT_WARNING of it left. None: not close, or no cap."""
     if wal_status == "unreserved":
-        return ("the slot holds more WAL than max_slot_wal_keep_size: the next checkpoint "
-                "invalidates it unless walstream catches up")  # fmt: skip
+        return (
+            "the slot holds more WAL than max_slot_wal_keep_size: the next checkpoint "
+            "invalidates it unless walstream catches up"
+        )
     if safe is None or held is None or wal_status == "lost":
         return None
     if safe < (safe + held) * WAL_LEFT_WARNING:
-        return (f"the slot may hold back only {safe / (1 << 20):,.0f} MiB more WAL before "
-                "PostgreSQL invalidates it (max_slot_wal_keep_size)")  # fmt: skip
+        return (
+            f"the slot may hold back only {safe / (1 << 20):,.0f} MiB more WAL before "
+            "PostgreSQL invalidates it (max_slot_wal_keep_size)"
+        )
     return None
 
 
@@ -256,9 +272,16 @@ def retention(info: SlotInfo) -> Finding:
     subject = f"slot {info.name} WAL retention"
     warning = retention_warning(info.wal_status, info.safe_wal_size, None)
     if warning is not None:
-        return Finding("warning", subject, warning,
-                       "let walstream catch up (check its sinks), or raise max_slot_wal_keep_size")  # fmt: skip
+        return Finding(
+            "warning",
+            subject,
+            warning,
+            "let walstream catch up (check its sinks), or raise max_slot_wal_keep_size",
+        )
     if info.safe_wal_size is None:
         return Finding("ok", subject, f"{info.wal_status or 'reserved'}; no limit")
-    return Finding("ok", subject, f"{info.safe_wal_size / (1 << 20):,.0f} MiB more WAL before "
-                   "PostgreSQL invalidates it")  # fmt: skip
+    return Finding(
+        "ok",
+        subject,
+        f"{info.safe_wal_size / (1 << 20):,.0f} MiB more WAL before PostgreSQL invalidates it",
+    )

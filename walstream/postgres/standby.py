@@ -48,33 +48,58 @@ def standby_findings(conn: psycopg.Connection[Any], primary: str | None) -> list
     if not in_recovery(conn):
         return []
     if server_version(conn) < STANDBY_DECODING:
-        return [Finding("error", "standby",
-                        "the dsn is a standby; PostgreSQL before 16 cannot decode on a standby",
-                        "point dsn at the primary, or upgrade to PostgreSQL 16+")]  # fmt: skip
+        return [
+            Finding(
+                "error",
+                "standby",
+                "the dsn is a standby; PostgreSQL before 16 cannot decode on a standby",
+                "point dsn at the primary, or upgrade to PostgreSQL 16+",
+            )
+        ]
     out = []
     if primary is None:
-        out.append(Finding("error", "standby",
-                           "the dsn is a standby and the source has no primary_dsn: heartbeats, "
-                           "backfill watermarks and the publication have nowhere to go",
-                           "set primary_dsn to the primary's DSN"))  # fmt: skip
+        out.append(
+            Finding(
+                "error",
+                "standby",
+                "the dsn is a standby and the source has no primary_dsn: heartbeats, "
+                "backfill watermarks and the publication have nowhere to go",
+                "set primary_dsn to the primary's DSN",
+            )
+        )
     else:
-        out.append(Finding("ok", "standby",
-                           "the dsn is a standby: the slot and the changes are read there; "
-                           "heartbeats, watermarks and the publication go to primary_dsn"))  # fmt: skip
+        out.append(
+            Finding(
+                "ok",
+                "standby",
+                "the dsn is a standby: the slot and the changes are read there; "
+                "heartbeats, watermarks and the publication go to primary_dsn",
+            )
+        )
     feedback, slot = fetch_rows(
         conn, "SELECT current_setting('hot_standby_feedback'), current_setting('primary_slot_name')"
     )[0]
     if feedback != "on":
-        out.append(Finding("warning", "hot_standby_feedback",
-                           "off: the primary may vacuum away catalog rows the standby's slot "
-                           "still needs, and PostgreSQL then invalidates the slot (rows_removed)",
-                           "set hot_standby_feedback = on on the standby (a reload)"))  # fmt: skip
+        out.append(
+            Finding(
+                "warning",
+                "hot_standby_feedback",
+                "off: the primary may vacuum away catalog rows the standby's slot "
+                "still needs, and PostgreSQL then invalidates the slot (rows_removed)",
+                "set hot_standby_feedback = on on the standby (a reload)",
+            )
+        )
     if not slot:
-        out.append(Finding("warning", "primary_slot_name",
-                           "unset: without a physical slot on the primary, hot_standby_feedback "
-                           "is forgotten whenever the standby reconnects",
-                           "create a physical slot on the primary and set primary_slot_name "
-                           "to it on the standby"))  # fmt: skip
+        out.append(
+            Finding(
+                "warning",
+                "primary_slot_name",
+                "unset: without a physical slot on the primary, hot_standby_feedback "
+                "is forgotten whenever the standby reconnects",
+                "create a physical slot on the primary and set primary_slot_name "
+                "to it on the standby",
+            )
+        )
     return out
 
 
@@ -85,51 +110,90 @@ def failover_findings(
     surviving a failover (17+)."""
     if server_version(conn) < FAILOVER_SLOTS:
         return []
-    out = []
     if in_recovery(conn):
-        if info is not None and info.synced and info.temporary:
-            out.append(Finding("warning", "failover",
-                               f"slot {slot} is a copy of the primary's failover slot that is "
-                               "not ready yet (temporary): a promotion now drops it, and "
-                               "walstream then stops (lost slot)",
-                               "wait: it becomes ready once the primary's slot passes the "
-                               "standby's position (walstream's heartbeats move it)"))  # fmt: skip
-        elif info is not None and info.synced:
-            out.append(Finding("ok", "failover",
-                               f"slot {slot} is a copy of the primary's failover slot, ready "
-                               "for a promotion (a standby cannot stream from it before)"))  # fmt: skip
-        return out
+        return _copy_findings(slot, info)
+    out = []
     standbys = fetch_rows(
         conn, "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical'"
     )[0][0]
     if info is None:
-        out.append(Finding("ok", "failover",
-                           "walstream run creates the slot as a failover slot: standbys with "
-                           "sync_replication_slots = on keep a copy for a promotion"))  # fmt: skip
+        out.append(
+            Finding(
+                "ok",
+                "failover",
+                "walstream run creates the slot as a failover slot: standbys with "
+                "sync_replication_slots = on keep a copy for a promotion",
+            )
+        )
     elif info.failover:
-        out.append(Finding("ok", "failover",
-                           f"slot {slot} is a failover slot: standbys with "
-                           "sync_replication_slots = on keep a copy for a promotion"))  # fmt: skip
+        out.append(
+            Finding(
+                "ok",
+                "failover",
+                f"slot {slot} is a failover slot: standbys with "
+                "sync_replication_slots = on keep a copy for a promotion",
+            )
+        )
     else:  # a warning where standbys stream from physical slots: they could have a copy
-        out.append(Finding("warning" if standbys else "ok", "failover",
-                           f"slot {slot} is not a failover slot: a standby promoted in a "
-                           "failover will not have it, and walstream then stops (lost slot)",
-                           f"ALTER_REPLICATION_SLOT {slot} (FAILOVER true) over a replication "
-                           "connection (psql \"dbname=... replication=database\"), while "
-                           "walstream is stopped"))  # fmt: skip
+        out.append(
+            Finding(
+                "warning" if standbys else "ok",
+                "failover",
+                f"slot {slot} is not a failover slot: a standby promoted in a "
+                "failover will not have it, and walstream then stops (lost slot)",
+                f"ALTER_REPLICATION_SLOT {slot} (FAILOVER true) over a replication "
+                'connection (psql "dbname=... replication=database"), while '
+                "walstream is stopped",
+            )
+        )
     waits_for = fetch_rows(conn, "SELECT current_setting('synchronized_standby_slots')")[0][0]
     if standbys and not waits_for:
-        out.append(Finding("warning", "synchronized_standby_slots",
-                           "unset while standbys stream from physical slots: walstream may "
-                           "receive (and deliver) changes a standby does not have yet, and a "
-                           "failover to that standby loses them in the database but not in "
-                           "the sinks",
-                           "set synchronized_standby_slots to the standbys' physical slots "
-                           "(a reload)"))  # fmt: skip
+        out.append(
+            Finding(
+                "warning",
+                "synchronized_standby_slots",
+                "unset while standbys stream from physical slots: walstream may "
+                "receive (and deliver) changes a standby does not have yet, and a "
+                "failover to that standby loses them in the database but not in "
+                "the sinks",
+                "set synchronized_standby_slots to the standbys' physical slots (a reload)",
+            )
+        )
     elif waits_for:
-        out.append(Finding("ok", "synchronized_standby_slots",
-                           f"{waits_for}: walstream receives a change only once those standbys "
-                           "have it"))  # fmt: skip
+        out.append(
+            Finding(
+                "ok",
+                "synchronized_standby_slots",
+                f"{waits_for}: walstream receives a change only once those standbys have it",
+            )
+        )
+    return out
+
+
+def _copy_findings(slot: str | None, info: SlotInfo | None) -> list[Finding]:
+    """On a standby: whether its copy of the primary's failover slot is ready."""
+    out = []
+    if info is not None and info.synced and info.temporary:
+        out.append(
+            Finding(
+                "warning",
+                "failover",
+                f"slot {slot} is a copy of the primary's failover slot that is "
+                "not ready yet (temporary): a promotion now drops it, and "
+                "walstream then stops (lost slot)",
+                "wait: it becomes ready once the primary's slot passes the "
+                "standby's position (walstream's heartbeats move it)",
+            )
+        )
+    elif info is not None and info.synced:
+        out.append(
+            Finding(
+                "ok",
+                "failover",
+                f"slot {slot} is a copy of the primary's failover slot, ready "
+                "for a promotion (a standby cannot stream from it before)",
+            )
+        )
     return out
 
 

@@ -139,12 +139,15 @@ def finish_batch(sq: SourceQuery, deadline: float, abandon: threading.Event) -> 
     `deadline` (monotonic) or until `abandon` is set; then the query may be stopped."""
     if sq.query is None or (sq.pipeline.idle.is_set() and batch_committed(sq)):
         return
-    log.info("source %s: finishing the batch in flight (Ctrl-C again to abandon it)",
-             sq.source.name)  # fmt: skip
+    log.info(
+        "source %s: finishing the batch in flight (Ctrl-C again to abandon it)", sq.source.name
+    )
     while not (sq.pipeline.idle.is_set() and batch_committed(sq)):
         if abandon.wait(0.1) or time.monotonic() > deadline:
-            log.warning("source %s: abandoning the batch in flight; the next start replays it",
-                        sq.source.name)  # fmt: skip
+            log.warning(
+                "source %s: abandoning the batch in flight; the next start replays it",
+                sq.source.name,
+            )
             return
 
 

@@ -47,11 +47,17 @@ def retention_tasks(
 ) -> list[Periodic]:
     """The tasks (not started): the slots every minute, events every 10 minutes, a stream
     every quarter of its retention (1 s to 30 s)."""
-    tasks = [Periodic(
-        "walstream-slot-retention", functools.partial(_watch_slots, config, leads),
-        SLOT_WATCH_SECONDS, first=0.0, level=logging.WARNING,
-        what="cannot look at the slots' WAL retention", logger=log,
-    )]  # fmt: skip
+    tasks = [
+        Periodic(
+            "walstream-slot-retention",
+            functools.partial(_watch_slots, config, leads),
+            SLOT_WATCH_SECONDS,
+            first=0.0,
+            level=logging.WARNING,
+            what="cannot look at the slots' WAL retention",
+            logger=log,
+        )
+    ]
     ev = config.events
     if ev is not None and outbox is not None:
 
@@ -61,19 +67,31 @@ def retention_tasks(
                 if n:
                     log.info("events: deleted %d event(s) older than the retention", n)
 
-        tasks.append(Periodic(
-            "walstream-events-retention", expire_events, 600.0, first=0.0,
-            level=logging.WARNING, what="events: cannot delete expired events", logger=log,
-        ))  # fmt: skip
+        tasks.append(
+            Periodic(
+                "walstream-events-retention",
+                expire_events,
+                600.0,
+                first=0.0,
+                level=logging.WARNING,
+                what="events: cannot delete expired events",
+                logger=log,
+            )
+        )
     if streams is not None:
         for name, sinks in config.streams().items():
             retention = sinks[0].destination.retention  # type: ignore[attr-defined]
-            tasks.append(Periodic(
-                f"walstream-stream-retention-{name}",
-                functools.partial(_expire_stream, streams, name, sinks, leads, metrics),
-                min(30.0, max(1.0, retention / 4)), first=0.0, level=logging.WARNING,
-                what=f"stream {name}: cannot delete expired messages", logger=log,
-            ))  # fmt: skip
+            tasks.append(
+                Periodic(
+                    f"walstream-stream-retention-{name}",
+                    functools.partial(_expire_stream, streams, name, sinks, leads, metrics),
+                    min(30.0, max(1.0, retention / 4)),
+                    first=0.0,
+                    level=logging.WARNING,
+                    what=f"stream {name}: cannot delete expired messages",
+                    logger=log,
+                )
+            )
     return tasks
 
 

@@ -60,9 +60,12 @@ class Runtime:
     """Runs the pipelines of a config until `stop()`; see the module docstring."""
 
     def __init__(
-        self, config: Plan, spark: Any | None = None, until_caught_up: bool = False,
+        self,
+        config: Plan,
+        spark: Any | None = None,
+        until_caught_up: bool = False,
         say: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.config = config
         #: Tells what start() is doing and waiting for (`walstream run` prints it).
         self.say = say or (lambda text: log.info("%s", text))
@@ -110,14 +113,21 @@ class Runtime:
             # first: its Hadoop file system reads where those checkpoints resume
             self.spark = start_spark(cfg, self.say, quiet=not log.isEnabledFor(logging.DEBUG))
         for source in cfg.sources:
-            self.say(f"source {source.name}: checking its slot {source.slot_name} and "
-                     f"publication {source.publication_name}")  # fmt: skip
+            self.say(
+                f"source {source.name}: checking its slot {source.slot_name} and "
+                f"publication {source.publication_name}"
+            )
             prepare_capture(
-                source.dsn.get_secret_value(), source.slot_name, source.publication_name,
-                source.tables, source.name, standby=not locks[source.name].held,
+                source.dsn.get_secret_value(),
+                source.slot_name,
+                source.publication_name,
+                source.tables,
+                source.name,
+                standby=not locks[source.name].held,
                 resume_from=committed_lsn(self.checkpoint(source), self.spark),
-                primary=source.primary, options=source.publication_options,
-            )  # fmt: skip
+                primary=source.primary,
+                options=source.publication_options,
+            )
         if is_remote(cfg.spark.checkpoint_dir):
             check_staging(cfg.spark.checkpoint_dir)  # else every batch would fail on it
         preflight(cfg)  # each sink type's checks (mirrors: no feedback loop, no mixed tables)
@@ -155,9 +165,12 @@ class Runtime:
         return self
 
     def _start_queries(
-        self, ledger: Ledger, parking: ParkingLot, backfills: BackfillStore,
+        self,
+        ledger: Ledger,
+        parking: ParkingLot,
+        backfills: BackfillStore,
         locks: dict[str, Leadership],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Each source's pipeline, and its query where this process leads the source."""
         cfg = self.config
         assert self.spark is not None
@@ -165,30 +178,40 @@ class Runtime:
         for source in cfg.sources:
             sq = SourceQuery(source, None)  # type: ignore[arg-type]
             sq.pipeline = Pipeline(
-                source, cfg.sinks_of(source.name), ledger, parking,
-                database_name(source.dsn.get_secret_value()), parallelism,
+                source,
+                cfg.sinks_of(source.name),
+                ledger,
+                parking,
+                database_name(source.dsn.get_secret_value()),
+                parallelism,
                 query_id=functools.partial(self._wait_query_id, sq),
                 backfills=BackfillMerge(
-                    backfills, source.name, Staging(cfg.spark.checkpoint_dir, source.name),
+                    backfills,
+                    source.name,
+                    Staging(cfg.spark.checkpoint_dir, source.name),
                     typed={s.name for s in cfg.sinks_of(source.name) if reads_typed(s)},
                 ),
                 metrics=self.metrics,
                 lake_stage=f"{cfg.spark.checkpoint_dir.rstrip('/')}/_lake/{source.name}",
-            )  # fmt: skip
+            )
             self.queries.append(sq)
             sq.lock = locks[source.name]
             if sq.lock.held:
                 start_query(
                     self.spark, self.config, sq, self.checkpoint(sq.source), self.until_caught_up
                 )
-                self.say(f"source {source.name}: streaming from slot {source.slot_name}; "
-                         "the first batch waits for its first changes")  # fmt: skip
+                self.say(
+                    f"source {source.name}: streaming from slot {source.slot_name}; "
+                    "the first batch waits for its first changes"
+                )
             else:
                 sq.leader = False
                 log.warning(
                     "source %s: another walstream leads it (it holds the lock on %s); standing "
-                    "by to take over", source.name, sq.lock.name,
-                )  # fmt: skip
+                    "by to take over",
+                    source.name,
+                    sq.lock.name,
+                )
 
     def _scrub(self, text: str) -> str:
         """`text` without any secret of the config (errors are shown by the API)."""
@@ -208,8 +231,9 @@ class Runtime:
             sq.leader = False
             log.error(
                 "source %s: lost the leader lock; stopping its query so that two walstreams "
-                "never lead it at once (standing by to take over again)", sq.source.name,
-            )  # fmt: skip
+                "never lead it at once (standing by to take over again)",
+                sq.source.name,
+            )
             q, sq.query = sq.query, None
             if q is not None:
                 stop_query(sq.source.name, q)
@@ -232,8 +256,10 @@ class Runtime:
                 for b in request_backfill(self.config, store, sink.name):
                     log.warning(
                         "sink %s is new: backfill %d of %s (backfill: on_create)",
-                        sink.name, b.id, b.qualified,
-                    )  # fmt: skip
+                        sink.name,
+                        b.id,
+                        b.qualified,
+                    )
 
     def _retried(self, sink: str, n: int) -> None:
         for sq in self.queries:
@@ -289,13 +315,21 @@ class Runtime:
                 log.error(
                     "source %s: %s; restarting in %.0fs (attempt %d). Nothing is lost: the "
                     "batch is replayed from the checkpoint.",
-                    sq.source.name, sq.last_error, delay, sq.failures,
-                )  # fmt: skip
+                    sq.source.name,
+                    sq.last_error,
+                    delay,
+                    sq.failures,
+                )
                 log.debug("source %s: the full failure:\n%s", sq.source.name, exc)
             elif now >= sq.restart_at and not self.stopping.is_set() and not sq.caught_up:
                 try:
-                    start_query(self.spark, self.config, sq, self.checkpoint(sq.source),
-                                self.until_caught_up)  # fmt: skip
+                    start_query(
+                        self.spark,
+                        self.config,
+                        sq,
+                        self.checkpoint(sq.source),
+                        self.until_caught_up,
+                    )
                     self.planning = True
                 except Exception as exc:  # the source fails at start: try again later
                     sq.failures += 1
@@ -313,15 +347,24 @@ class Runtime:
         out = []
         for sq in self.queries:
             q = sq.query
-            out.append(SourceStatus(
-                name=sq.source.name, slot=sq.source.slot_name,
-                dsn=sq.source.dsn.get_secret_value(), leader=sq.leader,
-                streaming=q is not None and bool(q.isActive), failures=sq.failures,
-                restarts=sq.restarts, last_error=sq.last_error,
-                last_error_kind=sq.last_error_kind, failed=q is None,
-                ingested=sq.ingested, batches=sq.batches, last_batch_at=sq.last_batch_at,
-                holding=dict(sq.pipeline.holding),
-            ))  # fmt: skip
+            out.append(
+                SourceStatus(
+                    name=sq.source.name,
+                    slot=sq.source.slot_name,
+                    dsn=sq.source.dsn.get_secret_value(),
+                    leader=sq.leader,
+                    streaming=q is not None and bool(q.isActive),
+                    failures=sq.failures,
+                    restarts=sq.restarts,
+                    last_error=sq.last_error,
+                    last_error_kind=sq.last_error_kind,
+                    failed=q is None,
+                    ingested=sq.ingested,
+                    batches=sq.batches,
+                    last_batch_at=sq.last_batch_at,
+                    holding=dict(sq.pipeline.holding),
+                )
+            )
         return out
 
     def progress(self) -> dict[str, SinkProgress]:
@@ -341,9 +384,12 @@ class Runtime:
         self._rate_base = (now, counts)
 
     def supervise(
-        self, until: float | None = None, on_tick: Any = None, tick: float = 1.0,
+        self,
+        until: float | None = None,
+        on_tick: Any = None,
+        tick: float = 1.0,
         stop: threading.Event | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Restart failed queries and update rates until `stopping`, `stop` or `until`."""
         while not self.stopping.is_set() and not (stop is not None and stop.is_set()):
             if until is not None and time.monotonic() >= until:

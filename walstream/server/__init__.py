@@ -30,9 +30,13 @@ class Server:
         cfg = control.config.server
         self.app = create_app(control, monitor, metrics)
         self.config = uvicorn.Config(
-            self.app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
+            self.app,
+            host=cfg.host,
+            port=cfg.port,
+            log_level="warning",
+            access_log=False,
             lifespan="off",
-        )  # fmt: skip
+        )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, name="walstream-http", daemon=True)
         self.port = cfg.port

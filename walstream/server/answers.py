@@ -39,12 +39,19 @@ def parked_json(p: Parked, secrets: Iterable[str], full: bool = False) -> dict[s
     errors = scrub_json(p.errors, secrets)
     last = errors[-1]["error"] if errors else None
     out: dict[str, Any] = {
-        "id": p.id, "sink": p.sink, "status": p.status, "group": p.group,
-        "lsn": p.lsn, "seq": p.seq, "table": p.message.table, "action": p.message.action,
-        "attempts": p.attempts, "last_error": last,
+        "id": p.id,
+        "sink": p.sink,
+        "status": p.status,
+        "group": p.group,
+        "lsn": p.lsn,
+        "seq": p.seq,
+        "table": p.message.table,
+        "action": p.message.action,
+        "attempts": p.attempts,
+        "last_error": last,
         "next_attempt_at": p.next_attempt_at.isoformat() if p.next_attempt_at else None,
         "created_at": p.created_at.isoformat(),
-    }  # fmt: skip
+    }
     if full:
         value, key = p.message.value, p.message.key
         route = p.message.route
@@ -62,13 +69,20 @@ def parked_json(p: Parked, secrets: Iterable[str], full: bool = False) -> dict[s
 
 def backfill_json(b: Any, secrets: Iterable[str]) -> dict[str, Any]:
     return {
-        "id": b.id, "sink": b.sink, "source": b.source, "table": b.qualified, "where": b.where,
-        "status": b.status, "error": scrub(b.error, secrets) if b.error else None,
+        "id": b.id,
+        "sink": b.sink,
+        "source": b.source,
+        "table": b.qualified,
+        "where": b.where,
+        "status": b.status,
+        "error": scrub(b.error, secrets) if b.error else None,
         "rows_read": b.rows_read,
-        "rows_estimated": b.rows_estimated, "chunks": b.chunks,
-        "chunks_delivered": b.chunks_emitted, "chunk_size": b.chunk_size,
+        "rows_estimated": b.rows_estimated,
+        "chunks": b.chunks,
+        "chunks_delivered": b.chunks_emitted,
+        "chunk_size": b.chunk_size,
         "rate_per_second": round(b.rate, 1) if b.rate is not None else None,
         "eta_seconds": round(b.eta, 1) if b.eta is not None else None,
         "created_at": b.created_at.isoformat(),
         "finished_at": b.finished_at.isoformat() if b.finished_at else None,
-    }  # fmt: skip
+    }

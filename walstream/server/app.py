@@ -69,8 +69,11 @@ def create_app(control: Control, monitor: Monitor, metrics: Metrics) -> FastAPI:
         detail = {"problem": exc.problem, "fix": exc.fix} if exc.fix else {"problem": exc.problem}
         return JSONResponse({"detail": detail}, status_code=exc.status)
 
-    @app.get("/health", tags=["health"],
-             summary="Status of every source and sink, and why (errors by kind only)")  # fmt: skip
+    @app.get(
+        "/health",
+        tags=["health"],
+        summary="Status of every source and sink, and why (errors by kind only)",
+    )
     def health() -> JSONResponse:
         snap = monitor.snapshot()
         code = 503 if snap.status == "error" else 200

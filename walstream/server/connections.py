@@ -45,15 +45,21 @@ class Connections:
 
     def _count(self, stream: str, client: str) -> None:
         if self.streams.get(stream, 0) >= self.per_stream:
-            raise _busy(problem(
-                429, f"stream {stream} has {self.per_stream} open reads already",
-                "try again later (server.max_stream_connections sets the limit)",
-            ))  # fmt: skip
+            raise _busy(
+                problem(
+                    429,
+                    f"stream {stream} has {self.per_stream} open reads already",
+                    "try again later (server.max_stream_connections sets the limit)",
+                )
+            )
         if self.clients.get(client, 0) >= self.per_client:
-            raise _busy(problem(
-                429, f"this client has {self.per_client} open reads already",
-                "close one, or try again later (server.max_client_connections sets the limit)",
-            ))  # fmt: skip
+            raise _busy(
+                problem(
+                    429,
+                    f"this client has {self.per_client} open reads already",
+                    "close one, or try again later (server.max_client_connections sets the limit)",
+                )
+            )
         self.streams[stream] = self.streams.get(stream, 0) + 1
         self.clients[client] = self.clients.get(client, 0) + 1
 

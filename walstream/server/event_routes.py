@@ -20,9 +20,12 @@ class EventIn(BaseModel):
     event_type: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
     payload: dict[str, Any] = Field(description="A JSON object.")
     ordering_key: str | None = Field(
-        None, min_length=1, max_length=500, pattern=NO_NUL,
+        None,
+        min_length=1,
+        max_length=500,
+        pattern=NO_NUL,
         description="Events with the same key are delivered in order.",
-    )  # fmt: skip
+    )
 
 
 def _has_nul(value: Any) -> bool:
@@ -51,11 +54,18 @@ def event_routes(control: Control) -> APIRouter:
         check_bearer(request, token, "producer token")
 
     @api.post(
-        "/v1/events", tags=["events"], status_code=202, dependencies=[Depends(producer)],
+        "/v1/events",
+        tags=["events"],
+        status_code=202,
+        dependencies=[Depends(producer)],
         summary="Ingest an event: stored in the outbox, delivered to the subscriptions of its type",
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-            "schema": EventIn.model_json_schema()}}}},
-    )  # fmt: skip
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": EventIn.model_json_schema()}},
+            }
+        },
+    )
     async def ingest(
         request: Request,
         idempotency_key: Annotated[

@@ -47,9 +47,11 @@ class Guard:
         host = headers.get(b"host", b"").decode("latin-1")
         if self.hosts is not None and host_name(host) not in self.hosts:
             await _refuse(
-                send, 400, f"the Host header {host[:100]!r} is not one this server answers to",
+                send,
+                400,
+                f"the Host header {host[:100]!r} is not one this server answers to",
                 "call it by an allowed name, or add the name to server.allowed_hosts",
-            )  # fmt: skip
+            )
             return
         declared = headers.get(b"content-length")
         if declared is not None:
@@ -96,9 +98,15 @@ class Guard:
 async def _refuse(send: Send, status: int, problem: str, fix: str | None) -> None:
     detail = {"problem": problem, "fix": fix} if fix else {"problem": problem}
     body = json.dumps({"detail": detail}).encode()
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()), (b"connection", b"close")],
-    })  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -59,24 +59,37 @@ def sink_routes(access: Access, monitor: Monitor) -> APIRouter:
     """`/api/sources` and `/api/sinks`: status with whole error texts; pause and resume."""
     api = APIRouter()
 
-    @api.get("/api/sources", tags=["sources"], dependencies=[access.read],
-             summary="Sources with their status and whole error texts")  # fmt: skip
+    @api.get(
+        "/api/sources",
+        tags=["sources"],
+        dependencies=[access.read],
+        summary="Sources with their status and whole error texts",
+    )
     def list_sources() -> list[dict[str, Any]]:
         return monitor.snapshot().source_list(detail=True)
 
-    @api.get("/api/sinks", tags=["sinks"], dependencies=[access.read],
-             summary="Sinks with their status and whole error texts")  # fmt: skip
+    @api.get(
+        "/api/sinks",
+        tags=["sinks"],
+        dependencies=[access.read],
+        summary="Sinks with their status and whole error texts",
+    )
     def list_sinks() -> list[dict[str, Any]]:
         return monitor.snapshot().sink_list(detail=True)
 
-    @api.get("/api/sinks/{name}", tags=["sinks"], dependencies=[access.read],
-             summary="One sink's status")  # fmt: skip
+    @api.get(
+        "/api/sinks/{name}", tags=["sinks"], dependencies=[access.read], summary="One sink's status"
+    )
     def get_sink(name: SinkName) -> dict[str, Any]:
         access.known_sink(name)
         return next(s for s in monitor.snapshot().sink_list(detail=True) if s["name"] == name)
 
-    @api.post("/api/sinks/{name}/pause", tags=["sinks"], dependencies=[access.write],
-              summary="Pause a sink (its source's batches wait, nothing is lost)")  # fmt: skip
+    @api.post(
+        "/api/sinks/{name}/pause",
+        tags=["sinks"],
+        dependencies=[access.write],
+        summary="Pause a sink (its source's batches wait, nothing is lost)",
+    )
     def pause(
         name: SinkName, body: Annotated[PauseRequest | None, Body()] = None
     ) -> dict[str, Any]:
@@ -85,8 +98,12 @@ def sink_routes(access: Access, monitor: Monitor) -> APIRouter:
         log.warning("sink %s paused through the API", name)
         return {"sink": name, "paused": True}
 
-    @api.post("/api/sinks/{name}/resume", tags=["sinks"], dependencies=[access.write],
-              summary="Resume a paused sink")  # fmt: skip
+    @api.post(
+        "/api/sinks/{name}/resume",
+        tags=["sinks"],
+        dependencies=[access.write],
+        summary="Resume a paused sink",
+    )
     def resume(name: SinkName) -> dict[str, Any]:
         access.known_sink(name)
         access.lot().set_paused(name, False)
@@ -110,15 +127,23 @@ def dead_letter_routes(access: Access) -> APIRouter:
         total = sum(c.get(status, 0) for s, c in counts.items() if sink is None or s == sink)
         return {"total": total, "items": [parked_json(p, secrets) for p in rows]}
 
-    @api.get("/api/dead-letters", tags=["dead letters"], dependencies=[access.read],
-             summary="Dead letters, oldest first")  # fmt: skip
+    @api.get(
+        "/api/dead-letters",
+        tags=["dead letters"],
+        dependencies=[access.read],
+        summary="Dead letters, oldest first",
+    )
     def dead_letters(
         sink: Filter = None, group: Filter = None, limit: Limit = 100
     ) -> dict[str, Any]:
         return listing(DEAD, sink, group, limit)
 
-    @api.get("/api/parked", tags=["dead letters"], dependencies=[access.read],
-             summary="Parked messages, oldest first")  # fmt: skip
+    @api.get(
+        "/api/parked",
+        tags=["dead letters"],
+        dependencies=[access.read],
+        summary="Parked messages, oldest first",
+    )
     def parked(sink: Filter = None, group: Filter = None, limit: Limit = 100) -> dict[str, Any]:
         return listing(PARKED, sink, group, limit)
 
@@ -130,23 +155,35 @@ def dead_letter_routes(access: Access) -> APIRouter:
             raise problem(409, f"message {id_} is {p.status}, not a dead letter")
         return p
 
-    @api.get("/api/dead-letters/{id}", tags=["dead letters"], dependencies=[access.read],
-             summary="One dead letter or parked message, with its message and errors")  # fmt: skip
+    @api.get(
+        "/api/dead-letters/{id}",
+        tags=["dead letters"],
+        dependencies=[access.read],
+        summary="One dead letter or parked message, with its message and errors",
+    )
     def dead_letter(id: MessageId) -> dict[str, Any]:
         p = one(id)
         config = scrub_json(access.lot().sink_config(id), secrets)  # stored before a fix, too
         return {**parked_json(p, secrets, full=True), "sink_config": config}
 
-    @api.post("/api/dead-letters/{id}/retry", tags=["dead letters"], dependencies=[access.write],
-              summary="Park a dead letter again, due now: the retrier delivers it")  # fmt: skip
+    @api.post(
+        "/api/dead-letters/{id}/retry",
+        tags=["dead letters"],
+        dependencies=[access.write],
+        summary="Park a dead letter again, due now: the retrier delivers it",
+    )
     def retry(id: MessageId) -> dict[str, Any]:
         p = one(id, dead=True)
         n = access.lot().retry_dead([id])
         log.warning("dead letter %d of sink %s retried through the API", id, p.sink)
         return {"id": id, "retried": n == 1}
 
-    @api.post("/api/dead-letters/{id}/discard", tags=["dead letters"],
-              dependencies=[access.write], summary="Delete a dead letter for good")  # fmt: skip
+    @api.post(
+        "/api/dead-letters/{id}/discard",
+        tags=["dead letters"],
+        dependencies=[access.write],
+        summary="Delete a dead letter for good",
+    )
     def discard(id: MessageId) -> dict[str, Any]:
         p = one(id, dead=True)
         n = access.lot().discard_dead([id])
@@ -167,20 +204,33 @@ def backfill_routes(access: Access) -> APIRouter:
             raise problem(404, f"no backfill {id_}")
         return b
 
-    @api.get("/api/backfills", tags=["backfills"], dependencies=[access.read],
-             summary="Backfills, newest first")  # fmt: skip
+    @api.get(
+        "/api/backfills",
+        tags=["backfills"],
+        dependencies=[access.read],
+        summary="Backfills, newest first",
+    )
     def backfills(sink: Filter = None, active: bool = False) -> list[dict[str, Any]]:
         return [
             backfill_json(b, secrets) for b in access.store().find(sink=sink, active_only=active)
         ]
 
-    @api.get("/api/backfills/{id}", tags=["backfills"], dependencies=[access.read],
-             summary="One backfill's progress")  # fmt: skip
+    @api.get(
+        "/api/backfills/{id}",
+        tags=["backfills"],
+        dependencies=[access.read],
+        summary="One backfill's progress",
+    )
     def backfill(id: BackfillId) -> dict[str, Any]:
         return backfill_json(found(id), secrets)
 
-    @api.post("/api/backfills", tags=["backfills"], dependencies=[access.write], status_code=201,
-              summary="Start backfills of a sink's tables")  # fmt: skip
+    @api.post(
+        "/api/backfills",
+        tags=["backfills"],
+        dependencies=[access.write],
+        status_code=201,
+        summary="Start backfills of a sink's tables",
+    )
     def start_backfill(body: BackfillRequest) -> list[dict[str, Any]]:
         from walstream.backfill.predicate import BadPredicate
         from walstream.backfill.requests import request
@@ -188,9 +238,14 @@ def backfill_routes(access: Access) -> APIRouter:
         access.known_sink(body.sink)
         try:
             created = request(
-                access.control.config, access.store(), body.sink, body.tables, body.where,
-                body.chunk_size, body.target_seconds,
-            )  # fmt: skip
+                access.control.config,
+                access.store(),
+                body.sink,
+                body.tables,
+                body.where,
+                body.chunk_size,
+                body.target_seconds,
+            )
         except BadPredicate as exc:
             raise problem(422, exc.problem, exc.fix) from None
         for b in created:
@@ -199,8 +254,12 @@ def backfill_routes(access: Access) -> APIRouter:
             )
         return [backfill_json(b, secrets) for b in created]
 
-    @api.post("/api/backfills/{id}/cancel", tags=["backfills"], dependencies=[access.write],
-              summary="Cancel a backfill (rows delivered stay delivered)")  # fmt: skip
+    @api.post(
+        "/api/backfills/{id}/cancel",
+        tags=["backfills"],
+        dependencies=[access.write],
+        summary="Cancel a backfill (rows delivered stay delivered)",
+    )
     def cancel_backfill(id: BackfillId) -> dict[str, Any]:
         b = found(id)
         if not access.store().cancel([id]):

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from walstream.server.monitor import Monitor
+    from walstream.server.monitor import Monitor, Snapshot
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
 STATUS_VALUES = ("ok", "warning", "error", "paused", "standby")
@@ -31,40 +31,50 @@ class Metrics:
         self.batch_duration = Histogram(
             "walstream_batch_duration_seconds",
             "Wall time of a micro-batch in foreachBatch, every sink of the source included.",
-            ["source"], buckets=LATENCY_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            ["source"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.ingestion_latency = Histogram(
             "walstream_ingestion_latency_seconds",
             "From the commit of a batch's newest change in Postgres to the start of the batch "
             "that carries it.",
-            ["source"], buckets=LATENCY_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            ["source"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.delivery_latency = Histogram(
             "walstream_delivery_latency_seconds",
             "From the commit of a batch's newest change in Postgres to its delivery to the sink.",
-            ["sink"], buckets=LATENCY_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            ["sink"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.stream_gaps = Counter(
             "walstream_stream_gaps",
             "Reads of a stream refused with 410: the consumer's position was deleted by "
             "retention (or is past what the stream holds); it has a gap and must rebuild.",
-            ["stream"], registry=self.registry,
-        )  # fmt: skip
+            ["stream"],
+            registry=self.registry,
+        )
         self.stream_served = Counter(
             "walstream_stream_messages_served",
             "Messages (coalesced entries count once) pull consumers received.",
-            ["stream"], registry=self.registry,
-        )  # fmt: skip
+            ["stream"],
+            registry=self.registry,
+        )
         self.stream_kept = Gauge(
             "walstream_stream_kept_messages",
             "Messages a stream keeps for its consumers (as of the last retention pass).",
-            ["stream"], registry=self.registry,
-        )  # fmt: skip
+            ["stream"],
+            registry=self.registry,
+        )
         self.stream_kept_bytes = Gauge(
             "walstream_stream_kept_bytes",
             "Bytes of the messages a stream keeps (as of the last retention pass).",
-            ["stream"], registry=self.registry,
-        )  # fmt: skip
+            ["stream"],
+            registry=self.registry,
+        )
         self._lock = threading.Lock()
 
     def bind(self, monitor: Monitor) -> Metrics:
@@ -99,36 +109,44 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self.monitor.snapshot()
+        yield from self._sources(snap)
+        yield from self._sinks(snap)
+
+    def _sources(self, snap: Snapshot) -> Iterator[Metric]:
         rt = self.monitor.control
         restarts_of = {s.name: s.restarts for s in rt.sources()}
 
         ingested = CounterMetricFamily(
-            "walstream_changes_ingested", "Changes read from the source into batches.", labels=["source"]
-        )  # fmt: skip
-        restarts = CounterMetricFamily(
-            "walstream_query_restarts", "Failures of a source's streaming query (each is restarted).",
+            "walstream_changes_ingested",
+            "Changes read from the source into batches.",
             labels=["source"],
-        )  # fmt: skip
+        )
+        restarts = CounterMetricFamily(
+            "walstream_query_restarts",
+            "Failures of a source's streaming query (each is restarted).",
+            labels=["source"],
+        )
         lag = GaugeMetricFamily(
             "walstream_replication_lag_bytes",
             "WAL bytes between the server's current position and what the slot confirmed.",
             labels=["source"],
-        )  # fmt: skip
+        )
         retained = GaugeMetricFamily(
             "walstream_slot_retained_wal_bytes",
             "WAL bytes the server keeps for the slot (from its restart_lsn).",
             labels=["source"],
-        )  # fmt: skip
+        )
         safe = GaugeMetricFamily(
             "walstream_slot_safe_wal_bytes",
             "WAL bytes the slot may still hold back before PostgreSQL invalidates it "
             "(max_slot_wal_keep_size; absent when there is no limit).",
             labels=["source"],
-        )  # fmt: skip
+        )
         up = GaugeMetricFamily(
-            "walstream_source_status", "1 for the source's current status.",
+            "walstream_source_status",
+            "1 for the source's current status.",
             labels=["source", "status"],
-        )  # fmt: skip
+        )
         for s in snap.sources:
             ingested.add_metric([s["name"]], s["ingested"])
             restarts.add_metric([s["name"]], restarts_of.get(s["name"], 0))
@@ -142,16 +160,19 @@ class _Collector(Collector):
                 up.add_metric([s["name"], v], 1.0 if s["status"] == v else 0.0)
         yield from (ingested, restarts, lag, retained, safe, up)
 
+    def _sinks(self, snap: Snapshot) -> Iterator[Metric]:
+        rt = self.monitor.control
         delivered = CounterMetricFamily(
-            "walstream_messages_delivered", "Messages the sink accepted (retried ones included).",
+            "walstream_messages_delivered",
+            "Messages the sink accepted (retried ones included).",
             labels=["sink"],
-        )  # fmt: skip
+        )
         failures = CounterMetricFamily(
             "walstream_delivery_failures",
             "Messages a sink did not take: parked (for a retry), dead (refused for good), "
             "discarded (past max_parked with on_full: discard).",
             labels=["sink", "kind"],
-        )  # fmt: skip
+        )
         parked = GaugeMetricFamily(
             "walstream_parked_messages", "Messages waiting for a retry.", labels=["sink"]
         )

@@ -158,11 +158,16 @@ def slot_state(dsn: str, slot: str, timeout: float = 3.0) -> SlotState:
         return SlotState(reachable=True)
     active, lag, retained, confirmed, reply_age, wal_status, safe = row
     return SlotState(
-        True, True, bool(active), None if lag is None else int(lag),
-        None if retained is None else int(retained), confirmed,
-        None if reply_age is None else float(reply_age), wal_status,
+        True,
+        True,
+        bool(active),
+        None if lag is None else int(lag),
+        None if retained is None else int(retained),
+        confirmed,
+        None if reply_age is None else float(reply_age),
+        wal_status,
         None if safe is None else int(safe),
-    )  # fmt: skip
+    )
 
 
 class Monitor:
@@ -195,9 +200,11 @@ class Monitor:
                 paused = rt.parking.paused()
             except Exception as exc:
                 state_error = _error(
-                    "the state database is unreachable: ", type(exc).__name__,
-                    f"{type(exc).__name__}: {exc}", "/api/sources",
-                )  # fmt: skip
+                    "the state database is unreachable: ",
+                    type(exc).__name__,
+                    f"{type(exc).__name__}: {exc}",
+                    "/api/sources",
+                )
         progress = rt.progress()
         failing: dict[str, SourceStatus] = {}
         statuses = rt.sources()
@@ -214,38 +221,53 @@ class Monitor:
             p = progress.get(sink.name)
             c = counts.get(sink.name, {})
             status, reasons = self._sink_status(sink, paused, statuses, failing, c, snap)
-            snap.sinks.append({
-                "name": sink.name,
-                "source": sink.source,
-                "type": sink.destination.type,
-                "status": status,
-                "reasons": reasons,
-                "delivered": p.delivered + p.retried if p else 0,
-                "retried": p.retried if p else 0,
-                "skipped": p.skipped if p else 0,
-                "discarded": p.discarded if p else 0,
-                "batches": p.batches if p else 0,
-                "rate_per_second": round(rt.rates.get(sink.name, 0.0), 1),
-                "parked": c.get(PARKED, 0),
-                "dead_letters": c.get(DEAD, 0),
-                "last_batch_age_seconds": _age(p.last_batch_at) if p and p.last_batch_at else None,
-                # commit → delivered, of the newest change of the last batch that had one
-                "latency_seconds": round(p.latency, 3) if p and p.latency is not None else None,
-                "last_commit_age_seconds": (
-                    _age(p.last_committed_us / 1e6) if p and p.last_committed_us else None
-                ),
-            })  # fmt: skip
+            snap.sinks.append(
+                {
+                    "name": sink.name,
+                    "source": sink.source,
+                    "type": sink.destination.type,
+                    "status": status,
+                    "reasons": reasons,
+                    "delivered": p.delivered + p.retried if p else 0,
+                    "retried": p.retried if p else 0,
+                    "skipped": p.skipped if p else 0,
+                    "discarded": p.discarded if p else 0,
+                    "batches": p.batches if p else 0,
+                    "rate_per_second": round(rt.rates.get(sink.name, 0.0), 1),
+                    "parked": c.get(PARKED, 0),
+                    "dead_letters": c.get(DEAD, 0),
+                    "last_batch_age_seconds": _age(p.last_batch_at)
+                    if p and p.last_batch_at
+                    else None,
+                    # commit → delivered, of the newest change of the last batch that had one
+                    "latency_seconds": round(p.latency, 3) if p and p.latency is not None else None,
+                    "last_commit_age_seconds": (
+                        _age(p.last_committed_us / 1e6) if p and p.last_committed_us else None
+                    ),
+                }
+            )
         for source in snap.sources:  # the newest change any of its sinks delivered
-            newest = max((p.last_committed_us for name, p in progress.items()
-                          if sink_source.get(name) == source["name"]), default=0)  # fmt: skip
+            newest = max(
+                (
+                    p.last_committed_us
+                    for name, p in progress.items()
+                    if sink_source.get(name) == source["name"]
+                ),
+                default=0,
+            )
             source["last_event_at"] = _iso(newest) if newest else None
             source["last_event_age_seconds"] = _age(newest / 1e6) if newest else None
         return snap
 
     def _sink_status(
-        self, sink: Any, paused: dict[str, str | None], statuses: list[SourceStatus],
-        failing: dict[str, SourceStatus], c: dict[str, int], snap: Snapshot,
-    ) -> tuple[str, list[Reason]]:  # fmt: skip
+        self,
+        sink: Any,
+        paused: dict[str, str | None],
+        statuses: list[SourceStatus],
+        failing: dict[str, SourceStatus],
+        c: dict[str, int],
+        snap: Snapshot,
+    ) -> tuple[str, list[Reason]]:
         """A sink's status and its reasons: paused, held, failing, parked, dead letters."""
         reasons: list[Reason] = []
         status = OK
@@ -260,12 +282,14 @@ class Monitor:
             reasons.append(reason(holding))
         elif held_by:  # another sink of its source holds the batch: this one waits too
             status = WARNING
-            reasons.append(reason(
-                f"waits for {', '.join(sorted(held_by))}: the sinks of a source share its "
-                "slot, so no batch reaches this one until "
-                f"{'that sink goes' if len(held_by) == 1 else 'those sinks go'} on "
-                "(its status says why and what to do)"
-            ))  # fmt: skip
+            reasons.append(
+                reason(
+                    f"waits for {', '.join(sorted(held_by))}: the sinks of a source share its "
+                    "slot, so no batch reaches this one until "
+                    f"{'that sink goes' if len(held_by) == 1 else 'those sinks go'} on "
+                    "(its status says why and what to do)"
+                )
+            )
         failed = failing.get(sink.source)
         if failed and failed.last_error and f"sink {sink.name}" in failed.last_error:
             status = ERROR
@@ -282,6 +306,44 @@ class Monitor:
         if source_state is not None and source_state["status"] == STANDBY:
             status = STANDBY
         return status, reasons
+
+    @staticmethod
+    def _slot(sq: SourceStatus, slot: Any, reasons: list[Reason]) -> str:
+        """The worst status the source's slot shows, its reasons added to `reasons`."""
+        status = OK
+        if not slot.reachable:
+            status = ERROR
+            reasons.append(reason(f"cannot reach the source database: {slot.error}"))
+        elif not slot.exists:
+            status = ERROR
+            reasons.append(reason(f"replication slot {sq.slot} does not exist"))
+        else:
+            if not slot.active:
+                status = worst([status, WARNING])
+                reasons.append(reason(f"replication slot {sq.slot} has no connection"))
+            elif (slot.reply_age_seconds or 0) > STALE_REPLY_SECONDS:
+                status = worst([status, WARNING])
+                reasons.append(
+                    reason(
+                        f"no status report from the replication connection for "
+                        f"{slot.reply_age_seconds:.0f}s"
+                    )
+                )
+            if slot.lag_bytes is not None and slot.lag_bytes > LAG_WARNING_BYTES:
+                status = worst([status, WARNING])
+                reasons.append(reason(f"the slot is {slot.lag_bytes / (1 << 20):,.0f} MiB behind"))
+            if slot.wal_status == "lost":
+                status = ERROR
+                reasons.append(
+                    reason(
+                        "the slot lost WAL it needed (wal_status lost): changes are gone; "
+                        f"run `walstream recover {sq.name}`"
+                    )
+                )
+            elif (warning := slot.retention_warning()) is not None:
+                status = worst([status, WARNING])
+                reasons.append(reason(warning))
+        return status
 
     def _source(self, sq: SourceStatus) -> dict[str, Any]:
         reasons: list[Reason] = []
@@ -302,42 +364,17 @@ class Monitor:
                     if sq.last_error
                     else reason("not streaming")
                 )
-            if not slot.reachable:
-                status = ERROR
-                reasons.append(reason(f"cannot reach the source database: {slot.error}"))
-            elif not slot.exists:
-                status = ERROR
-                reasons.append(reason(f"replication slot {sq.slot} does not exist"))
-            else:
-                if not slot.active:
-                    status = worst([status, WARNING])
-                    reasons.append(reason(f"replication slot {sq.slot} has no connection"))
-                elif (slot.reply_age_seconds or 0) > STALE_REPLY_SECONDS:
-                    status = worst([status, WARNING])
-                    reasons.append(reason(
-                        f"no status report from the replication connection for "
-                        f"{slot.reply_age_seconds:.0f}s"
-                    ))  # fmt: skip
-                if slot.lag_bytes is not None and slot.lag_bytes > LAG_WARNING_BYTES:
-                    status = worst([status, WARNING])
-                    reasons.append(
-                        reason(f"the slot is {slot.lag_bytes / (1 << 20):,.0f} MiB behind")
-                    )
-                if slot.wal_status == "lost":
-                    status = ERROR
-                    reasons.append(reason(
-                        "the slot lost WAL it needed (wal_status lost): changes are gone; "
-                        f"run `walstream recover {sq.name}`"
-                    ))  # fmt: skip
-                elif (warning := slot.retention_warning()) is not None:
-                    status = worst([status, WARNING])
-                    reasons.append(reason(warning))
+            status = worst([status, self._slot(sq, slot, reasons)])
             if sq.failures and running and sq.last_error:
                 status = worst([status, WARNING])
-                reasons.append(_error(
-                    f"restarted after {sq.failures} failure(s); last: ", sq.last_error_kind,
-                    sq.last_error, "/api/sources",
-                ))  # fmt: skip
+                reasons.append(
+                    _error(
+                        f"restarted after {sq.failures} failure(s); last: ",
+                        sq.last_error_kind,
+                        sq.last_error,
+                        "/api/sources",
+                    )
+                )
         return {
             "name": sq.name,
             "status": status,

@@ -69,9 +69,10 @@ class StreamReader:
     def feeding(self, name: str) -> list[SinkConfig]:
         if name not in self.streams:
             raise StreamProblem(
-                404, f"no stream named {name!r}",
+                404,
+                f"no stream named {name!r}",
                 f"streams are: {', '.join(self.streams) or 'none (add a sink with type: stream)'}",
-            )  # fmt: skip
+            )
         return self.streams[name]
 
     def sources(self, name: str) -> set[str]:
@@ -87,9 +88,10 @@ class StreamReader:
         token = self.settings(name).consumer_token()
         if token is None:
             raise StreamProblem(
-                403, f"stream {name} has no consumer token: its read API is off",
+                403,
+                f"stream {name} has no consumer token: its read API is off",
                 "set destination.token of its sinks (or WALSTREAM_STREAMS_TOKEN) and restart",
-            )  # fmt: skip
+            )
         return token
 
     def store(self) -> Any:
@@ -124,9 +126,12 @@ class StreamReader:
         formats = {s.source: (s.format if s.transform is None else "custom") for s in sinks}
         try:
             page: Page = self.store().read(
-                name, [s.source for s in sinks], at, limit,
+                name,
+                [s.source for s in sinks],
+                at,
+                limit,
                 count_up_to=threshold + 1 if coalescing else None,
-            )  # fmt: skip
+            )
         except (Expired, Ahead) as exc:
             raise self._gap(name, exc) from None
         positions = dict(at)
@@ -179,9 +184,11 @@ class StreamReader:
             "name": name,
             "sources": [s.source for s in self.feeding(name)],
             "sinks": [s.name for s in self.feeding(name)],
-            "retention_seconds": dest.retention, "max_bytes": dest.max_bytes,
+            "retention_seconds": dest.retention,
+            "max_bytes": dest.max_bytes,
             "catch_up_threshold": dest.catch_up_threshold,
-            "messages": count, "bytes": size,
+            "messages": count,
+            "bytes": size,
             "oldest_age_seconds": round(time.time() - oldest, 3) if oldest else None,
             "head": markers.encode(name, {s: p.visible for s, p in positions.items()}),
             "positions": {
@@ -189,7 +196,7 @@ class StreamReader:
                 for s, p in positions.items()
             },
             "reads_enabled": dest.consumer_token() is not None,
-        }  # fmt: skip
+        }
 
     def _gap(self, name: str, exc: Expired | Ahead) -> StreamProblem:
         self.metrics.stream_gaps.labels(name).inc()
@@ -211,6 +218,9 @@ class StreamReader:
         )
 
 
-def _delivered(m: Any, action: str, value: str | None, progress: str, count: int | None) -> Delivered:  # fmt: skip
-    return Delivered(m.source, m.table, action, m.key, m.lsn, m.seq, m.idempotency_key,
-                     progress, value, count)  # fmt: skip
+def _delivered(
+    m: Any, action: str, value: str | None, progress: str, count: int | None
+) -> Delivered:
+    return Delivered(
+        m.source, m.table, action, m.key, m.lsn, m.seq, m.idempotency_key, progress, value, count
+    )

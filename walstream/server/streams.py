@@ -98,10 +98,11 @@ def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
 
     # -- reading -----------------------------------------------------------------------------
     @router.get(
-        "/{name}/messages", dependencies=[Consumer],
+        "/{name}/messages",
+        dependencies=[Consumer],
         summary="Messages after a progress marker (long-poll with wait)",
         responses={410: {"description": "The consumer has a gap: its position was deleted."}},
-    )  # fmt: skip
+    )
     async def messages(
         request: Request,
         name: StreamName,
@@ -131,9 +132,11 @@ def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
             release()
 
     @router.get(
-        "/{name}/subscribe", dependencies=[Consumer], response_class=StreamingResponse,
+        "/{name}/subscribe",
+        dependencies=[Consumer],
+        response_class=StreamingResponse,
         summary="Server-Sent Events: every message after a marker, then new ones as they come",
-    )  # fmt: skip
+    )
     async def subscribe(
         request: Request,
         name: StreamName,
@@ -185,20 +188,27 @@ def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
                 await _changes(seen, time.monotonic() + 1.0)
 
         return StreamingResponse(
-            events(), media_type="text/event-stream",
+            events(),
+            media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             background=BackgroundTask(release),  # also when the events never started
-        )  # fmt: skip
+        )
 
     # -- consumer groups -----------------------------------------------------------------
-    @router.get("/{name}/groups/{group}", dependencies=[Consumer],
-                summary="A consumer group's checkpoint (a new group starts now)")  # fmt: skip
+    @router.get(
+        "/{name}/groups/{group}",
+        dependencies=[Consumer],
+        summary="A consumer group's checkpoint (a new group starts now)",
+    )
     def get_group(name: StreamName, group: GroupName) -> dict[str, Any]:
         at = reader.start(name, None, group)
         return {"stream": name, "group": group, "progress": markers.encode(name, at)}
 
-    @router.post("/{name}/groups/{group}/ack", dependencies=[Consumer],
-                 summary="Store a consumer group's progress (per source it never goes back)")  # fmt: skip
+    @router.post(
+        "/{name}/groups/{group}/ack",
+        dependencies=[Consumer],
+        summary="Store a consumer group's progress (per source it never goes back)",
+    )
     def ack(name: StreamName, group: GroupName, body: Ack) -> dict[str, Any]:
         stored = reader.ack(name, group, body.progress)
         return {"stream": name, "group": group, "progress": markers.encode(name, stored)}
@@ -208,9 +218,15 @@ def stream_routes(control: Control, metrics: Metrics) -> APIRouter:
 
 def _message(m: Delivered) -> str:
     head = {
-        "source": m.source, "table": m.table, "action": m.action, "key": m.key,
-        "lsn": m.lsn, "seq": m.seq, "idempotency_key": m.idempotency_key, "progress": m.progress,
-    }  # fmt: skip
+        "source": m.source,
+        "table": m.table,
+        "action": m.action,
+        "key": m.key,
+        "lsn": m.lsn,
+        "seq": m.seq,
+        "idempotency_key": m.idempotency_key,
+        "progress": m.progress,
+    }
     if m.coalesced is not None:
         head["coalesced"] = m.coalesced
     text = json.dumps(head, ensure_ascii=False, separators=(",", ":"))

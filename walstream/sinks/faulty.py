@@ -108,9 +108,13 @@ class FaultySink(TaskSink):
             delivered = frozenset(good)
         except SinkError as exc:
             raise SinkError(
-                exc.problem, exc.fix, retryable=exc.retryable, retry_after=exc.retry_after,
-                pause=exc.pause, delivered=frozenset(good[k] for k in exc.delivered),
-            ) from exc  # fmt: skip
+                exc.problem,
+                exc.fix,
+                retryable=exc.retryable,
+                retry_after=exc.retry_after,
+                pause=exc.pause,
+                delivered=frozenset(good[k] for k in exc.delivered),
+            ) from exc
         first = messages[bad[0]]
         raise SinkError(
             f"injected failure (faulty sink) for key {first.key!r} and {len(bad) - 1} more",

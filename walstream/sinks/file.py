@@ -108,11 +108,14 @@ class FileSink(BatchSink):
                 self._open_parquet()
                 table = pc.binary_join_element_wise(col["schema"], col["table"], ".")
                 arrays = [
-                    col["lsn"].cast(pa.int64()), col["seq"].cast(pa.int64()),
-                    col["_ikey"].cast(pa.string()), table.cast(pa.string()),
-                    col["action"].cast(pa.string()), col["_key"].cast(pa.string()),
+                    col["lsn"].cast(pa.int64()),
+                    col["seq"].cast(pa.int64()),
+                    col["_ikey"].cast(pa.string()),
+                    table.cast(pa.string()),
+                    col["action"].cast(pa.string()),
+                    col["_key"].cast(pa.string()),
                     col["_message"].cast(pa.string()),
-                ]  # fmt: skip
+                ]
                 self._writer.write_batch(
                     pa.RecordBatch.from_arrays(arrays, schema=_parquet_schema(pa))
                 )
@@ -212,11 +215,17 @@ class FileSink(BatchSink):
 
 
 def _parquet_schema(pa: Any) -> Any:
-    return pa.schema([
-        ("lsn", pa.int64()), ("seq", pa.int64()), ("idempotency_key", pa.string()),
-        ("table", pa.string()), ("action", pa.string()), ("key", pa.string()),
-        ("message", pa.string()),
-    ])  # fmt: skip
+    return pa.schema(
+        [
+            ("lsn", pa.int64()),
+            ("seq", pa.int64()),
+            ("idempotency_key", pa.string()),
+            ("table", pa.string()),
+            ("action", pa.string()),
+            ("key", pa.string()),
+            ("message", pa.string()),
+        ]
+    )
 
 
 def read_messages(path: str | Path, fmt: str = "jsonl") -> list[bytes]:

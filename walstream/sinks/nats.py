@@ -67,8 +67,11 @@ _FATAL_CODES = {10060, 10054, 10055, 10026}
 
 
 def _headers(m: Message) -> dict[str, str]:
-    return {"Nats-Msg-Id": m.idempotency_key, "walstream-table": m.table,
-            "walstream-action": m.action}  # fmt: skip
+    return {
+        "Nats-Msg-Id": m.idempotency_key,
+        "walstream-table": m.table,
+        "walstream-action": m.action,
+    }
 
 
 def _nats() -> Any:
@@ -88,10 +91,11 @@ class NatsSink(MessageSink):
         c = config
         self.servers = [s.strip() for s in c.servers.split(",") if s.strip()]
         self.key = (
-            tuple(self.servers), c.user,
+            tuple(self.servers),
+            c.user,
             c.password.get_secret_value() if c.password else None,
             c.token.get_secret_value() if c.token else None,
-        )  # fmt: skip
+        )
 
     # -- running coroutines on the shared loop -----------------------------------------------
     def _run(self, coro: Any, timeout: float) -> Any:
@@ -118,16 +122,24 @@ class NatsSink(MessageSink):
 
         try:
             nc = await nats.connect(
-                servers=self.servers, user=c.user,
+                servers=self.servers,
+                user=c.user,
                 password=c.password.get_secret_value() if c.password else None,
                 token=c.token.get_secret_value() if c.token else None,
-                connect_timeout=c.timeout, allow_reconnect=True, max_reconnect_attempts=3,
-                reconnect_time_wait=0.5, error_cb=on_error,
-            )  # fmt: skip
+                connect_timeout=c.timeout,
+                allow_reconnect=True,
+                max_reconnect_attempts=3,
+                reconnect_time_wait=0.5,
+                error_cb=on_error,
+            )
         except Exception as exc:
             # A refused login comes as an error per attempt, then NoServersError.
-            denied = [e for e in [exc, *seen] if isinstance(e, nats.errors.AuthorizationError)
-                      or "authorization violation" in str(e).lower()]  # fmt: skip
+            denied = [
+                e
+                for e in [exc, *seen]
+                if isinstance(e, nats.errors.AuthorizationError)
+                or "authorization violation" in str(e).lower()
+            ]
             if denied:
                 raise SinkError(
                     f"NATS: authorization failed on {servers_for_messages(c.servers)}: {denied[0]}",
@@ -170,10 +182,12 @@ class NatsSink(MessageSink):
                 break
             futures.append(
                 await js.publish_async(
-                    m.route or default, m.value or b"", headers=_headers(m),
+                    m.route or default,
+                    m.value or b"",
+                    headers=_headers(m),
                     stream=self.config.stream,
                 )
-            )  # fmt: skip
+            )
         await nc.flush(self.config.timeout)
         acks = await asyncio.gather(
             *(asyncio.wait_for(f, self.config.timeout) for f in futures), return_exceptions=True
@@ -183,8 +197,12 @@ class NatsSink(MessageSink):
     async def _publish_one(self, m: Message) -> Any:
         nc = await self._connection()
         js = nc.jetstream(timeout=self.config.timeout)
-        return await js.publish(m.route or self.config.subject, m.value or b"",
-                                headers=_headers(m), stream=self.config.stream)  # fmt: skip
+        return await js.publish(
+            m.route or self.config.subject,
+            m.value or b"",
+            headers=_headers(m),
+            stream=self.config.stream,
+        )
 
     # -- the contract ------------------------------------------------------------------------
     def deliver(self, messages: Sequence[Message]) -> None:
@@ -227,14 +245,16 @@ class NatsSink(MessageSink):
                 f"NATS: no JetStream stream takes subject {subject!r}{count}",
                 "add a stream whose subjects cover it, or set destination.stream and "
                 "create_stream: true",
-                retryable=False, delivered=delivered,
-            )  # fmt: skip
+                retryable=False,
+                delivered=delivered,
+            )
         if isinstance(exc, nats.errors.MaxPayloadError):
             return SinkError(
                 f"NATS: a message is larger than the server's max_payload{count}",
                 "raise max_payload on the server, or filter/transform the large rows",
-                retryable=False, delivered=delivered,
-            )  # fmt: skip
+                retryable=False,
+                delivered=delivered,
+            )
         if isinstance(exc, nats.js.errors.APIError):
             code = getattr(exc, "err_code", None)
             return SinkError(
@@ -242,13 +262,15 @@ class NatsSink(MessageSink):
                 "check destination.stream against the stream that holds the subject"
                 if code in _FATAL_CODES
                 else "check the stream's limits and the server log",
-                retryable=code not in _FATAL_CODES, delivered=delivered,
-            )  # fmt: skip
+                retryable=code not in _FATAL_CODES,
+                delivered=delivered,
+            )
         return SinkError(
             f"NATS: {type(exc).__name__}: {exc or 'timed out'} on {subject!r}{count}",
             "check that the NATS servers are up and JetStream is enabled (-js)",
-            retryable=True, delivered=delivered,
-        )  # fmt: skip
+            retryable=True,
+            delivered=delivered,
+        )
 
     def test_connection(self) -> None:
         async def probe() -> None:

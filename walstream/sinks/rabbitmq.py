@@ -111,17 +111,20 @@ class RabbitMqSink(MessageSink):
         tasks = [
             asyncio.ensure_future(
                 ch.basic_publish(
-                    m.value or b"", exchange=exchange, routing_key=m.route or default,
+                    m.value or b"",
+                    exchange=exchange,
+                    routing_key=m.route or default,
                     mandatory=True,
                     properties=spec.Basic.Properties(
-                        delivery_mode=2, content_type="application/json",
+                        delivery_mode=2,
+                        content_type="application/json",
                         message_id=m.idempotency_key,
                         headers={"walstream-table": m.table, "walstream-action": m.action},
                     ),
                 )
             )
             for m in messages
-        ]  # fmt: skip
+        ]
         return await asyncio.gather(*tasks, return_exceptions=True)
 
     def deliver(self, messages: Sequence[Message]) -> None:
@@ -150,26 +153,30 @@ class RabbitMqSink(MessageSink):
                 f"RabbitMQ: no queue takes messages for {where}{count}",
                 "bind a queue to the exchange for this routing key (or, with the default "
                 "exchange, create the queue the routing key names)",
-                retryable=False, delivered=delivered,
-            )  # fmt: skip
+                retryable=False,
+                delivered=delivered,
+            )
         if isinstance(exc, E.ChannelNotFoundEntity | E.ChannelAccessRefused):
             return SinkError(
                 f"RabbitMQ: {exc} ({where}){count}",
                 "create the exchange (or set destination.declare_exchange), and grant the "
                 "user write permission on it",
-                retryable=False, delivered=delivered,
-            )  # fmt: skip
+                retryable=False,
+                delivered=delivered,
+            )
         if not isinstance(exc, BaseException):  # a Basic.Nack: the broker could not take it
             return SinkError(
                 f"RabbitMQ: the broker refused a message (nack) for {where}{count}",
                 "check the broker's disk and memory alarms and its log",
-                retryable=True, delivered=delivered,
-            )  # fmt: skip
+                retryable=True,
+                delivered=delivered,
+            )
         return SinkError(
             f"RabbitMQ: {type(exc).__name__}: {exc or 'timed out'} on {url_for_messages(self.url, 5672)}{count}",
             "check that RabbitMQ is up and reachable at destination.url",
-            retryable=True, delivered=delivered,
-        )  # fmt: skip
+            retryable=True,
+            delivered=delivered,
+        )
 
     def test_connection(self) -> None:
         async def probe() -> None:

@@ -42,8 +42,13 @@ _CLIENTS: Clients[Any] = Clients()
 #: Replies that say Redis could take the command later (memory, replicas, loading).
 _TRANSIENT = ("OOM", "BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "NOREPLICAS")
 #: redis-py turns these replies into their own classes and drops the code from the text.
-_CODE_OF = {"OutOfMemoryError": "OOM", "ReadOnlyError": "READONLY", "BusyLoadingError": "LOADING",
-            "TryAgainError": "TRYAGAIN", "MasterDownError": "MASTERDOWN"}  # fmt: skip
+_CODE_OF = {
+    "OutOfMemoryError": "OOM",
+    "ReadOnlyError": "READONLY",
+    "BusyLoadingError": "LOADING",
+    "TryAgainError": "TRYAGAIN",
+    "MasterDownError": "MASTERDOWN",
+}
 
 
 def _reply(err: Exception) -> str:

@@ -105,10 +105,20 @@ class StreamSink(BatchSink):
         for m in messages:
             value = m.value.decode() if m.value is not None else None
             key = m.key.decode() if m.key else None  # no key (truncate, no primary key): NULL
-            rows.append((
-                self.stream, self.source, m.lsn, m.seq, m.table, m.action, key,
-                m.idempotency_key, value, len(m.value or b""),
-            ))  # fmt: skip
+            rows.append(
+                (
+                    self.stream,
+                    self.source,
+                    m.lsn,
+                    m.seq,
+                    m.table,
+                    m.action,
+                    key,
+                    m.idempotency_key,
+                    value,
+                    len(m.value or b""),
+                )
+            )
         self._write(rows)
 
     def deliver_columns(self, batch: Any) -> None:
@@ -122,11 +132,23 @@ class StreamSink(BatchSink):
         keys = [k or None for k in col["_key"].to_pylist()]
         values = col["_message"].to_pylist()
         sizes = [len(v.encode()) for v in values]
-        self._write(list(zip(
-            stream, source, col["lsn"].to_pylist(), col["seq"].to_pylist(), tables,
-            col["action"].to_pylist(), keys, col["_ikey"].to_pylist(), values, sizes,
-            strict=True,
-        )))  # fmt: skip
+        self._write(
+            list(
+                zip(
+                    stream,
+                    source,
+                    col["lsn"].to_pylist(),
+                    col["seq"].to_pylist(),
+                    tables,
+                    col["action"].to_pylist(),
+                    keys,
+                    col["_ikey"].to_pylist(),
+                    values,
+                    sizes,
+                    strict=True,
+                )
+            )
+        )
 
     def _write(self, rows: list[Row]) -> None:
         try:

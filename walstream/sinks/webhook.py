@@ -181,13 +181,16 @@ class WebhookSink(MessageSink):
                 problem,
                 "the receiver is gone: fix destination.url, then `walstream resume` the sink "
                 "(walstream paused it)",
-                retryable=True, pause=True,
-            )  # fmt: skip
+                retryable=True,
+                pause=True,
+            )
         if code in _RETRYABLE or code >= 500:
             return SinkError(
-                problem, "the receiver is failing or busy; walstream retries",
-                retryable=True, retry_after=_retry_after(r.headers.get("retry-after")),
-            )  # fmt: skip
+                problem,
+                "the receiver is failing or busy; walstream retries",
+                retryable=True,
+                retry_after=_retry_after(r.headers.get("retry-after")),
+            )
         return SinkError(
             problem,
             "the receiver refuses this message: fix the receiver or the message "
@@ -248,9 +251,11 @@ class WebhookSink(MessageSink):
         raise SinkError(
             f"{err.problem} ({len(failed)} of {len(messages)} messages not delivered)",
             err.fix,
-            retryable=err.retryable, retry_after=err.retry_after, pause=err.pause,
+            retryable=err.retryable,
+            retry_after=err.retry_after,
+            pause=err.pause,
             delivered=frozenset(range(len(messages))) - failed.keys(),
-        )  # fmt: skip
+        )
 
     def test_connection(self) -> None:
         if self.config.route_expression() is not None:

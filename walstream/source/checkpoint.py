@@ -44,8 +44,10 @@ def remove_partial_writes(checkpoint: str) -> list[Path]:
     if removed:
         log.warning(
             "checkpoint %s: removed %d unfinished write(s) left by a crash: %s",
-            checkpoint, len(removed), ", ".join(f.name for f in removed),
-        )  # fmt: skip
+            checkpoint,
+            len(removed),
+            ", ".join(f.name for f in removed),
+        )
     return removed
 
 

@@ -107,8 +107,15 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only: connections and threads stay on the driver.
-        return {"options": self.options, "_driver": None, "_confirmed": None, "_mark": None,
-                "_until": None, "_planned_rows": False, "_behind": False}  # fmt: skip
+        return {
+            "options": self.options,
+            "_driver": None,
+            "_confirmed": None,
+            "_mark": None,
+            "_until": None,
+            "_planned_rows": False,
+            "_behind": False,
+        }
 
     # -- Trigger.AvailableNow ------------------------------------------------------------
     def prepareForTriggerAvailableNow(self) -> None:
@@ -126,8 +133,11 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         assert row is not None
         self._mark = parse_lsn(row[0])
         self._until = None
-        log.info("source %s: reading what was committed before %s, then stopping",
-                 self.options.name, row[0])  # fmt: skip
+        log.info(
+            "source %s: reading what was committed before %s, then stopping",
+            self.options.name,
+            row[0],
+        )
 
     def _available_now(self, driver: _Driver, start: Cursor) -> Cursor:
         """The offset the changes committed before the mark end at: waits until the
@@ -192,11 +202,17 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             wal = server_wal_lsn(conn)
         self._behind = wal is not None and parse_lsn(wal) > floor[0]
         capture = Capture(
-            o.dsn, o.slot, o.publication, floor,
-            primary_keys=meta.primary_keys, max_buffer_bytes=o.max_buffer_bytes,
-            internal_schema=o.internal_schema, source=o.name,
-            streaming=o.streaming, spill_dir=o.spill_dir,
-        ).start()  # fmt: skip
+            o.dsn,
+            o.slot,
+            o.publication,
+            floor,
+            primary_keys=meta.primary_keys,
+            max_buffer_bytes=o.max_buffer_bytes,
+            internal_schema=o.internal_schema,
+            source=o.name,
+            streaming=o.streaming,
+            spill_dir=o.spill_dir,
+        ).start()
         heartbeat = (
             Heartbeat(
                 o.writes_dsn,

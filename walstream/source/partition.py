@@ -46,9 +46,15 @@ class PackedSlice:
             pos += len(m)
             ends.append(pos)
         return cls(
-            piece.lsn, piece.xid, piece.commit_ts, piece.seq, piece.annotations,
-            piece.relations, b"".join(piece.msgs), ends.tobytes(),
-        )  # fmt: skip
+            piece.lsn,
+            piece.xid,
+            piece.commit_ts,
+            piece.seq,
+            piece.annotations,
+            piece.relations,
+            b"".join(piece.msgs),
+            ends.tobytes(),
+        )
 
     @property
     def nbytes(self) -> int:
@@ -120,9 +126,13 @@ class ChangePartition(InputPartition):
 
 
 def _unpickled(
-    source: str, pieces: list[tuple[Any, ...]], packed: bytes, size: int, types: list[PgType],
+    source: str,
+    pieces: list[tuple[Any, ...]],
+    packed: bytes,
+    size: int,
+    types: list[PgType],
     primary_keys: dict[tuple[str, str], Sequence[str]],
-) -> ChangePartition:  # fmt: skip
+) -> ChangePartition:
     import pyarrow as pa
 
     blob = pa.Codec(CODEC).decompress(packed, decompressed_size=size, asbytes=True)

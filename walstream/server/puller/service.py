@@ -38,11 +38,14 @@ def _code(status: int) -> Any:
     import grpc
 
     return {
-        400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
-        403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
-        410: grpc.StatusCode.OUT_OF_RANGE, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        400: grpc.StatusCode.INVALID_ARGUMENT,
+        401: grpc.StatusCode.UNAUTHENTICATED,
+        403: grpc.StatusCode.PERMISSION_DENIED,
+        404: grpc.StatusCode.NOT_FOUND,
+        410: grpc.StatusCode.OUT_OF_RANGE,
+        429: grpc.StatusCode.RESOURCE_EXHAUSTED,
         503: grpc.StatusCode.UNAVAILABLE,
-    }.get(status, grpc.StatusCode.INTERNAL)  # fmt: skip
+    }.get(status, grpc.StatusCode.INTERNAL)
 
 
 def _abort(context: Any, status: int, problem: str, fix: str | None) -> None:
@@ -70,10 +73,17 @@ def servicer(reader: StreamReader, connections: Connections, stopping: Any) -> A
 
     def event(m: Delivered) -> Any:
         return puller_pb2.Event(
-            source=m.source, table=m.table, action=m.action, key=m.key, lsn=m.lsn, seq=m.seq,
-            idempotency_key=m.idempotency_key, progress=m.progress, message=m.value or "",
+            source=m.source,
+            table=m.table,
+            action=m.action,
+            key=m.key,
+            lsn=m.lsn,
+            seq=m.seq,
+            idempotency_key=m.idempotency_key,
+            progress=m.progress,
+            message=m.value or "",
             coalesced=m.coalesced or 0,
-        )  # fmt: skip
+        )
 
     def authorize(name: str, context: Any) -> None:
         token = reader.token(name)
@@ -82,8 +92,11 @@ def servicer(reader: StreamReader, connections: Connections, stopping: Any) -> A
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             value.strip().encode(), token.encode()
         ):
-            raise StreamProblem(401, "missing or wrong consumer token",
-                                "send the metadata authorization: Bearer <token>")  # fmt: skip
+            raise StreamProblem(
+                401,
+                "missing or wrong consumer token",
+                "send the metadata authorization: Bearer <token>",
+            )
 
     class Puller(puller_pb2_grpc.PullerServiceServicer):
         def Subscribe(self, request: Any, context: Any) -> Iterator[Any]:

@@ -82,10 +82,16 @@ class KafkaSink(MessageSink):
     def _fatal_codes(self) -> set[int]:
         E = confluent().KafkaError
         codes = {
-            E.MSG_SIZE_TOO_LARGE, E.RECORD_LIST_TOO_LARGE, E.INVALID_RECORD,
-            E.TOPIC_AUTHORIZATION_FAILED, E.CLUSTER_AUTHORIZATION_FAILED,
-            E.SASL_AUTHENTICATION_FAILED, E._AUTHENTICATION, E.TOPIC_EXCEPTION, E._INVALID_ARG,
-        }  # fmt: skip
+            E.MSG_SIZE_TOO_LARGE,
+            E.RECORD_LIST_TOO_LARGE,
+            E.INVALID_RECORD,
+            E.TOPIC_AUTHORIZATION_FAILED,
+            E.CLUSTER_AUTHORIZATION_FAILED,
+            E.SASL_AUTHENTICATION_FAILED,
+            E._AUTHENTICATION,
+            E.TOPIC_EXCEPTION,
+            E._INVALID_ARG,
+        }
         if not self.config.create_topics:
             codes |= {E.UNKNOWN_TOPIC_OR_PART, E._UNKNOWN_TOPIC}
         return codes
@@ -297,9 +303,14 @@ def _reset_codes() -> set[int]:
     """
     E = confluent().KafkaError
     return {
-        E._MSG_TIMED_OUT, E.PRODUCER_FENCED, E._FENCED, E.INVALID_PRODUCER_EPOCH,
-        E.OUT_OF_ORDER_SEQUENCE_NUMBER, E.UNKNOWN_PRODUCER_ID, E._TIMED_OUT_QUEUE,
-    }  # fmt: skip
+        E._MSG_TIMED_OUT,
+        E.PRODUCER_FENCED,
+        E._FENCED,
+        E.INVALID_PRODUCER_EPOCH,
+        E.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        E.UNKNOWN_PRODUCER_ID,
+        E._TIMED_OUT_QUEUE,
+    }
 
 
 def _failed_indices(

@@ -75,17 +75,23 @@ def _user_types(source: Any, oid: int, ddl: list[str], seen: set[int]) -> tuple[
     seen.add(oid)
     create = f"CREATE SCHEMA IF NOT EXISTS {ident(nsp)}"
     if typtype == "e":
-        labels = [r[0] for r in source.execute(
-            "SELECT enumlabel FROM pg_enum WHERE enumtypid = %s ORDER BY enumsortorder", (oid,)
-        ).fetchall()]  # fmt: skip
+        labels = [
+            r[0]
+            for r in source.execute(
+                "SELECT enumlabel FROM pg_enum WHERE enumtypid = %s ORDER BY enumsortorder", (oid,)
+            ).fetchall()
+        ]
         body = f"CREATE TYPE {qualified} AS ENUM ({', '.join(literal(x) for x in labels)})"
         ddl.extend([create, if_missing(nsp, name, body)])
         return "scalar", name
     if typtype == "d":
         kind, _ = _user_types(source, int(basetype), ddl, seen)
-        checks = [r[0] for r in source.execute(
-            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE contypid = %s", (oid,)
-        ).fetchall()]  # fmt: skip
+        checks = [
+            r[0]
+            for r in source.execute(
+                "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE contypid = %s", (oid,)
+            ).fetchall()
+        ]
         body = f"CREATE DOMAIN {qualified} AS {base_sql}" + (" NOT NULL" if notnull else "")
         body += "".join(f" {c}" for c in checks)
         ddl.extend([create, if_missing(nsp, name, body)])

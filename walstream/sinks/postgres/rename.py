@@ -218,10 +218,16 @@ def evict(
     log.warning(
         "Postgres mirror %s: source table %s is another table now (OID %d, was %d); the "
         "earlier one's target %s moved to %s.%s%s",
-        sink, name, table.source_oid, old_oid, table.target, *to,
-        " (the earlier table was dropped: drop it when you no longer need it)" if now is None
+        sink,
+        name,
+        table.source_oid,
+        old_oid,
+        table.target,
+        *to,
+        " (the earlier table was dropped: drop it when you no longer need it)"
+        if now is None
         else f" (the earlier table is {now[0]}.{now[1]} now)",
-    )  # fmt: skip
+    )
 
 
 def _qualified(schema: str, table: str) -> str:

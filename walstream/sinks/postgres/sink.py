@@ -178,7 +178,6 @@ class PostgresSink(MessageSink):
     def _apply_in_transaction(
         self, messages: Sequence[Message], changes: list[Any], *, isolate: bool
     ) -> None:
-        psycopg = _psycopg()
         conn = _connection(self.dsn)
         failed: dict[int, str] = {}
         fixes: dict[int, str | None] = {}  # what to do, where it is not the usual
@@ -202,45 +201,12 @@ class PostgresSink(MessageSink):
                     c = changes[i]
                     # The keys (and so the table's definition) only when a refusal needs them.
                     book.applied(
-                        (c["schema"], c["table"]), messages[i].cursor,
+                        (c["schema"], c["table"]),
+                        messages[i].cursor,
                         functools.partial(self._row_keys, conn, c),
-                    )  # fmt: skip
+                    )
             else:
-                for i in todo:
-                    m, c = messages[i], changes[i]
-                    table: TableDef | None = None
-                    try:
-                        table = self._table(conn, c)  # outside the savepoint: it stays
-                        try:
-                            self._apply_one(conn, table, c)
-                        except psycopg.DataError:  # a value of a changed type?
-                            retyped = self._retyped(conn, c)
-                            if retyped is None:
-                                raise
-                            table = retyped
-                            self._apply_one(conn, table, c)
-                        except psycopg.errors.UndefinedTable:  # renamed by another process?
-                            _TABLES.pop((self.dsn, table.schema, table.name), None)
-                            table = self._table(conn, c)
-                            self._apply_one(conn, table, c)
-                        book.applied(
-                            (c["schema"], c["table"]), m.cursor,
-                            functools.partial(row_keys, table, c),
-                        )  # fmt: skip
-                    except (psycopg.OperationalError, psycopg.InterfaceError):
-                        raise
-                    except (SinkError, psycopg.Error) as exc:
-                        failed[i] = (
-                            exc.problem.removeprefix("Postgres mirror: ")
-                            if isinstance(exc, SinkError)
-                            else str(exc).strip().splitlines()[0]
-                        )
-                        if isinstance(exc, RenamePending):
-                            table, fixes[i] = exc.table, exc.fix
-                        elif isinstance(exc, SinkError) and exc.fix:  # e.g. no target table
-                            fixes[i] = f"{exc.fix}; then `walstream dead-letters retry`"
-                        key = row_key(table.pk, c.get("record") or {}) if table else None
-                        book.refused(key, (c["schema"], c["table"]), m.cursor)
+                self._apply_each(conn, book, messages, changes, todo, failed, fixes)
             mirror_book.save(conn, self.book_schema, self.name, book)
         if failed:
             first = min(failed)
@@ -255,12 +221,67 @@ class PostgresSink(MessageSink):
                 delivered=frozenset(range(len(messages))) - failed.keys(),
             )
 
+    def _apply_each(
+        self,
+        conn: Any,
+        book: mirror_book.Book,
+        messages: Sequence[Message],
+        changes: list[Any],
+        todo: list[int],
+        failed: dict[int, str],
+        fixes: dict[int, str | None],
+    ) -> None:
+        """Apply the changes `todo` one statement each, noting in `failed` (and `fixes`) those
+        the target refuses: what `_runs` cannot batch, or a retry that isolates them."""
+        psycopg = _psycopg()
+        for i in todo:
+            m, c = messages[i], changes[i]
+            table: TableDef | None = None
+            try:
+                table = self._table(conn, c)  # outside the savepoint: it stays
+                try:
+                    self._apply_one(conn, table, c)
+                except psycopg.DataError:  # a value of a changed type?
+                    retyped = self._retyped(conn, c)
+                    if retyped is None:
+                        raise
+                    table = retyped
+                    self._apply_one(conn, table, c)
+                except psycopg.errors.UndefinedTable:  # renamed by another process?
+                    _TABLES.pop((self.dsn, table.schema, table.name), None)
+                    table = self._table(conn, c)
+                    self._apply_one(conn, table, c)
+                book.applied(
+                    (c["schema"], c["table"]),
+                    m.cursor,
+                    functools.partial(row_keys, table, c),
+                )
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                raise
+            except (SinkError, psycopg.Error) as exc:
+                failed[i] = (
+                    exc.problem.removeprefix("Postgres mirror: ")
+                    if isinstance(exc, SinkError)
+                    else str(exc).strip().splitlines()[0]
+                )
+                if isinstance(exc, RenamePending):
+                    table, fixes[i] = exc.table, exc.fix
+                elif isinstance(exc, SinkError) and exc.fix:  # e.g. no target table
+                    fixes[i] = f"{exc.fix}; then `walstream dead-letters retry`"
+                key = row_key(table.pk, c.get("record") or {}) if table else None
+                book.refused(key, (c["schema"], c["table"]), m.cursor)
+
     def _fill_unsent(self, conn: Any, changes: list[Any], todo: list[int]) -> None:
         """Unsent TOAST values of rows the target lacks, from the source (`unsent.py`)."""
         psycopg = _psycopg()
         try:
-            fill_unsent(conn, lambda: _connection(self.source_dsn), changes, todo,
-                        lambda c: self._table(conn, c))  # fmt: skip
+            fill_unsent(
+                conn,
+                lambda: _connection(self.source_dsn),
+                changes,
+                todo,
+                lambda c: self._table(conn, c),
+            )
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 raise
@@ -286,8 +307,11 @@ class PostgresSink(MessageSink):
         source, oid = _connection(self.source_dsn), change.get("oid")
         fresh = load_definition(source, change["schema"], change["table"], table.schema, oid)
         fresh.filled_by = table.filled_by
-        changed = [c for n, c in fresh.columns.items()
-                   if n in table.columns and table.columns[n].type_sql != c.type_sql]  # fmt: skip
+        changed = [
+            c
+            for n, c in fresh.columns.items()
+            if n in table.columns and table.columns[n].type_sql != c.type_sql
+        ]
         if not changed:
             return None
         for ddl in fresh.types:
@@ -346,8 +370,14 @@ class PostgresSink(MessageSink):
                 batch = self.batch.batch_id if hasattr(self, "batch") else -1
                 if old := mirror_rename.follow(conn, book, sink, fresh, (schema, name), batch):
                     _TABLES.pop((self.dsn, *old), None)
-            mirror_book.claim(conn, self.book_schema, self.name, (schema, name),
-                              (target_schema, name), fresh.source_oid)  # fmt: skip
+            mirror_book.claim(
+                conn,
+                self.book_schema,
+                self.name,
+                (schema, name),
+                (target_schema, name),
+                fresh.source_oid,
+            )
             self._create(conn, fresh)
         else:  # the source gained columns: add them; it lost some: drop them (ours only)
             for ddl in fresh.types:

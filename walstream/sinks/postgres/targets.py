@@ -54,16 +54,21 @@ def _published(conn: Any, publication: str) -> Published | None:
         return None
     schemas: set[str] = set()
     if conn.info.server_version >= 150000:
-        schemas = {r[0] for r in conn.execute(
-            "SELECT n.nspname FROM pg_publication_namespace p "
-            "JOIN pg_namespace n ON n.oid = p.pnnspid WHERE p.pnpubid = %s", (row[0],)
-        ).fetchall()}  # fmt: skip
+        schemas = {
+            r[0]
+            for r in conn.execute(
+                "SELECT n.nspname FROM pg_publication_namespace p "
+                "JOIN pg_namespace n ON n.oid = p.pnnspid WHERE p.pnpubid = %s",
+                (row[0],),
+            ).fetchall()
+        }
     tables = conn.execute(
         "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
         (publication,),
     ).fetchall()
-    return Published(_database(conn), bool(row[1]), frozenset(schemas),
-                     frozenset((s, t) for s, t in tables))  # fmt: skip
+    return Published(
+        _database(conn), bool(row[1]), frozenset(schemas), frozenset((s, t) for s, t in tables)
+    )
 
 
 def check_targets(config: Any, sinks: Sequence[Any]) -> None:

@@ -24,9 +24,12 @@ from walstream.sinks.postgres.sql import TableDef, ident, literal, to_text
 
 
 def fill_unsent(
-    target: Any, source: Callable[[], Any], changes: list[Any], todo: list[int],
+    target: Any,
+    source: Callable[[], Any],
+    changes: list[Any],
+    todo: list[int],
     table_of: Callable[[Any], TableDef],
-) -> int:  # fmt: skip
+) -> int:
     """Give each update in `todo` that left values unsent for a row the target lacks (as
     the chunk's earlier changes leave it) those values from the source, as text in the
     change's `_texts` (`sql.statement` takes them as they are). How many were filled."""
@@ -130,8 +133,10 @@ def _fill(source: Any, schema: str, name: str, table: TableDef, lacking: list[An
 def _keys(table: TableDef, keys: list[dict[str, Any]], alias: str) -> tuple[str, str, str]:
     """(a SELECT of the keys as the table's types with their index `_i`, the join of it
     with `alias`, its JSON parameter)."""
-    rows = [{"_i": i, **{k: to_text(r.get(k), table.columns[k]) for k in table.pk}}
-            for i, r in enumerate(keys)]  # fmt: skip
+    rows = [
+        {"_i": i, **{k: to_text(r.get(k), table.columns[k]) for k in table.pk}}
+        for i, r in enumerate(keys)
+    ]
     exprs = ", ".join(
         f"(r->>{literal(k)})::{table.columns[k].type_sql} AS {ident(k)}" for k in table.pk
     )
