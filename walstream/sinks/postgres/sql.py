@@ -3,7 +3,7 @@
 Values arrive as the decoder's JSON (bytea base64, arrays as JSON arrays, dates with
 astronomical years); `to_text` turns each back into Postgres' text input for its
 column's type, cast in the statement. `runs` groups consecutive changes into what one
-statement can apply, and `statement` writes it. No connection here: `postgres.py` runs
+statement can apply, and `statement` writes it. No connection here: `sink.py` runs
 them.
 """
 
