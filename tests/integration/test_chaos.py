@@ -159,7 +159,7 @@ def test_chaos_kills_outages_and_failing_sinks_lose_nothing(tmp_path: Path) -> N
         time.sleep(rng.uniform(1, 4))
         assert broker.proc is not None
         broker.proc.send_signal(signal.SIGSTOP)
-        time.sleep(8)
+        time.sleep(8)  # the hang's length
         broker.proc.send_signal(signal.SIGCONT)
         events.append("broker hung (SIGSTOP) for 8 s")
         w.join(120)
@@ -169,7 +169,7 @@ def test_chaos_kills_outages_and_failing_sinks_lose_nothing(tmp_path: Path) -> N
         w = writer.background(12_000, 8.0)
         wait_until(lambda: lot.counts().get("kafka", {}).get(PARKED, 0) > 0, 120,
                    message=lambda: f"nothing parked; run output:\n{run.output()[-3000:] if run else ''}")  # fmt: skip
-        time.sleep(2)
+        time.sleep(2)  # the fault's window: keys keep failing (and parking) this long
         counts["parked_in_window"] = lot.counts()["kafka"][PARKED]
         switch.unlink()
         events.append("faulty window: 100 keys failing retryably until parked")
@@ -177,7 +177,7 @@ def test_chaos_kills_outages_and_failing_sinks_lose_nothing(tmp_path: Path) -> N
         # 4. Postgres immediate shutdown and restart, walstream running
         db.conn.close()
         pg._cmd(str(pg.bin / "pg_ctl"), "-D", str(pg.data), "-m", "immediate", "-w", "stop")
-        time.sleep(2)
+        time.sleep(2)  # Postgres stays down this long, walstream running
         pg.start()
         db.conn = connect(pg.dsn(name), autocommit=True)
         events.append("Postgres immediate shutdown and restart")

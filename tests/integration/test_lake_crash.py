@@ -1,5 +1,7 @@
-"""kill -9 of `walstream run` writing Delta and Iceberg tables: each change lands exactly once
-(changelog tables), and the mirrors equal the source table after the last run."""
+"""kill -9 of `walstream run` writing every table sink at once (Delta and Iceberg changelogs and
+mirrors, the Postgres mirror): each change lands exactly once in the changelog tables, and every
+mirror equals the source table after the last run. test_mirror_crash.py kills the Postgres
+mirror alone on a table of every type."""
 
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
     slot = unique("slot")
     db.slots.append(slot)
     ckpt, lake = tmp_path / "ckpt", tmp_path / "lake"
+    mirror_db = unique("mirror")
+    db.execute(f"CREATE DATABASE {mirror_db}")
+    mirror_dsn = db.server.dsn(mirror_db)
     warehouse = {"warehouse": str(tmp_path / "warehouse")}
     config = tmp_path / "walstream.yaml"
     config.write_text(yaml.safe_dump({
@@ -51,6 +56,8 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
                 "catalog": warehouse}},
             {"name": "iceberg-mirror", "source": "app", "destination": {
                 "type": "iceberg", "table": "mirror.{table}", "catalog": warehouse}},
+            {"name": "pg-mirror", "source": "app", "destination": {
+                "type": "postgres", "dsn": mirror_dsn}},
         ],
     }))  # fmt: skip
     runs, total = 4, 6_000
@@ -92,11 +99,14 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
         assert len(expected) == total
         run = Run(config, tmp_path)
 
+        source = normalised(source_rows(db.dsn, "kv"))
+
         def all_in() -> bool:
             try:
                 return (
                     len(delta_rows(log_table)) >= total
                     and len(iceberg_rows(db.dsn, "log.kv")) >= total
+                    and normalised(source_rows(mirror_dsn, "kv")) == source
                 )
             except Exception:
                 return False
@@ -115,8 +125,9 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
     ):
         got = sorted((r["_lsn"], r["_seq"], r["_op"]) for r in rows)
         assert got == want, f"{name}: {len(got)} rows for {len(want)} changes"
-    source = normalised(source_rows(db.dsn, "kv"))
     assert normalised(delta_rows(lake / "mirror" / "kv")) == source
     assert normalised(iceberg_rows(db.dsn, "mirror.kv")) == source
+    assert normalised(source_rows(mirror_dsn, "kv")) == source
+    db.execute(f"DROP DATABASE IF EXISTS {mirror_db} WITH (FORCE)")
     print(f"kills between the lake commit and Spark's: {between_lake_and_spark} of {runs // 2}")
     assert between_lake_and_spark >= 1, "no kill landed between the lake commit and Spark's"

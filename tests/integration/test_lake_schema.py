@@ -14,6 +14,7 @@ from tests.lake import delta_rows, iceberg_rows, run_config
 from walstream.config import parse_config
 from walstream.decode.table_shape import RENAMED_FIX
 from walstream.delivery.parking import ParkingLot
+from walstream.postgres.replication import connect
 from walstream.runtime import Runtime
 from walstream.testing import wait_until
 
@@ -50,10 +51,15 @@ class DeltaRun:
 
 
 def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
+    """Every table sink (Delta, Iceberg, each as mirror and changelog, and the Postgres
+    mirror) follows an added, a dropped and three widened columns."""
     db.execute("CREATE TABLE s (id int PRIMARY KEY, a int, b real, c numeric(6,2), d text)")
     pub = db.create_publication("s")
     slot = unique("slot")
     db.slots.append(slot)
+    mirror_db = unique("mirror")
+    db.execute(f"CREATE DATABASE {mirror_db}")
+    mirror_dsn = db.server.dsn(mirror_db)
     cfg = parse_config(run_config(db, tmp_path, slot, pub, [
         {"name": "delta", "source": "app",
          "destination": {"type": "delta", "path": str(tmp_path / "delta" / "{table}")}},
@@ -66,8 +72,9 @@ def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
         {"name": "iceberg-log", "source": "app",
          "destination": {"type": "iceberg", "mode": "changelog", "table": "log.{table}",
                          "catalog": {"warehouse": str(tmp_path / "wh")}}},
+        {"name": "pg", "source": "app", "destination": {"type": "postgres", "dsn": mirror_dsn}},
     ]))  # fmt: skip
-    sinks = ("delta", "iceberg", "delta-log", "iceberg-log")
+    sinks = ("delta", "iceberg", "delta-log", "iceberg-log", "pg")
     runtime = Runtime(cfg, spark=spark).start()
     total = 0
 
@@ -111,6 +118,18 @@ def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
     ):
         got = sorted((r["id"], r["a"], r["b"], r["c"], r["d"], r["e"]) for r in rows)
         assert got == want, name
+    # the Postgres mirror follows the source's own table: d dropped, e added, a/b/c widened
+    columns = (
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = 'public.s'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attname"
+    )
+    with connect(mirror_dsn, autocommit=True) as conn:
+        mirrored = conn.execute("SELECT id, a, b, c, e FROM public.s ORDER BY id").fetchall()
+        mirrored_columns = conn.execute(columns).fetchall()
+    db.execute(f"DROP DATABASE IF EXISTS {mirror_db} WITH (FORCE)")
+    assert mirrored_columns == [tuple(r) for r in db.execute(columns)]
+    assert ("a", "bigint") in mirrored_columns and ("c", "numeric(12,2)") in mirrored_columns
+    assert mirrored == [(i, a, b, c, e) for i, a, b, c, _, e in want]
     # every change a row, the added column from its first change on, `a` widened to bigint
     want_log = [
         ("insert", 1, 1, "one", None), ("insert", 2, 2, "two", None),
