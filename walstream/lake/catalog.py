@@ -55,7 +55,7 @@ class IcebergDestination(LakeDestination):
 
 def load_pyiceberg() -> Any:
     """pyiceberg, with the submodules the sink uses imported."""
-    module = optional_import("pyiceberg", "iceberg", "the Iceberg sink")
+    module = optional_import("pyiceberg", "pyiceberg (the Iceberg sink)", "iceberg")
     import pyiceberg.catalog
     import pyiceberg.exceptions
     import pyiceberg.expressions  # noqa: F401

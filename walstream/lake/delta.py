@@ -28,6 +28,7 @@ from walstream.lake.contract import (
     check_template,
     fill_template,
 )
+from walstream.lake.delta_log import stats
 from walstream.lake.plan import history_plan, mirror_plan
 from walstream.lake.tables import (
     LakeTable,
@@ -70,7 +71,7 @@ class DeltaDestination(LakeDestination):
 
 
 def _deltalake() -> Any:
-    return optional_import("deltalake", "delta", "the Delta Lake sink")
+    return optional_import("deltalake", "deltalake (the Delta Lake sink)", "delta")
 
 
 def _sql_name(name: str) -> str:
@@ -186,7 +187,7 @@ class DeltaSink(TableSink):
         for (path, name), target, meta in zip(batch.files, targets, metas, strict=True):
             move_staged(path, target)
             size = _size(target)
-            actions.append(dl.transaction.AddAction(name, size, {}, now, True, _stats(meta)))
+            actions.append(dl.transaction.AddAction(name, size, {}, now, True, stats(meta)))
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(), commit_properties=self._commit(batch)
         )
@@ -330,43 +331,6 @@ def _size(uri: str) -> int:
 
     filesystem, path = pafs.FileSystem.from_uri(uri)
     return int(filesystem.get_file_info(path).size)
-
-
-#: Parquet physical types whose footer min/max are Delta statistics as they are.
-_STAT_TYPES = ("INT32", "INT64")
-
-
-def _stats(meta: Any) -> str:
-    """A data file's Delta statistics from its Parquet footer: rows, null counts, and
-    min/max of integer and text columns (what data skipping on keys needs)."""
-    import json
-
-    out: dict[str, Any] = {
-        "numRecords": meta.num_rows,
-        "minValues": {},
-        "maxValues": {},
-        "nullCount": {},
-    }
-    schema = meta.schema
-    for i in range(meta.num_columns):
-        column = schema.column(i)
-        if column.max_definition_level > 1:  # nested: no statistics
-            continue
-        stats = [meta.row_group(g).column(i).statistics for g in range(meta.num_row_groups)]
-        if not stats or any(s is None for s in stats):
-            continue
-        name = column.name
-        if all(s.has_null_count for s in stats):
-            out["nullCount"][name] = sum(s.null_count for s in stats)
-        text = column.physical_type == "BYTE_ARRAY" and str(column.logical_type) == "String"
-        if (
-            column.physical_type in _STAT_TYPES and str(column.logical_type) in ("None", "Int")
-        ) or text:
-            values = [s for s in stats if s.has_min_max]
-            if len(values) == len(stats):
-                out["minValues"][name] = min(s.min for s in values)
-                out["maxValues"][name] = max(s.max for s in values)
-    return json.dumps(out)
 
 
 def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:

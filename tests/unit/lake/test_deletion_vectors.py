@@ -1,0 +1,148 @@
+"""Delta deletion vectors walstream writes (`lake/deletion_vectors.py`, `lake/delta_log.py`),
+read by two readers it does not write with: DuckDB's delta extension (delta-kernel) and
+delta-rs (its DataFusion scan and its own view of each file's vector)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.lake import duck
+from walstream.lake import deletion_vectors as dv
+from walstream.lake.delta_log import CommitConflict, delete_commit, snapshot, stats
+
+deltalake = pytest.importorskip("deltalake")
+
+
+def test_z85_is_the_protocol_s_spelling_of_a_uuid() -> None:
+    # PROTOCOL.md's example: "ab^-aqEH.-t@S}K{vb[*k^" is the prefix "ab" and this UUID
+    assert uuid.UUID(bytes=dv.unz85("^-aqEH.-t@S}K{vb[*k^")) == uuid.UUID(
+        "d2c639aa-8816-431a-aaf6-d3fe2512ff61"
+    )
+    assert dv.z85(uuid.UUID("d2c639aa-8816-431a-aaf6-d3fe2512ff61").bytes) == "^-aqEH.-t@S}K{vb[*k^"
+    with pytest.raises(ValueError, match="4-byte groups"):
+        dv.z85(b"abc")
+
+
+def test_a_vector_holds_64_bit_positions_behind_the_magic_number() -> None:
+    rows = [0, 3, 65_536, 2**32 + 5, 2**40]
+    data = dv.encode(rows)
+    assert int.from_bytes(data[:4], "little") == dv.MAGIC
+    assert list(dv.decode(data)) == rows
+    with pytest.raises(ValueError, match="magic"):
+        dv.decode(b"\x00" * 4 + data[4:])
+
+
+def ids_by_duckdb(location: Path) -> list[int]:
+    con = duck()
+    try:
+        return sorted(
+            r[0] for r in con.execute("SELECT id FROM delta_scan(?)", [str(location)]).fetchall()
+        )
+    finally:
+        con.close()
+
+
+def ids_by_delta_rs(location: Path) -> list[int]:
+    reader = deltalake.DeltaTable(str(location)).scan(columns=["id"])
+    return sorted(pa.table(reader).column("id").to_pylist())
+
+
+def masks(location: Path) -> dict[str, list[int]]:
+    """delta-rs's view of each file's vector: file name -> deleted positions."""
+    table = pa.table(deltalake.DeltaTable(str(location)).deletion_vectors())
+    out = {}
+    for path, keep in zip(
+        table["filepath"].to_pylist(), table["selection_vector"].to_pylist(), strict=True
+    ):
+        out[path.rsplit("/", 1)[1]] = [i for i, k in enumerate(keep) if not k]
+    return out
+
+
+def three_files(location: Path) -> list[str]:
+    """A table of ids 0..29 in three files (0-9, 10-19, 20-29) with deletion vectors on; the
+    files' names in id order."""
+    for first in (0, 10, 20):
+        ids = list(range(first, first + 10))
+        deltalake.write_deltalake(str(location), pa.table({"id": ids, "v": [f"v{i}" for i in ids]}),
+                                  mode="append")  # fmt: skip
+    table = deltalake.DeltaTable(str(location))
+    table.alter.add_feature(
+        deltalake.table.TableFeatures.DeletionVectors, allow_protocol_versions_increase=True
+    )
+    adds = pa.table(deltalake.DeltaTable(str(location)).get_add_actions(flatten=True)).to_pylist()
+    return [a["path"] for a in sorted(adds, key=lambda a: a["min.id"])]
+
+
+def new_file(location: Path, ids: list[int]) -> dict[str, Any]:
+    name = f"part-{uuid.uuid4()}.parquet"
+    pq.write_table(pa.table({"id": ids, "v": [f"new{i}" for i in ids]}), location / name)
+    size = (location / name).stat().st_size
+    return {"path": name, "partitionValues": {}, "size": size, "modificationTime": 0,
+            "dataChange": True, "stats": stats(pq.read_metadata(location / name))}  # fmt: skip
+
+
+def commit(location: Path, positions: dict[str, list[int]], adds=(), batch_id: int = 1) -> int:
+    current = snapshot(str(location), deltalake.DeltaTable(str(location)).version())
+    return delete_commit(str(location), current, positions, adds, app_id="walstream/t/q",
+                         batch_id=batch_id)  # fmt: skip
+
+
+def test_deleted_rows_and_new_files_in_one_commit_read_alike_by_two_readers(tmp_path: Path) -> None:
+    location = tmp_path / "t"
+    a, b, c = three_files(location)
+    before = deltalake.DeltaTable(str(location)).version()
+    # rows 2 and 5 of the first file, 0 and 9 of the second; ids 2, 5, 10, 19 come again
+    version = commit(location, {a: [2, 5], b: [0, 9]}, [new_file(location, [2, 5, 10, 19])])
+    assert version == before + 1
+    want = sorted([*range(30)])  # every id once: the old rows gone, the new ones in
+    assert ids_by_duckdb(location) == want
+    assert ids_by_delta_rs(location) == want
+    assert masks(location) == {a: [2, 5], b: [0, 9]}
+    rows = pa.table(deltalake.DeltaTable(str(location)).scan(columns=["id", "v"])).to_pylist()
+    assert {r["id"]: r["v"] for r in rows if r["id"] in (2, 5, 10, 19, 3)} == {
+        2: "new2",
+        5: "new5",
+        10: "new10",
+        19: "new19",
+        3: "v3",
+    }
+    assert deltalake.DeltaTable(str(location)).transaction_version("walstream/t/q") == 1
+    # more rows of a file with a vector: the union; the old logical file is removed whole
+    commit(location, {a: [7]}, batch_id=2)
+    assert masks(location)[a] == [2, 5, 7]
+    assert ids_by_duckdb(location) == ids_by_delta_rs(location) == [i for i in want if i != 7]
+    assert c not in masks(location)
+
+
+def test_the_live_files_are_read_from_a_checkpoint_and_compaction_folds_the_vectors(
+    tmp_path: Path,
+) -> None:
+    location = tmp_path / "t"
+    a, b, _ = three_files(location)
+    commit(location, {a: [0, 1]})
+    deltalake.DeltaTable(str(location)).create_checkpoint()
+    commit(location, {a: [2], b: [3]}, batch_id=2)  # the old vector of `a` from the checkpoint
+    gone = {0, 1, 2, 13}
+    want = [i for i in range(30) if i not in gone]
+    assert ids_by_duckdb(location) == ids_by_delta_rs(location) == want
+    deltalake.DeltaTable(str(location)).optimize.compact()
+    assert ids_by_duckdb(location) == ids_by_delta_rs(location) == want
+    assert masks(location) == {}  # the rewritten files hold only live rows
+
+
+def test_a_version_another_writer_took_is_a_conflict_and_changes_nothing(tmp_path: Path) -> None:
+    location = tmp_path / "t"
+    a, _, _ = three_files(location)
+    stale = snapshot(str(location), deltalake.DeltaTable(str(location)).version())
+    commit(location, {a: [4]})
+    with pytest.raises(CommitConflict) as caught:
+        delete_commit(str(location), stale, {a: [6]}, app_id="walstream/t/q", batch_id=2)
+    assert caught.value.retryable
+    assert ids_by_duckdb(location) == [i for i in range(30) if i != 4]
+    assert not list((location / "_delta_log").glob(".*.tmp"))

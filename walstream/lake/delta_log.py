@@ -1,0 +1,247 @@
+"""Delta commits walstream writes itself: deletes by position (deletion vectors) with new
+data files, in one version of the log (Delta's PROTOCOL.md, "Actions" and "Action
+Reconciliation").
+
+delta-rs commits appends, merges and overwrites but no deletion vectors; this module
+writes the version's JSON itself, created only if absent (the log's one rule for writers),
+after reading the live files' vectors from the log (checkpoint, then the JSON versions
+after it). A logical file is its path and its vector: deleting more rows of a file is
+`remove` of the file with its old vector and `add` of it with the union.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from walstream.errors import SinkError
+from walstream.lake import deletion_vectors as dv
+
+
+class CommitConflict(SinkError):
+    """Another writer took the version first: read the table again and retry."""
+
+    def __init__(self, location: str, version: int) -> None:
+        super().__init__(
+            f"Delta: version {version} of {location} was written by another writer",
+            "nothing to do: the batch is written again on the next attempt",
+            retryable=True,
+        )
+
+
+@dataclass
+class LiveFile:
+    """A data file of the current version as the log has it: its add action (the vector
+    included, when it has one)."""
+
+    add: dict[str, Any]
+
+    @property
+    def path(self) -> str:
+        return str(self.add["path"])
+
+    @property
+    def vector(self) -> dict[str, Any] | None:
+        return self.add.get("deletionVector")
+
+
+@dataclass
+class Snapshot:
+    """The live files of a version, by path."""
+
+    version: int
+    files: dict[str, LiveFile] = field(default_factory=dict)
+
+
+def _log(location: str) -> str:
+    return f"{location.rstrip('/')}/_delta_log"
+
+
+def _local(location: str) -> str:
+    """The local directory of a table (walstream writes its own commits on local disk only
+    for now; object stores go through delta-rs)."""
+    if location.startswith("file://"):
+        return location.removeprefix("file://")
+    if "://" in location:
+        raise SinkError(
+            f"Delta: deletion vectors are written on local disk only for now, not {location}",
+            "tables on object storage are written copy-on-write, through delta-rs",
+            retryable=False,
+        )
+    return location
+
+
+def snapshot(location: str, version: int) -> Snapshot:
+    """The live files of `version`, replayed from the newest checkpoint at or below it and
+    the JSON versions after."""
+    import pyarrow.parquet as pq
+
+    root = _local(location)
+    log = _log(root)
+    files: dict[str, LiveFile] = {}
+    start = 0
+    checkpoint = _checkpoint_at_or_below(log, version)
+    if checkpoint is not None:
+        start = checkpoint + 1
+        table = pq.read_table(f"{log}/{checkpoint:020d}.checkpoint.parquet", columns=["add"])
+        for add in table.column("add").to_pylist():
+            if add is not None:
+                add["partitionValues"] = dict(add.get("partitionValues") or [])
+                files[add["path"]] = LiveFile({k: v for k, v in add.items() if v is not None})
+    for v in range(start, version + 1):
+        with open(f"{log}/{v:020d}.json") as f:
+            for line in f:
+                action = json.loads(line)
+                if "add" in action:
+                    files[action["add"]["path"]] = LiveFile(action["add"])
+                elif "remove" in action:
+                    removed = action["remove"]
+                    live = files.get(removed["path"])
+                    if live is not None and _same_vector(
+                        live.vector, removed.get("deletionVector")
+                    ):
+                        del files[removed["path"]]
+    return Snapshot(version, files)
+
+
+def _same_vector(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two vectors are one (the protocol's uniqueId: storage type, path, offset)."""
+    if a is None or b is None:
+        return a is b
+    key = ("storageType", "pathOrInlineDv", "offset")
+    return all(a.get(k) == b.get(k) for k in key)
+
+
+def _checkpoint_at_or_below(log: str, version: int) -> int | None:
+    found = [
+        int(name.split(".", 1)[0])
+        for name in os.listdir(log)
+        if name.endswith(".checkpoint.parquet") and name.count(".") == 2
+    ]
+    below = [v for v in found if v <= version]
+    return max(below) if below else None
+
+
+def deleted_positions(location: str, live: LiveFile) -> Any:
+    """The rows a live file's vector deletes already (an empty bitmap when none)."""
+    from pyarrow import fs as pafs
+
+    if live.vector is None:
+        return dv.decode(dv.encode(()))
+    return dv.read(pafs.LocalFileSystem(), _local(location), dv.Descriptor.of_action(live.vector))
+
+
+def delete_commit(
+    location: str,
+    current: Snapshot,
+    positions: Mapping[str, Iterable[int]],
+    adds: Sequence[dict[str, Any]] = (),
+    *,
+    app_id: str,
+    batch_id: int,
+    metadata: Mapping[str, str] | None = None,
+) -> int:
+    """Commit version `current.version + 1`: the rows at `positions` (data file path ->
+    row positions) deleted, the data files `adds` (add actions of files already in the
+    table's directory) added, and the batch's application transaction. The new version;
+    CommitConflict when another writer took it."""
+    from pyarrow import fs as pafs
+
+    root = _local(location)
+    now = int(time.time() * 1000)
+    actions: list[dict[str, Any]] = [
+        {"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now}}
+    ]
+    changed = [(path, rows) for path, rows in positions.items()]
+    unions = []
+    for path, rows in changed:
+        live = current.files.get(path)
+        if live is None:
+            raise SinkError(
+                f"Delta: {location} has no live data file {path} at version {current.version}",
+                "a bug in walstream: the positions were read from another version",
+                retryable=False,
+            )
+        union = deleted_positions(location, live)
+        union.update(rows)
+        unions.append(union)
+    descriptors = dv.write(pafs.LocalFileSystem(), root, unions) if unions else []
+    for (path, _), descriptor in zip(changed, descriptors, strict=True):
+        old = current.files[path].add
+        removed = {
+            "path": path,
+            "deletionTimestamp": now,
+            "dataChange": True,
+            "extendedFileMetadata": True,
+            "partitionValues": old.get("partitionValues") or {},
+            "size": old["size"],
+        }
+        if old.get("deletionVector") is not None:
+            removed["deletionVector"] = old["deletionVector"]
+        actions.append({"remove": removed})
+        added = {k: v for k, v in old.items() if k != "deletionVector"}
+        added.update(dataChange=True, deletionVector=descriptor.action())
+        actions.append({"add": added})
+    actions.extend({"add": a} for a in adds)
+    info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
+            "engineInfo": "walstream", **(metadata or {})}  # fmt: skip
+    actions.append({"commitInfo": info})
+    version = current.version + 1
+    _put_if_absent(f"{_log(root)}/{version:020d}.json", actions, location, version)
+    return version
+
+
+def _put_if_absent(target: str, actions: list[dict[str, Any]], location: str, version: int) -> None:
+    """Write the version's file whole, then link it into place: a link fails when the
+    name exists, so two writers never both take a version."""
+    temp = f"{os.path.dirname(target)}/.{os.path.basename(target)}.{uuid.uuid4().hex}.tmp"
+    with open(temp, "w") as f:
+        f.write("".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions))
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(temp, target)
+    except FileExistsError:
+        raise CommitConflict(location, version) from None
+    finally:
+        os.unlink(temp)
+
+
+#: Parquet physical types whose footer min/max are Delta statistics as they are.
+STAT_TYPES = ("INT32", "INT64")
+
+
+def stats(meta: Any) -> str:
+    """A data file's Delta statistics from its Parquet footer: rows, null counts, and
+    min/max of integer and text columns (what data skipping on keys needs)."""
+    out: dict[str, Any] = {
+        "numRecords": meta.num_rows,
+        "minValues": {},
+        "maxValues": {},
+        "nullCount": {},
+    }
+    schema = meta.schema
+    for i in range(meta.num_columns):
+        column = schema.column(i)
+        if column.max_definition_level > 1:  # nested: no statistics
+            continue
+        stats = [meta.row_group(g).column(i).statistics for g in range(meta.num_row_groups)]
+        if not stats or any(s is None for s in stats):
+            continue
+        name = column.name
+        if all(s.has_null_count for s in stats):
+            out["nullCount"][name] = sum(s.null_count for s in stats)
+        text = column.physical_type == "BYTE_ARRAY" and str(column.logical_type) == "String"
+        if (
+            column.physical_type in STAT_TYPES and str(column.logical_type) in ("None", "Int")
+        ) or text:
+            values = [s for s in stats if s.has_min_max]
+            if len(values) == len(stats):
+                out["minValues"][name] = min(s.min for s in values)
+                out["maxValues"][name] = max(s.max for s in values)
+    return json.dumps(out)
