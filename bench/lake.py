@@ -16,6 +16,12 @@ On an embedded Postgres, with walstream's Runtime (`local[2]`):
    table, p50 / p99 over the rows.
 4. small files: inserts at 1,000/s for FILES_MINUTES into two Delta mirrors, one with
    `optimize.every: 1m`; the data files each table has at the end.
+5. scale (`--only scale`): for each of SCALE_ROWS (100k, 1M by default; add 10M), a table
+   of that many rows backfilled into a Delta and an Iceberg mirror, then single-row updates
+   of random keys at UPDATE_RATE/s for UPDATE_SECONDS: bytes each table's directory grew by
+   per update, next to the changed row's own size (target <= 4x) and the smallest table's
+   figure (target: the largest within 1.5x); drain time after the writer stops; a DuckDB
+   read of the whole table.
 """
 
 from __future__ import annotations
@@ -53,11 +59,14 @@ def lake_sink(name: str, kind: str, work: Path, **dest: Any) -> dict[str, Any]:
     return {"name": name, "source": "bench", "destination": {"type": kind, **where, **dest}}
 
 
-def plan(dsn: str, work: Path, slot: str, sinks: list[dict[str, Any]], **source: Any) -> Any:
+def plan(
+    dsn: str, work: Path, slot: str, sinks: list[dict[str, Any]], publication: str = "bench",
+    **source: Any,
+) -> Any:  # fmt: skip
     return parse_config({
         "server": {"enabled": False},
         "spark": {"master": "local[2]", "checkpoint_dir": str(work / f"ckpt-{slot}")},
-        "sources": [{"name": "bench", "dsn": dsn, "slot": slot, "publication": "bench",
+        "sources": [{"name": "bench", "dsn": dsn, "slot": slot, "publication": publication,
                      **source}],
         "sinks": sinks,
     })  # fmt: skip
@@ -243,6 +252,144 @@ def small_files(pg: EmbeddedPostgres, work: Path, minutes: float) -> None:
     figure("lake", f"files after {minutes:g} min, optimize 1m", files["sf-optimized"], "files")
 
 
+class Updates:
+    """Single-row updates of random keys of `table` (ids 1..rows) at `rate`/s for `seconds`,
+    each its own transaction."""
+
+    def __init__(self, dsn: str, table: str, rows: int, rate: int, seconds: float) -> None:
+        self.dsn, self.table, self.rows, self.rate, self.seconds = dsn, table, rows, rate, seconds
+        self.done = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import random
+
+        from psycopg import sql
+
+        rng = random.Random(7)
+        stmt = sql.SQL(
+            "UPDATE {} SET delta = delta + 1, mtime = now(), note = md5(%s::text) WHERE id = %s"
+        ).format(sql.Identifier(self.table))
+        with connect(self.dsn, autocommit=True) as conn:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < self.seconds:
+                n = rng.randint(1, self.rows)
+                conn.execute(stmt, (n, n))
+                self.done += 1
+                ahead = self.done / self.rate - (time.monotonic() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+
+
+#: The scale part's mirrors: Delta copy-on-write and merge-on-read, Iceberg copy-on-write.
+KINDS = ("delta", "deltamor", "iceberg")
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def scale_one(
+    pg: EmbeddedPostgres, work: Path, rows: int, rate: int, seconds: float
+) -> dict[str, Any]:
+    """One table of `rows` rows: backfilled into a Delta and an Iceberg mirror, then updated
+    at random keys; per format, bytes written per update and the drain time."""
+    dsn = pg.dsn()
+    table = f"scale_{rows}"
+    with connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (LIKE accounts_history INCLUDING ALL)")
+        conn.execute(
+            f"""INSERT INTO {table} SELECT g, g % 100000, g % 10, g % 100, (g % 9999) - 5000,
+                now() - g * interval '1 second', 'filler', 'note ' || g
+                FROM generate_series(1, {rows}) g"""
+        )
+        conn.execute(f"VACUUM ANALYZE {table}")
+        conn.execute(f"CREATE PUBLICATION scale_{rows} FOR TABLE {table}")
+        row_size = float(
+            conn.execute(f"SELECT avg(pg_column_size(t.*)) FROM {table} t").fetchone()[0]
+        )  # type: ignore[index]
+    sinks = [
+        lake_sink(f"sc{rows}-delta", "delta", work),
+        lake_sink(f"sc{rows}-deltamor", "delta", work, updates="merge_on_read"),
+        lake_sink(f"sc{rows}-iceberg", "iceberg", work),
+    ]
+    cfg = plan(dsn, work, f"scale_{rows}", sinks, publication=f"scale_{rows}")
+    runtime = Runtime(cfg).start()
+    store = BackfillStore(cfg.state_dsn)
+    dirs = {"delta": work / f"sc{rows}-delta" / table,
+            "deltamor": work / f"sc{rows}-deltamor" / table,
+            "iceberg": work / "warehouse" / f"sc{rows}_iceberg.db" / table}  # fmt: skip
+    out: dict[str, Any] = {"row_size": row_size}
+    try:
+        for s in sinks:
+            (b,) = request(cfg, store, s["name"])
+            wait(runtime, lambda b_id=b.id: getattr(store.get(b_id), "status", None) == DONE,
+                 f"backfill of {rows:,} rows into {s['name']}")  # fmt: skip
+        before = {k: tree_bytes(d) for k, d in dirs.items()}
+        start = {s["name"]: runtime.progress()[s["name"]].delivered for s in sinks}
+        writer = Updates(dsn, table, rows, rate, seconds)
+        writer.thread.start()
+        writer.thread.join()
+        stopped = time.monotonic()
+        for s in sinks:
+            name = s["name"]
+            wait(runtime, lambda n=name: runtime.progress()[n].delivered - start[n] >= writer.done,
+                 f"updates into {name}")  # fmt: skip
+            kind = name.rsplit("-", 1)[1]
+            out[kind] = {
+                "updates": writer.done,
+                "bytes_per_update": (tree_bytes(dirs[kind]) - before[kind]) / writer.done,
+                "drain_s": time.monotonic() - stopped,
+            }
+            stopped_read = time.perf_counter()
+            n = duck_rows(kind, dirs[kind], cfg.state_dsn, f"sc{rows}_iceberg.{table}")
+            out[kind]["read_s"] = time.perf_counter() - stopped_read
+            assert n == rows, f"{name}: {n:,} rows read back, {rows:,} in the source"
+    finally:
+        runtime.stop()
+    return out
+
+
+def duck_rows(kind: str, directory: Path, state_dsn: str, identifier: str) -> int:
+    """How many rows DuckDB reads from a lake table (its delta / iceberg extension)."""
+    from tests.lake import duck, iceberg_metadata
+
+    con = duck()
+    try:
+        if kind.startswith("delta"):
+            return int(
+                con.execute("SELECT count(*) FROM delta_scan(?)", [str(directory)]).fetchone()[0]
+            )
+        location = iceberg_metadata(state_dsn, identifier)
+        assert location is not None, identifier
+        scan = "SELECT count(*) FROM iceberg_scan(?)"
+        return int(con.execute(scan, [location.removeprefix("file://")]).fetchone()[0])
+    finally:
+        con.close()
+
+
+def scale(pg: EmbeddedPostgres, work: Path, sizes: list[int], rate: int, seconds: float) -> None:
+    results = {}
+    for rows in sizes:
+        r = results[rows] = scale_one(pg, work, rows, rate, seconds)
+        for kind in KINDS:
+            k = r[kind]
+            print(f"{kind} mirror of {rows:,} rows, {k['updates']:,} random-key updates at "
+                  f"{rate:,}/s: {k['bytes_per_update']:,.0f} B written per update "
+                  f"({k['bytes_per_update'] / r['row_size']:.1f}x the row's {r['row_size']:.0f} B), "
+                  f"drained {k['drain_s']:.1f}s after the writer stopped; DuckDB reads it in "
+                  f"{k['read_s']:.2f}s", flush=True)  # fmt: skip
+    small, large = min(results), max(results)
+    for kind in KINDS:
+        for what, unit in (("bytes_per_update", "B"), ("drain_s", "s")):
+            figure("lake", f"{kind} mirror {what} at {large:,} rows", results[large][kind][what],
+                   unit, reference=f"the same at {small:,} rows",
+                   reference_value=results[small][kind][what], target="<= 1.5x")  # fmt: skip
+        figure("lake", f"{kind} mirror bytes per update at {large:,} rows (B)",
+               results[large][kind]["bytes_per_update"], "B", reference="the changed row's size",
+               reference_value=results[large]["row_size"], target="<= 4x")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -252,7 +399,18 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--latency-seconds", type=float, default=30)
     ap.add_argument("--files-minutes", type=float, default=10)
-    ap.add_argument("--only", default="backfill,streaming,latency,files")
+    ap.add_argument(
+        "--scale-rows",
+        default="100000,1000000",
+        help="the table sizes of the scale part, comma-separated",
+    )
+    ap.add_argument("--update-rate", type=int, default=1600)
+    ap.add_argument("--update-seconds", type=float, default=60)
+    ap.add_argument(
+        "--only",
+        default="backfill,streaming,latency,files",
+        help="the parts to run, of backfill,streaming,latency,files,scale",
+    )
     args = ap.parse_args()
     parts = set(args.only.split(","))
     work = Path(tempfile.mkdtemp(prefix="walstream-bench-lake-"))
@@ -277,6 +435,9 @@ def main() -> None:
                 latency(pg, work, args.rate, args.latency_seconds)
             if "files" in parts:
                 small_files(pg, work, args.files_minutes)
+            if "scale" in parts:
+                sizes = [int(n) for n in args.scale_rows.split(",")]
+                scale(pg, work, sizes, args.update_rate, args.update_seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

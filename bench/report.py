@@ -42,7 +42,8 @@ PLAN: list[tuple[str, list[str]]] = [
     ("debezium", ["--changes", "500000", "--rates", "2000,5000", "--latency-seconds", "15"]),
     ("paths", ["--changes", "300000"]),
     ("lake", ["--rows", "5000000", "--changes", "500000", "--latency-seconds", "30",
-              "--files-minutes", "3"]),
+              "--files-minutes", "3", "--only", "backfill,streaming,latency,files,scale",
+              "--scale-rows", "100000,1000000", "--update-seconds", "30"]),
 ]  # fmt: skip
 #: Arguments that are sizes (scaled by --scale).
 SIZES = {"--rows", "--changes", "--messages", "--requests"}

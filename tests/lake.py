@@ -33,9 +33,12 @@ def run_config(
     }
 
 
-def lake_sink(db: Any, tmp_path: Path, kind: str, namespace: str, mode: str | None = None) -> Any:
+def lake_sink(
+    db: Any, tmp_path: Path, kind: str, namespace: str, mode: str | None = None, **extra: Any
+) -> Any:
     """A Delta (tmp_path/d/<table>) or Iceberg (`<namespace>.<table>` in tmp_path/w) sink
-    named `lake`, in `mode` (None: the default), built from a config as `walstream run` does."""
+    named `lake`, in `mode` (None: the default), with `extra` destination settings, built
+    from a config as `walstream run` does."""
     from walstream.config import parse_config
     from walstream.sinks.registry import sink_for
 
@@ -47,6 +50,7 @@ def lake_sink(db: Any, tmp_path: Path, kind: str, namespace: str, mode: str | No
     )  # fmt: skip
     if mode is not None:
         dest["mode"] = mode
+    dest.update(extra)
     plan = parse_config(run_config(db, tmp_path, "s", "p", [
         {"name": "lake", "source": "app", "destination": dest},
     ]))  # fmt: skip

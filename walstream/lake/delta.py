@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from walstream.errors import SinkError, optional_import
+from walstream.lake import delta_log
 from walstream.lake.contract import (
     FilesBatch,
     LakeDestination,
@@ -29,7 +30,8 @@ from walstream.lake.contract import (
     fill_template,
 )
 from walstream.lake.delta_log import stats
-from walstream.lake.plan import history_plan, mirror_plan
+from walstream.lake.plan import history_plan, key_of, mirror_plan
+from walstream.lake.positions import live_range, locate
 from walstream.lake.tables import (
     LakeTable,
     adoptable,
@@ -52,11 +54,31 @@ class DeltaDestination(LakeDestination):
     path: str = "./lake/{schema}/{table}"
     #: delta-rs object store settings (AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY, ...).
     storage_options: dict[str, SecretStr] = Field(default_factory=dict)
+    #: How a mirror replaces and deletes rows: `copy_on_write` rewrites each data file that
+    #: holds one (a MERGE, through delta-rs); `merge_on_read` marks them deleted in deletion
+    #: vectors and appends the new versions (a cost per change, not per file; readers need
+    #: deletion vectors: Spark 3.4+, delta-rs 1.6+, DuckDB, Trino). Local tables only, for now.
+    updates: Literal["copy_on_write", "merge_on_read"] = "copy_on_write"
 
     @field_validator("path")
     @classmethod
     def _path(cls, v: str) -> str:
         return check_template(v, "path")
+
+    @model_validator(mode="after")
+    def _merge_on_read(self) -> DeltaDestination:
+        if self.updates != "merge_on_read":
+            return self
+        if self.mode != "mirror":
+            raise ValueError("updates: merge_on_read is for mode: mirror (for now)")
+        if self.partition_by:
+            raise ValueError("updates: merge_on_read does not take partition_by (yet)")
+        if "://" in self.path and not self.path.startswith("file://"):
+            raise ValueError(
+                "updates: merge_on_read writes tables on local disk only (for now); "
+                "a table on object storage takes updates: copy_on_write"
+            )
+        return self
 
     def location(self, schema: str, table: str) -> str:
         where = fill_template(self.path, schema, table)
@@ -141,6 +163,8 @@ class DeltaSink(TableSink):
                 storage_options=self.options or None,
             )
             n = rows.num_rows
+        elif self.config.mode == "mirror" and self.config.updates == "merge_on_read":
+            n = self._mirror_on_read(table, lake, batch, app_id)
         elif self.config.mode == "mirror":
             n = self._mirror(table, lake, batch, commit)
         else:
@@ -209,7 +233,7 @@ class DeltaSink(TableSink):
         the same, so a replay finds nothing left to widen)."""
         import pyarrow as pa
 
-        data = table.to_pyarrow_table()
+        data = _pa_table(table.scan()) if _has_vectors(table) else table.to_pyarrow_table()
         schema = pa.schema(
             [f.with_type(widened[f.name]) if f.name in widened else f for f in data.schema]
         )
@@ -275,6 +299,47 @@ class DeltaSink(TableSink):
         )
         return int(plan.upserts.num_rows)
 
+    def _mirror_on_read(self, table: Any, lake: LakeTable, batch: TableBatch, app_id: str) -> int:
+        """The batch's keys marked deleted where the table has them (deletion vectors) and
+        their newest versions appended, in one commit; after a truncate, an overwrite."""
+        import pyarrow as pa
+        from pyarrow import fs as pafs
+
+        dl = _deltalake()
+        key, columns = list(batch.shape.key), batch.shape.names
+        current = delta_log.snapshot(lake.location, table.version())
+        files = delta_log.data_files(lake.location, current, key)
+        local = pafs.LocalFileSystem()
+
+        def rows_of(keys: list[Any]) -> dict[Any, dict[str, Any]]:
+            wanted = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in keys])
+            found = locate(local, files, wanted.cast(lake_key_schema(batch)), columns).rows
+            if found is None:
+                return {}
+            return {key_of(r, key): {c: r[c] for c in columns} for r in found.to_pylist()}
+
+        rows = lake.filled(batch, rows_of)
+        plan = mirror_plan(rows, key, columns, batch.complete)
+        if plan.truncated:
+            dl.write_deltalake(
+                table, plan.upserts, mode="overwrite", schema_mode="merge",
+                commit_properties=self._commit(batch),
+            )  # fmt: skip
+            return int(plan.upserts.num_rows)
+        touched = pa.concat_tables([plan.upserts.select(key), plan.deletes.select(key).cast(
+            plan.upserts.select(key).schema)])  # fmt: skip
+        positions = locate(local, files, touched).positions if touched.num_rows else {}
+        adds = []
+        if plan.upserts.num_rows:
+            adds.append(_data_file(lake.location, _as_table(plan.upserts, _arrow_schema(table))))
+        if not positions and not adds:
+            return 0
+        delta_log.delete_commit(
+            lake.location, current, positions, adds, app_id=app_id, batch_id=batch.batch_id,
+            metadata={"walstream.batch": batch.marker},
+        )  # fmt: skip
+        return int(plan.upserts.num_rows)
+
     def _history(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
         """One MERGE: the closing rows end current versions, the new versions are inserted."""
         key, schema = list(batch.shape.key), lake.schema(batch)
@@ -312,12 +377,64 @@ class DeltaSink(TableSink):
             enforce_retention_duration=False,
         )
         t.cleanup_metadata()
-        return {
+        out = {
             "table": self.target(schema, table),
             "files_added": compacted.get("numFilesAdded", 0),
             "files_removed": compacted.get("numFilesRemoved", 0),
             "files_deleted": len(removed),
         }
+        t = self._open(self.config.location(schema, table))
+        if t is not None and _has_vectors(t) and "://" not in t.table_uri.removeprefix("file://"):
+            location = t.table_uri.removeprefix("file://")
+            current = delta_log.snapshot(location, t.version())
+            out["vectors_deleted"] = delta_log.drop_unused_vectors(
+                location, current, time.time() - opt.retain
+            )
+        return out
+
+
+def _has_vectors(table: Any) -> bool:
+    """Whether the table takes deletion vectors (then only a reader that applies them may
+    read it: delta-rs' `scan`, not its pyarrow dataset)."""
+    return "deletionVectors" in (table.protocol().reader_features or [])
+
+
+def _pa_table(reader: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.table(reader)
+
+
+def lake_key_schema(batch: TableBatch) -> Any:
+    """The key columns' Arrow schema of a batch's rows."""
+    import pyarrow as pa
+
+    return pa.schema([batch.rows.schema.field(k) for k in batch.shape.key])
+
+
+def _as_table(rows: Any, schema: Any) -> Any:
+    """Rows in a table's schema: a column the table has and the rows do not (dropped at the
+    source) is NULL."""
+    import pyarrow as pa
+
+    for f in schema:
+        if f.name not in rows.column_names:
+            rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
+    return rows.select(schema.names).cast(schema)
+
+
+def _data_file(location: str, rows: Any) -> dict[str, Any]:
+    """`rows` as a new Parquet data file in the table's directory: its add action."""
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    path = f"{location.rstrip('/')}/{name}"
+    pq.write_table(rows, path, compression="snappy")
+    return {"path": name, "partitionValues": {}, "size": _size(path),
+            "modificationTime": int(time.time() * 1000), "dataChange": True,
+            "stats": stats(pq.read_metadata(path))}  # fmt: skip
 
 
 def _arrow_schema(table: Any) -> Any:
@@ -335,6 +452,13 @@ def _size(uri: str) -> int:
 
 def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:
     """The table's key columns where `column` is within [low, high]."""
+    if _has_vectors(table):  # delta-rs' pyarrow dataset does not apply deletion vectors
+        from pyarrow import fs as pafs
+
+        location = table.table_uri.removeprefix("file://")
+        current = delta_log.snapshot(location, table.version())
+        files = delta_log.data_files(location, current, key)
+        return live_range(pafs.LocalFileSystem(), files, key, column, low, high)
     data = table.to_pyarrow_dataset()
     field = dataset_field(data, column)
     return data.to_table(columns=key, filter=(field >= low) & (field <= high))
@@ -344,7 +468,10 @@ def _current(table: Any) -> Any:
     """The table's current rows (history: only `is_current` ones) as a pyarrow dataset."""
     import pyarrow.dataset as ds
 
-    data = table.to_pyarrow_dataset()
+    # a table with deletion vectors (merge_on_read once): read whole, through delta-rs' scan
+    data = (
+        ds.dataset(_pa_table(table.scan())) if _has_vectors(table) else table.to_pyarrow_dataset()
+    )
     if "is_current" in data.schema.names:
         return data.filter(ds.field("is_current"))
     return data

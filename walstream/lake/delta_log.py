@@ -11,6 +11,7 @@ after it). A logical file is its path and its vector: deleting more rows of a fi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -52,10 +53,50 @@ class LiveFile:
 
 @dataclass
 class Snapshot:
-    """The live files of a version, by path."""
+    """The live files of a version, by path, and its protocol and metadata actions."""
 
     version: int
     files: dict[str, LiveFile] = field(default_factory=dict)
+    protocol: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+#: The table features a table that takes deletion vectors lists (writer version 7 names each
+#: feature; `appendOnly` and `invariants` are what writer version 2 had without naming them).
+DV_PROTOCOL = {
+    "minReaderVersion": 3,
+    "minWriterVersion": 7,
+    "readerFeatures": ["deletionVectors"],
+    "writerFeatures": ["appendOnly", "invariants", "deletionVectors"],
+}
+ENABLE = "delta.enableDeletionVectors"
+
+
+def _takes_vectors(current: Snapshot) -> list[dict[str, Any]]:
+    """The protocol and metadata actions that let the table take deletion vectors, if it
+    does not yet."""
+    out: list[dict[str, Any]] = []
+    protocol = current.protocol
+    if "deletionVectors" not in (protocol.get("writerFeatures") or []):
+        if protocol.get("minWriterVersion", 0) == 7:
+            out.append({"protocol": {**protocol,
+                "readerFeatures": [*(protocol.get("readerFeatures") or []), "deletionVectors"],
+                "writerFeatures": [*(protocol.get("writerFeatures") or []), "deletionVectors"],
+                "minReaderVersion": 3}})  # fmt: skip
+        elif protocol.get("minReaderVersion", 1) <= 1 and protocol.get("minWriterVersion", 2) <= 2:
+            out.append({"protocol": DV_PROTOCOL})
+        else:
+            raise SinkError(
+                f"Delta: the table's protocol {protocol} has features walstream cannot add "
+                "deletion vectors beside",
+                "use `updates: copy_on_write` for this table",
+                retryable=False,
+            )
+    configuration = current.metadata.get("configuration") or {}
+    if configuration.get(ENABLE) != "true":
+        out.append({"metaData": {**current.metadata,
+                                 "configuration": {**configuration, ENABLE: "true"}}})  # fmt: skip
+    return out
 
 
 def _log(location: str) -> str:
@@ -84,21 +125,40 @@ def snapshot(location: str, version: int) -> Snapshot:
     root = _local(location)
     log = _log(root)
     files: dict[str, LiveFile] = {}
+    protocol: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
     start = 0
     checkpoint = _checkpoint_at_or_below(log, version)
     if checkpoint is not None:
         start = checkpoint + 1
-        table = pq.read_table(f"{log}/{checkpoint:020d}.checkpoint.parquet", columns=["add"])
+        table = pq.read_table(
+            f"{log}/{checkpoint:020d}.checkpoint.parquet", columns=["add", "protocol", "metaData"]
+        )
         for add in table.column("add").to_pylist():
             if add is not None:
                 add["partitionValues"] = dict(add.get("partitionValues") or [])
                 files[add["path"]] = LiveFile({k: v for k, v in add.items() if v is not None})
+        protocol = _present(table.column("protocol").to_pylist()) or {}
+        metadata = _present(table.column("metaData").to_pylist()) or {}
+        metadata = {k: v for k, v in metadata.items() if v is not None}
+        for name in ("configuration", "format"):
+            if isinstance(metadata.get(name), list):
+                metadata[name] = dict(metadata[name])
+        if isinstance(metadata.get("format"), dict) and isinstance(
+            metadata["format"].get("options"), list
+        ):
+            metadata["format"]["options"] = dict(metadata["format"]["options"])
+        protocol = {k: v for k, v in protocol.items() if v is not None}
     for v in range(start, version + 1):
         with open(f"{log}/{v:020d}.json") as f:
             for line in f:
                 action = json.loads(line)
                 if "add" in action:
                     files[action["add"]["path"]] = LiveFile(action["add"])
+                elif "protocol" in action:
+                    protocol = action["protocol"]
+                elif "metaData" in action:
+                    metadata = action["metaData"]
                 elif "remove" in action:
                     removed = action["remove"]
                     live = files.get(removed["path"])
@@ -106,7 +166,11 @@ def snapshot(location: str, version: int) -> Snapshot:
                         live.vector, removed.get("deletionVector")
                     ):
                         del files[removed["path"]]
-    return Snapshot(version, files)
+    return Snapshot(version, files, protocol, metadata)
+
+
+def _present(values: list[Any]) -> Any:
+    return next((v for v in values if v is not None), None)
 
 
 def _same_vector(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
@@ -125,6 +189,52 @@ def _checkpoint_at_or_below(log: str, version: int) -> int | None:
     ]
     below = [v for v in found if v <= version]
     return max(below) if below else None
+
+
+def data_files(location: str, current: Snapshot, key: Sequence[str]) -> list[Any]:
+    """The live files of a snapshot as `positions.DataFile`s: key bounds from their
+    statistics, deleted positions from their vectors."""
+    from walstream.lake.positions import DataFile
+
+    root = _local(location).rstrip("/")
+    out = []
+    for live in current.files.values():
+        try:
+            numbers = json.loads(live.add.get("stats") or "{}")
+        except ValueError:
+            numbers = {}
+        low, high = numbers.get("minValues") or {}, numbers.get("maxValues") or {}
+        bounds = {k: (low.get(k), high.get(k)) for k in key if k in low and k in high}
+        out.append(
+            DataFile(
+                f"{root}/{live.path}",
+                live.path,
+                bounds,
+                functools.partial(deleted_positions, location, live),
+            )
+        )
+    return out
+
+
+def drop_unused_vectors(location: str, current: Snapshot, older_than: float) -> int:
+    """Delete the DV files no live file names that are older than `older_than` (a Unix
+    time): a vector superseded by a union, or folded by a compaction, is only needed by a
+    reader of an old version. delta-rs' vacuum leaves them. How many were deleted."""
+    root = _local(location)
+    named = {
+        dv.Descriptor.of_action(f.vector).file_name
+        for f in current.files.values()
+        if f.vector is not None
+    }
+    dropped = 0
+    for name in os.listdir(root):
+        if not (name.startswith("deletion_vector_") and name.endswith(".bin")) or name in named:
+            continue
+        path = os.path.join(root, name)
+        if os.path.getmtime(path) < older_than:
+            os.unlink(path)
+            dropped += 1
+    return dropped
 
 
 def deleted_positions(location: str, live: LiveFile) -> Any:
@@ -155,7 +265,8 @@ def delete_commit(
     root = _local(location)
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
-        {"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now}}
+        *(_takes_vectors(current) if positions else []),
+        {"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now}},
     ]
     changed = [(path, rows) for path, rows in positions.items()]
     unions = []

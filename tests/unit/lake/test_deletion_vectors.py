@@ -146,3 +146,68 @@ def test_a_version_another_writer_took_is_a_conflict_and_changes_nothing(tmp_pat
     assert caught.value.retryable
     assert ids_by_duckdb(location) == [i for i in range(30) if i != 4]
     assert not list((location / "_delta_log").glob(".*.tmp"))
+
+
+def test_the_live_rows_of_some_keys_are_found_by_file_and_position(tmp_path: Path) -> None:
+    from pyarrow import fs as pafs
+
+    from walstream.lake.delta_log import data_files
+    from walstream.lake.positions import locate
+
+    location = tmp_path / "t"
+    a, b, c = three_files(location)
+    commit(location, {a: [4]})  # id 4 deleted already
+    version = deltalake.DeltaTable(str(location)).version()
+    files = data_files(str(location), snapshot(str(location), version), ["id"])
+    keys = pa.table({"id": pa.array([3, 4, 15, 27, 99], pa.int64())})
+    found = locate(pafs.LocalFileSystem(), files, keys, ["v"])
+    assert found.positions == {a: [3], b: [5], c: [7]}
+    assert sorted((r["id"], r["v"], r["_file"], r["_pos"]) for r in found.rows.to_pylist()) == [
+        (3, "v3", a, 3), (15, "v15", b, 5), (27, "v27", c, 7)
+    ]  # fmt: skip
+    # a file whose statistics rule the keys out is not read (here: it could not be)
+    gone = [f if f.name != c else type(f)("/nonexistent", c, f.bounds, f.deleted) for f in files]
+    assert locate(pafs.LocalFileSystem(), gone, keys.slice(0, 3)).positions == {a: [3], b: [5]}
+
+
+def test_composite_text_keys_are_found_in_plain_parquet_files(tmp_path: Path) -> None:
+    from pyarrow import fs as pafs
+
+    from walstream.lake.positions import DataFile, locate
+
+    rows = pa.table({"region": ["eu", "eu", "us", "us\x1fx", "üß"], "id": [1, 2, 1, 1, 1],
+                     "v": ["a", "b", "c", "d", "e"]})  # fmt: skip
+    pq.write_table(rows, tmp_path / "f.parquet")
+    empty = dv.decode(dv.encode(()))
+    file = DataFile(str(tmp_path / "f.parquet"), "f.parquet", {}, lambda: empty)
+    keys = pa.table({"region": ["us", "eu", "üß", "us"], "id": [1, 2, 1, 2]})
+    found = locate(pafs.LocalFileSystem(), [file], keys, ["v"])
+    assert found.positions == {"f.parquet": [1, 2, 4]}
+    assert sorted(found.rows["v"].to_pylist()) == ["b", "c", "e"]
+
+
+def test_vacuum_keeps_live_vectors_and_walstream_drops_the_superseded_ones(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from walstream.lake.delta_log import drop_unused_vectors
+
+    location = tmp_path / "t"
+    a, _, _ = three_files(location)
+    commit(location, {a: [1]})
+    commit(location, {a: [2]}, batch_id=2)  # the first vector is superseded by the union
+    table = deltalake.DeltaTable(str(location))
+    table.optimize.compact(target_size=100)  # every file is larger: none is rewritten
+    table = deltalake.DeltaTable(str(location))
+    table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+    assert len(list(location.glob("deletion_vector_*.bin"))) == 2  # delta-rs leaves both
+    current = snapshot(str(location), table.version())
+    assert drop_unused_vectors(str(location), current, time.time() - 3600) == 0  # too new
+    assert drop_unused_vectors(str(location), current, time.time() + 1) == 1
+    assert len(list(location.glob("deletion_vector_*.bin"))) == 1  # the live one
+    assert (
+        ids_by_duckdb(location)
+        == ids_by_delta_rs(location)
+        == [i for i in range(30) if i not in (1, 2)]
+    )

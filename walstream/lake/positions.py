@@ -1,0 +1,135 @@
+"""Where a table's live rows of some keys are: their data files and row positions, for
+deletes written as deletes (merge-on-read) instead of rewritten files.
+
+Only the files whose key statistics can hold one of the keys are read, and of them only the
+key columns (and the columns asked for); a row a deletion vector already deletes is not
+live. The cost grows with the files the keys fall in, not with the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A live data file: `path` as the filesystem opens it, `name` as the table's log names
+    it, each key column's (min, max) where its statistics have them, and the positions
+    already deleted (read only when the file is)."""
+
+    path: str
+    name: str
+    bounds: dict[str, tuple[Any, Any]]
+    deleted: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Located:
+    """The live rows of the keys asked for: positions per file name, and the rows (the key
+    columns and the columns asked for, with `_file` and `_pos`)."""
+
+    positions: dict[str, list[int]]
+    rows: Any
+
+
+def might_hold(file: DataFile, keys: Any) -> Any:
+    """The keys (a pyarrow Table of key columns) the file's statistics do not rule out."""
+    import pyarrow.compute as pc
+
+    for column, (low, high) in file.bounds.items():
+        if keys.num_rows == 0:
+            break
+        if low is None or high is None or column not in keys.column_names:
+            continue
+        values = keys[column]
+        try:
+            inside = pc.and_(pc.greater_equal(values, low), pc.less_equal(values, high))
+        except Exception:  # a bound of another type (a widened column): no pruning on it
+            continue
+        keys = keys.filter(pc.fill_null(inside, True))
+    return keys
+
+
+def locate(
+    filesystem: Any, files: Sequence[DataFile], keys: Any, columns: Sequence[str] = ()
+) -> Located:
+    """The live rows of `keys` (a pyarrow Table of the key columns) in `files`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    key = keys.column_names
+    wanted = list(dict.fromkeys([*key, *columns]))
+    positions: dict[str, list[int]] = {}
+    found = []
+    for file in files:
+        candidates = might_hold(file, keys)
+        if candidates.num_rows == 0:
+            continue
+        with filesystem.open_input_file(file.path) as f:
+            data = pq.read_table(f, columns=[c for c in wanted if c in _names(f)])
+        for c in wanted:  # a column the file predates: NULL, as a reader sees it
+            if c not in data.column_names:
+                data = data.append_column(c, pa.nulls(data.num_rows))
+        for c in key:  # the keys' own types (a file may hold views or a narrower type)
+            i = data.column_names.index(c)
+            data = data.set_column(i, c, data[c].cast(keys.schema.field(c).type))
+        data = data.append_column("_pos", pa.array(range(data.num_rows), pa.int64()))
+        hits = data.join(candidates, keys=key, join_type="left semi")
+        if hits.num_rows == 0:
+            continue
+        deleted = file.deleted()
+        if len(deleted):
+            gone = pa.array(list(deleted), pa.int64())
+            hits = hits.filter(pc.invert(pc.is_in(hits["_pos"], value_set=gone)))
+        if hits.num_rows == 0:
+            continue
+        positions[file.name] = sorted(hits["_pos"].to_pylist())
+        found.append(hits.append_column("_file", pa.repeat(file.name, hits.num_rows)))
+    rows = pa.concat_tables(found, promote_options="permissive") if found else None
+    return Located(positions, rows)
+
+
+def _names(f: Any) -> set[str]:
+    """The column names of an open Parquet file (its footer only)."""
+    import pyarrow.parquet as pq
+
+    names = set(pq.read_schema(f).names)
+    f.seek(0)
+    return names
+
+
+def live_range(
+    filesystem: Any, files: Sequence[DataFile], columns: Sequence[str], column: str, low: Any,
+    high: Any,
+) -> Any:  # fmt: skip
+    """`columns` of the live rows whose `column` is within [low, high] (files whose
+    statistics rule the range out are not read)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    wanted = list(dict.fromkeys([*columns, column]))
+    out = []
+    for file in files:
+        bound = file.bounds.get(column)
+        if bound is not None and bound[0] is not None and bound[1] is not None:
+            try:
+                if bound[1] < low or bound[0] > high:
+                    continue
+            except TypeError:  # bounds of another type: read the file
+                pass
+        with filesystem.open_input_file(file.path) as f:
+            data = pq.read_table(f, columns=wanted)
+        keep = pc.and_(pc.greater_equal(data[column], low), pc.less_equal(data[column], high))
+        deleted = file.deleted()
+        if len(deleted):
+            positions = pa.array(range(data.num_rows), pa.int64())
+            gone = pa.array(list(deleted), pa.int64())
+            keep = pc.and_(keep, pc.invert(pc.is_in(positions, value_set=gone)))
+        out.append(data.filter(pc.fill_null(keep, False)).select(list(columns)))
+    if not out:
+        return pa.table({c: pa.array([]) for c in columns})
+    return pa.concat_tables(out, promote_options="permissive")
