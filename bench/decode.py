@@ -53,7 +53,7 @@ def receive(dsn: str, slot: str, pub: str, until: int) -> tuple[float, list[byte
     """The leanest psycopg2 receive loop: read_message and keep the payload, nothing else."""
     import select
 
-    from walstream.postgres.replication import replication_connection, start_options
+    from walstream.capture.stream import replication_connection, start_options
 
     payloads: list[bytes] = []
     append = payloads.append
