@@ -281,8 +281,8 @@ class Updates:
                     time.sleep(ahead)
 
 
-#: The scale part's mirrors: Delta copy-on-write and merge-on-read, Iceberg copy-on-write.
-KINDS = ("delta", "deltamor", "iceberg")
+#: The scale part's mirrors: Delta and Iceberg, each copy-on-write and merge-on-read.
+KINDS = ("delta", "deltamor", "iceberg", "icebergmor")
 
 
 def tree_bytes(path: Path) -> int:
@@ -312,13 +312,15 @@ def scale_one(
         lake_sink(f"sc{rows}-delta", "delta", work),
         lake_sink(f"sc{rows}-deltamor", "delta", work, updates="merge_on_read"),
         lake_sink(f"sc{rows}-iceberg", "iceberg", work),
+        lake_sink(f"sc{rows}-icebergmor", "iceberg", work, updates="merge_on_read"),
     ]
     cfg = plan(dsn, work, f"scale_{rows}", sinks, publication=f"scale_{rows}")
     runtime = Runtime(cfg).start()
     store = BackfillStore(cfg.state_dsn)
     dirs = {"delta": work / f"sc{rows}-delta" / table,
             "deltamor": work / f"sc{rows}-deltamor" / table,
-            "iceberg": work / "warehouse" / f"sc{rows}_iceberg.db" / table}  # fmt: skip
+            "iceberg": work / "warehouse" / f"sc{rows}_iceberg.db" / table,
+            "icebergmor": work / "warehouse" / f"sc{rows}_icebergmor.db" / table}  # fmt: skip
     out: dict[str, Any] = {"row_size": row_size}
     try:
         for s in sinks:
@@ -342,7 +344,7 @@ def scale_one(
                 "drain_s": time.monotonic() - stopped,
             }
             stopped_read = time.perf_counter()
-            n = duck_rows(kind, dirs[kind], cfg.state_dsn, f"sc{rows}_iceberg.{table}")
+            n = duck_rows(kind, dirs[kind], cfg.state_dsn, f"sc{rows}_{kind}.{table}")
             out[kind]["read_s"] = time.perf_counter() - stopped_read
             assert n == rows, f"{name}: {n:,} rows read back, {rows:,} in the source"
     finally:

@@ -177,8 +177,8 @@ def test_the_dsn_may_come_from_walstream_dsn(db, monkeypatch):
 
 
 def test_no_free_slot_or_wal_sender_is_an_error_for_a_new_slot_only():
-    from walstream.postgres.embedded import EmbeddedPostgres
     from walstream.capture.stream import replication_connection, start_options
+    from walstream.postgres.embedded import EmbeddedPostgres
     from walstream.testing import wait_until
 
     settings = {"max_replication_slots": "2", "max_wal_senders": "1"}

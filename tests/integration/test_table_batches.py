@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.lake import delta_rows, iceberg_rows, lake_sink
@@ -23,23 +24,33 @@ from walstream.lake.contract import TableBatch
 
 KINDS = ("delta", "iceberg")
 MODES = ("mirror", "history", "changelog")
-#: Every kind in every mode, and the Delta mirror that writes deletes as deletion vectors.
-CASES = [(k, m) for k in KINDS for m in MODES] + [("delta-mor", "mirror")]
+#: Every kind in every mode, and the mirrors that write deletes as deletes (Delta deletion
+#: vectors, Iceberg position deletes).
+CASES = [(k, m) for k in KINDS for m in MODES] + [
+    ("delta-mor", "mirror"),
+    ("iceberg-mor", "mirror"),
+]
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 KEY = ("region", "id")
 
 
 def sink_of(db: Any, tmp_path: Path, kind: str, mode: str) -> Any:
-    if kind == "delta-mor":
-        return lake_sink(db, tmp_path, "delta", "c", mode, updates="merge_on_read")
+    if kind.endswith("-mor"):
+        return lake_sink(db, tmp_path, kind[:-4], "c", mode, updates="merge_on_read")
     return lake_sink(db, tmp_path, kind, "c", mode)
 
 
 def read(db: Any, tmp_path: Path, kind: str) -> list[dict[str, Any]]:
     """The table's rows, in an order of their own (a reader's order is not the table's). A
     table with deletion vectors is read by delta-rs too, which must agree with DuckDB."""
-    if kind == "iceberg":
-        return sorted(iceberg_rows(db.dsn, "c.acct"), key=repr)
+    if kind.startswith("iceberg"):
+        rows = sorted(iceberg_rows(db.dsn, "c.acct"), key=repr)
+        if kind == "iceberg-mor":
+            by_pyiceberg = lake_sink(db, tmp_path, "iceberg", "c")._open("public", "acct")
+            assert plain(by_pyiceberg.scan().to_arrow().to_pylist()) == plain(rows), (
+                "pyiceberg and DuckDB read different rows"
+            )
+        return rows
     rows = sorted(delta_rows(tmp_path / "d" / "acct"), key=repr)
     if kind == "delta-mor":
         from deltalake import DeltaTable
@@ -132,6 +143,9 @@ def test_each_batch_is_one_commit_a_replay_writes_nothing_and_duckdb_reads_the_s
 
         vectors = pa.table(DeltaTable(str(tmp_path / "d" / "acct")).deletion_vectors())
         assert [m.count(False) for m in vectors["selection_vector"].to_pylist()] == [3]
+    if kind == "iceberg-mor":  # one position delete file of the three old rows
+        (deletes,) = (tmp_path / "w").rglob("walstream-deletes-*.parquet")
+        assert pq.read_table(deletes)["pos"].to_pylist() == [0, 1, 2]
     if mode == "mirror":
         assert plain(got_second) == plain([A2, B_MOVED])
     elif mode == "history":

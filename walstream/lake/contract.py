@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from walstream.decode.table_shape import TableShape, load_shape
 from walstream.fields import Duration, Model, Size
@@ -73,6 +73,11 @@ class LakeDestination(DestinationSettings):
     partition_by: list[str] = Field(default_factory=list)
     columns: Columns = Field(default_factory=lambda: Columns.model_validate({}))
     optimize: Optimize = Field(default_factory=lambda: Optimize.model_validate({}))
+    #: How a mirror replaces and deletes rows the table has: `copy_on_write` rewrites each
+    #: data file that holds one; `merge_on_read` marks them deleted (Delta deletion vectors,
+    #: Iceberg position deletes) and appends the new versions: a cost per change, not per
+    #: file, for readers that apply deletes (docs/lakehouse.md, "Merge-on-read").
+    updates: Literal["copy_on_write", "merge_on_read"] = "copy_on_write"
     #: The source's DSN (filled in by the plan): the catalog gives each table's types.
     source_dsn: SecretStr | None = None
     _state_dsn: str = PrivateAttr("")
@@ -84,6 +89,14 @@ class LakeDestination(DestinationSettings):
         if len(set(v)) != len(v):
             raise ValueError("a column is named twice")
         return v
+
+    @model_validator(mode="after")
+    def _merge_on_read(self) -> LakeDestination:
+        if self.updates == "merge_on_read" and self.mode != "mirror":
+            raise ValueError("updates: merge_on_read is for mode: mirror (for now)")
+        if self.updates == "merge_on_read" and self.partition_by:
+            raise ValueError("updates: merge_on_read does not take partition_by (yet)")
+        return self
 
     def typed_shape(self, conn: Any, schema: str, table: str, columns: Any) -> TableShape:
         """The lake columns of `schema.table` (of those the publication sends, `columns`)."""

@@ -38,6 +38,7 @@ from walstream.lake.tables import (
     dataset_field,
     has_any_key,
     key_filter_rows,
+    key_schema,
     move_staged,
     present_keys,
     staged_or,
@@ -54,11 +55,6 @@ class DeltaDestination(LakeDestination):
     path: str = "./lake/{schema}/{table}"
     #: delta-rs object store settings (AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY, ...).
     storage_options: dict[str, SecretStr] = Field(default_factory=dict)
-    #: How a mirror replaces and deletes rows: `copy_on_write` rewrites each data file that
-    #: holds one (a MERGE, through delta-rs); `merge_on_read` marks them deleted in deletion
-    #: vectors and appends the new versions (a cost per change, not per file; readers need
-    #: deletion vectors: Spark 3.4+, delta-rs 1.6+, DuckDB, Trino). Local tables only, for now.
-    updates: Literal["copy_on_write", "merge_on_read"] = "copy_on_write"
 
     @field_validator("path")
     @classmethod
@@ -66,13 +62,9 @@ class DeltaDestination(LakeDestination):
         return check_template(v, "path")
 
     @model_validator(mode="after")
-    def _merge_on_read(self) -> DeltaDestination:
+    def _merge_on_read_here(self) -> DeltaDestination:
         if self.updates != "merge_on_read":
             return self
-        if self.mode != "mirror":
-            raise ValueError("updates: merge_on_read is for mode: mirror (for now)")
-        if self.partition_by:
-            raise ValueError("updates: merge_on_read does not take partition_by (yet)")
         if "://" in self.path and not self.path.startswith("file://"):
             raise ValueError(
                 "updates: merge_on_read writes tables on local disk only (for now); "
@@ -313,7 +305,7 @@ class DeltaSink(TableSink):
 
         def rows_of(keys: list[Any]) -> dict[Any, dict[str, Any]]:
             wanted = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in keys])
-            found = locate(local, files, wanted.cast(lake_key_schema(batch)), columns).rows
+            found = locate(local, files, wanted.cast(key_schema(batch)), columns).rows
             if found is None:
                 return {}
             return {key_of(r, key): {c: r[c] for c in columns} for r in found.to_pylist()}
@@ -403,13 +395,6 @@ def _pa_table(reader: Any) -> Any:
     import pyarrow as pa
 
     return pa.table(reader)
-
-
-def lake_key_schema(batch: TableBatch) -> Any:
-    """The key columns' Arrow schema of a batch's rows."""
-    import pyarrow as pa
-
-    return pa.schema([batch.rows.schema.field(k) for k in batch.shape.key])
 
 
 def _as_table(rows: Any, schema: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 from walstream.decode.table_shape import TableShape
 from walstream.errors import SinkError
+from walstream.lake import iceberg_deletes
 from walstream.lake.catalog import (
     CATALOGS,
     IcebergDestination,
@@ -31,10 +32,12 @@ from walstream.lake.contract import (
     Written,
 )
 from walstream.lake.plan import Key, history_plan, key_of, mirror_plan
+from walstream.lake.positions import locate
 from walstream.lake.tables import (
     LakeTable,
     adoptable,
     has_any_key,
+    key_schema,
     move_staged,
     present_keys,
     staged_or,
@@ -135,6 +138,8 @@ class IcebergSink(TableSink):
                 rows = lake.changelog(batch)
                 tx.append(rows.cast(schema), snapshot_properties=props)
                 n = rows.num_rows
+            elif self.config.mode == "mirror" and self.config.updates == "merge_on_read":
+                n = self._mirror_on_read(tx, table, lake, batch, props)
             elif self.config.mode == "mirror":
                 n = self._mirror(tx, table, lake, batch, props)
             else:
@@ -208,6 +213,40 @@ class IcebergSink(TableSink):
             _delete(tx, _always(), props)
         elif touched:
             _delete(tx, _keys_filter(key, touched), props)
+        if plan.upserts.num_rows:
+            tx.append(plan.upserts.cast(schema), snapshot_properties=props)
+        return int(plan.upserts.num_rows)
+
+    def _mirror_on_read(
+        self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]
+    ) -> int:
+        """The batch's keys marked deleted where the table has them (a position delete
+        file) and their newest rows appended, in the batch's transaction."""
+        import pyarrow as pa
+        from pyarrow import fs as pafs
+
+        key, schema = list(batch.shape.key), lake.schema(batch)
+        files = iceberg_deletes.data_files(table, key)
+        local = pafs.LocalFileSystem()
+
+        def rows_of(keys: list[Key]) -> dict[Key, dict[str, Any]]:
+            wanted = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in keys])
+            found = locate(local, files, wanted.cast(key_schema(batch)), batch.shape.names).rows
+            if found is None:
+                return {}
+            return {key_of(r, key): r for r in found.drop(["_pos", "_file"]).to_pylist()}
+
+        rows = lake.filled(batch, rows_of)
+        plan = mirror_plan(rows, key, batch.shape.names, batch.complete)
+        if plan.truncated:
+            _delete(tx, _always(), props)
+        else:
+            touched = pa.concat_tables([plan.upserts.select(key), plan.deletes.select(key).cast(
+                plan.upserts.select(key).schema)])  # fmt: skip
+            positions = locate(local, files, touched).positions if touched.num_rows else {}
+            if positions:
+                deletes = iceberg_deletes.write_deletes(table, positions)
+                iceberg_deletes.add_deletes(tx, table, [deletes], props)
         if plan.upserts.num_rows:
             tx.append(plan.upserts.cast(schema), snapshot_properties=props)
         return int(plan.upserts.num_rows)

@@ -228,6 +228,11 @@ def _keys(data: Any, key: Sequence[str]) -> list[Key]:
     return [key_of(r, key) for r in data.to_table(columns=list(key)).to_pylist()]
 
 
+def key_schema(batch: TableBatch) -> Any:
+    """The key columns' Arrow schema of a batch's rows."""
+    return _pa().schema([batch.rows.schema.field(k) for k in batch.shape.key])
+
+
 def dataset_field(data: Any, name: str) -> Any:
     """A filter's column of a pyarrow dataset. Text and binary columns are cast to their plain
     type: a file written by delta-rs' MERGE stores them as views, and Arrow compares a view's
