@@ -108,6 +108,7 @@ def write_deletes(table: Any, positions: Mapping[str, Sequence[int]]) -> Any:
 
 def add_deletes(tx: Any, table: Any, deletes: Sequence[Any], props: Mapping[str, str]) -> None:
     """A snapshot of the transaction adding the position delete files `deletes`."""
+    from pyiceberg.exceptions import ValidationException
     from pyiceberg.manifest import (
         ManifestContent,
         ManifestEntry,
@@ -123,7 +124,17 @@ def add_deletes(tx: Any, table: Any, deletes: Sequence[Any], props: Mapping[str,
             return ManifestContent.DELETES
 
     class RowDelta(_FastAppendFiles):
-        """A fast append whose added files are position delete files."""
+        """A fast append whose added files are position delete files. The positions were
+        read from the snapshot the transaction began on: if another commit landed since
+        (pyiceberg retries a conflicting commit), they may name rewritten files, so the
+        retry fails and the batch is written again from the new snapshot."""
+
+        def _validate_concurrency(self) -> None:
+            window = getattr(self, "_commit_window", None)
+            if window is not None and not window.is_empty():
+                raise ValidationException(
+                    "the table changed while walstream wrote position deletes for it"
+                )
 
         def _manifests(self) -> list[ManifestFile]:
             out: list[ManifestFile] = super()._manifests()
