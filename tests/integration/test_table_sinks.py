@@ -1,13 +1,14 @@
 """The table sinks' contract on the kind of table users have (`tests/lake.py`'s acct: a
 composite key with a text part, TOASTed text, arrays with NULL elements, jsonb edge values, an
-enum, NULLs): every mode of Delta and Iceberg and the Postgres mirror, in one run, backfilled
-while a writer changes keys, leaves TOAST values unchanged and sets jsonb to strings, numbers
-and the JSON null. The lake tables are read back with DuckDB, the mirror's with Postgres; every
-mirror (and every history's current rows) equals the source row by row, every changelog
-holds each change once. At the sink itself, test_table_batches.py checks each batch is one
-commit, a replay writes nothing, key changes and truncates, in every mode; kill -9
-(test_lake_crash.py, test_mirror_crash.py) and widening (test_lake_schema.py) have runs of
-their own."""
+enum, NULLs): every mode of Delta and Iceberg, the mirrors that write deletes as deletes
+(`updates: merge_on_read`: Delta deletion vectors, Iceberg position deletes) and the Postgres
+mirror, in one run, backfilled while a writer changes keys, leaves TOAST values unchanged and
+sets jsonb to strings, numbers and the JSON null. The lake tables are read back with DuckDB
+(the merge-on-read ones with delta-rs and pyiceberg too), the mirror's with Postgres; every mirror (and every history's current rows) equals the
+source row by row, every changelog holds each change once. At the sink itself,
+test_table_batches.py checks each batch is one commit, a replay writes nothing, key changes
+and truncates, in every mode; kill -9 (test_lake_crash.py, test_mirror_crash.py) and widening
+(test_lake_schema.py) have runs of their own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from tests.conftest import unique
@@ -26,10 +28,13 @@ from tests.lake import (
     REAL_TABLE,
     RealWriter,
     current_versions,
+    delta_rows,
     differences,
     every_mode_rows,
     every_mode_sinks,
     fill_real,
+    iceberg_rows,
+    lake_sink,
     normalised,
     real_source,
 )
@@ -64,7 +69,12 @@ def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark,
     db.execute(f"CREATE DATABASE {mirror_db}")
     mirror_dsn = db.server.dsn(mirror_db)
     sinks = [*every_mode_sinks(tmp_path), {"name": "pg-mirror", "source": "app",
-             "destination": {"type": "postgres", "dsn": mirror_dsn}}]  # fmt: skip
+             "destination": {"type": "postgres", "dsn": mirror_dsn}},
+             {"name": "delta-mor", "source": "app", "destination": {"type": "delta",
+              "path": str(tmp_path / "d-mor" / "{table}"), "updates": "merge_on_read"}},
+             {"name": "iceberg-mor", "source": "app", "destination": {"type": "iceberg",
+              "table": "mor.{table}", "catalog": {"warehouse": str(tmp_path / "w")},
+              "updates": "merge_on_read"}}]  # fmt: skip
     cfg = config(db, tmp_path, pub, slot, sinks, max_changes_per_batch=5000)
     writer = RealWriter(db.dsn, keys, seed=3)
     # Changes of rows the lake does not have yet, before any backfill was asked for: an
@@ -104,6 +114,29 @@ def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark,
     assert not differences(mirrored, want, REAL_KEY), (
         f"postgres mirror:\n{differences(mirrored, want, REAL_KEY)}"
     )
+    # the Delta mirror that deletes by deletion vectors, read by DuckDB and by delta-rs
+    from deltalake import DeltaTable
+
+    for reader, rows in (
+        ("duckdb", delta_rows(tmp_path / "d-mor" / "acct")),
+        ("delta-rs", pa.table(DeltaTable(str(tmp_path / "d-mor" / "acct")).scan()).to_pylist()),
+    ):
+        mor = normalised(rows, REAL_JSON)
+        assert not differences(mor, want, REAL_KEY), (
+            f"merge-on-read mirror read by {reader}:\n{differences(mor, want, REAL_KEY)}"
+        )
+    assert list((tmp_path / "d-mor" / "acct").glob("deletion_vector_*.bin"))
+    # the Iceberg mirror that deletes by position delete files, read by DuckDB and pyiceberg
+    by_pyiceberg = lake_sink(db, tmp_path, "iceberg", "mor")._open("public", "acct")
+    for reader, rows in (
+        ("duckdb", iceberg_rows(db.dsn, "mor.acct")),
+        ("pyiceberg", by_pyiceberg.scan().to_arrow().to_pylist()),
+    ):
+        mor = normalised(rows, REAL_JSON)
+        assert not differences(mor, want, REAL_KEY), (
+            f"merge-on-read Iceberg mirror read by {reader}:\n{differences(mor, want, REAL_KEY)}"
+        )
+    assert list((tmp_path / "w").rglob("walstream-deletes-*.parquet"))
     for fmt in ("delta", "iceberg"):
         mirror = normalised(lake(db, tmp_path, fmt, "mirror"), REAL_JSON)
         assert not differences(mirror, want, REAL_KEY), (

@@ -77,7 +77,9 @@ def locate(
             i = data.column_names.index(c)
             data = data.set_column(i, c, data[c].cast(keys.schema.field(c).type))
         data = data.append_column("_pos", pa.array(range(data.num_rows), pa.int64()))
-        hits = data.join(candidates, keys=key, join_type="left semi")
+        # the join on the keys alone (Arrow joins no list or struct column), then the rows
+        at = data.select([*key, "_pos"]).join(candidates, keys=key, join_type="left semi")
+        hits = data.take(pa.array(sorted(at["_pos"].to_pylist()), pa.int64()))
         if hits.num_rows == 0:
             continue
         deleted = file.deleted()

@@ -176,14 +176,19 @@ def test_composite_text_keys_are_found_in_plain_parquet_files(tmp_path: Path) ->
     from walstream.lake.positions import DataFile, locate
 
     rows = pa.table({"region": ["eu", "eu", "us", "us\x1fx", "üß"], "id": [1, 2, 1, 1, 1],
-                     "v": ["a", "b", "c", "d", "e"]})  # fmt: skip
+                     "v": ["a", "b", "c", "d", "e"],
+                     "arr": [[1], None, [None, 3], [], [5]]})  # fmt: skip
     pq.write_table(rows, tmp_path / "f.parquet")
     empty = dv.decode(dv.encode(()))
     file = DataFile(str(tmp_path / "f.parquet"), "f.parquet", {}, lambda: empty)
     keys = pa.table({"region": ["us", "eu", "üß", "us"], "id": [1, 2, 1, 2]})
-    found = locate(pafs.LocalFileSystem(), [file], keys, ["v"])
+    found = locate(pafs.LocalFileSystem(), [file], keys, ["v", "arr"])  # a list column too
     assert found.positions == {"f.parquet": [1, 2, 4]}
-    assert sorted(found.rows["v"].to_pylist()) == ["b", "c", "e"]
+    assert sorted(zip(found.rows["v"].to_pylist(), found.rows["arr"].to_pylist(), strict=True)) == [
+        ("b", None),
+        ("c", [None, 3]),
+        ("e", [5]),
+    ]
 
 
 def test_vacuum_keeps_live_vectors_and_walstream_drops_the_superseded_ones(
