@@ -1,7 +1,7 @@
-"""kill -9 of `walstream run` writing every table sink at once (Delta and Iceberg changelogs and
-mirrors, the Postgres mirror): each change lands exactly once in the changelog tables, and every
-mirror equals the source table after the last run. test_mirror_crash.py kills the Postgres
-mirror alone on a table of every type."""
+"""kill -9 of `walstream run` writing every table sink at once (Delta and Iceberg changelogs
+and mirrors, copy-on-write and merge-on-read, the Postgres mirror): each change lands exactly
+once in the changelog tables, and every mirror equals the source table after the last run.
+test_mirror_crash.py kills the Postgres mirror alone on a table of every type."""
 
 from __future__ import annotations
 
@@ -58,6 +58,12 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
                 "type": "iceberg", "table": "mirror.{table}", "catalog": warehouse}},
             {"name": "pg-mirror", "source": "app", "destination": {
                 "type": "postgres", "dsn": mirror_dsn}},
+            {"name": "delta-mor", "source": "app", "destination": {
+                "type": "delta", "path": str(lake / "mor" / "{table}"),
+                "updates": "merge_on_read"}},
+            {"name": "iceberg-mor", "source": "app", "destination": {
+                "type": "iceberg", "table": "mor.{table}", "catalog": warehouse,
+                "updates": "merge_on_read"}},
         ],
     }))  # fmt: skip
     runs, total = 4, 6_000
@@ -107,6 +113,8 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
                     len(delta_rows(log_table)) >= total
                     and len(iceberg_rows(db.dsn, "log.kv")) >= total
                     and normalised(source_rows(mirror_dsn, "kv")) == source
+                    and normalised(delta_rows(lake / "mor" / "kv")) == source
+                    and normalised(iceberg_rows(db.dsn, "mor.kv")) == source
                 )
             except Exception:
                 return False
@@ -128,6 +136,8 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
     assert normalised(delta_rows(lake / "mirror" / "kv")) == source
     assert normalised(iceberg_rows(db.dsn, "mirror.kv")) == source
     assert normalised(source_rows(mirror_dsn, "kv")) == source
+    assert normalised(delta_rows(lake / "mor" / "kv")) == source  # merge-on-read mirrors
+    assert normalised(iceberg_rows(db.dsn, "mor.kv")) == source
     db.execute(f"DROP DATABASE IF EXISTS {mirror_db} WITH (FORCE)")
     print(f"kills between the lake commit and Spark's: {between_lake_and_spark} of {runs // 2}")
     assert between_lake_and_spark >= 1, "no kill landed between the lake commit and Spark's"
