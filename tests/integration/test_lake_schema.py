@@ -51,8 +51,9 @@ class DeltaRun:
 
 
 def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
-    """Every table sink (Delta, Iceberg, each as mirror and changelog, and the Postgres
-    mirror) follows an added, a dropped and three widened columns."""
+    """Every table sink (Delta, Iceberg, each as mirror — copy-on-write and merge-on-read —
+    and changelog, and the Postgres mirror) follows an added, a dropped and three widened
+    columns."""
     db.execute("CREATE TABLE s (id int PRIMARY KEY, a int, b real, c numeric(6,2), d text)")
     pub = db.create_publication("s")
     slot = unique("slot")
@@ -73,8 +74,14 @@ def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
          "destination": {"type": "iceberg", "mode": "changelog", "table": "log.{table}",
                          "catalog": {"warehouse": str(tmp_path / "wh")}}},
         {"name": "pg", "source": "app", "destination": {"type": "postgres", "dsn": mirror_dsn}},
+        {"name": "delta-mor", "source": "app",
+         "destination": {"type": "delta", "path": str(tmp_path / "delta-mor" / "{table}"),
+                         "updates": "merge_on_read"}},
+        {"name": "iceberg-mor", "source": "app",
+         "destination": {"type": "iceberg", "table": "mor.{table}", "updates": "merge_on_read",
+                         "catalog": {"warehouse": str(tmp_path / "wh")}}},
     ]))  # fmt: skip
-    sinks = ("delta", "iceberg", "delta-log", "iceberg-log", "pg")
+    sinks = ("delta", "iceberg", "delta-log", "iceberg-log", "pg", "delta-mor", "iceberg-mor")
     runtime = Runtime(cfg, spark=spark).start()
     total = 0
 
@@ -115,6 +122,8 @@ def test_added_dropped_and_widened_columns_mid_stream(spark, db, tmp_path):
     for name, rows in (
         ("delta", delta_rows(tmp_path / "delta" / "s")),
         ("iceberg", iceberg_rows(db.dsn, "public.s")),
+        ("delta-mor", delta_rows(tmp_path / "delta-mor" / "s")),
+        ("iceberg-mor", iceberg_rows(db.dsn, "mor.s")),
     ):
         got = sorted((r["id"], r["a"], r["b"], r["c"], r["d"], r["e"]) for r in rows)
         assert got == want, name

@@ -299,6 +299,7 @@ class DeltaSink(TableSink):
 
         dl = _deltalake()
         key, columns = list(batch.shape.key), batch.shape.names
+        table = _with_columns(table, lake.schema(batch))  # before the snapshot the commit follows
         current = delta_log.snapshot(lake.location, table.version())
         files = delta_log.data_files(lake.location, current, key)
         local = pafs.LocalFileSystem()
@@ -320,7 +321,9 @@ class DeltaSink(TableSink):
             return int(plan.upserts.num_rows)
         touched = pa.concat_tables([plan.upserts.select(key), plan.deletes.select(key).cast(
             plan.upserts.select(key).schema)])  # fmt: skip
-        positions = locate(local, files, touched).positions if touched.num_rows else {}
+        # keys inserted here first cannot be in the table: nothing to look up
+        found = touched.num_rows and not plan.appends_only
+        positions = locate(local, files, touched).positions if found else {}
         adds = []
         if plan.upserts.num_rows:
             adds.append(_data_file(lake.location, _as_table(plan.upserts, _arrow_schema(table))))
@@ -383,6 +386,18 @@ class DeltaSink(TableSink):
                 location, current, time.time() - opt.retain
             )
         return out
+
+
+def _with_columns(table: Any, schema: Any) -> Any:
+    """The table with the columns of `schema` it lacks (added at the source) added, in a
+    commit of its own (a replay finds them there and adds nothing)."""
+    have = set(_arrow_schema(table).names)
+    new = [f for f in schema if f.name not in have]
+    if not new:
+        return table
+    dl = _deltalake()
+    table.alter.add_columns([dl.schema.Field.from_arrow(f) for f in new])
+    return dl.DeltaTable(table.table_uri)
 
 
 def _has_vectors(table: Any) -> bool:
