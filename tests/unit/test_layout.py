@@ -195,6 +195,18 @@ def test_no_function_is_long_without_a_reason() -> None:
     assert long == {}, "split these, or say why next to them (# long: <reason>)"
 
 
+def test_the_formatter_formats_all_of_the_package() -> None:
+    """No `# fmt: skip` / `# fmt: off` in the package: code packed by hand is read by
+    nobody else's habits (tests may keep a hand-laid data table)."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{i}"
+        for path in PACKAGE.rglob("*.py")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if "# fmt: skip" in line or "# fmt: off" in line
+    ]
+    assert found == []
+
+
 #: A module docstring states the module's contract; what is longer belongs in docs/.
 MAX_MODULE_DOC = 20
 

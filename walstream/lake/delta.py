@@ -315,12 +315,19 @@ class DeltaSink(TableSink):
         plan = mirror_plan(rows, key, columns, batch.complete)
         if plan.truncated:
             dl.write_deltalake(
-                table, plan.upserts, mode="overwrite", schema_mode="merge",
+                table,
+                plan.upserts,
+                mode="overwrite",
+                schema_mode="merge",
                 commit_properties=self._commit(batch),
-            )  # fmt: skip
+            )
             return int(plan.upserts.num_rows)
-        touched = pa.concat_tables([plan.upserts.select(key), plan.deletes.select(key).cast(
-            plan.upserts.select(key).schema)])  # fmt: skip
+        touched = pa.concat_tables(
+            [
+                plan.upserts.select(key),
+                plan.deletes.select(key).cast(plan.upserts.select(key).schema),
+            ]
+        )
         # keys inserted here first cannot be in the table: nothing to look up
         found = touched.num_rows and not plan.appends_only
         positions = locate(local, files, touched).positions if found else {}
@@ -330,9 +337,14 @@ class DeltaSink(TableSink):
         if not positions and not adds:
             return 0
         delta_log.delete_commit(
-            lake.location, current, positions, adds, app_id=app_id, batch_id=batch.batch_id,
+            lake.location,
+            current,
+            positions,
+            adds,
+            app_id=app_id,
+            batch_id=batch.batch_id,
             metadata={"walstream.batch": batch.marker},
-        )  # fmt: skip
+        )
         return int(plan.upserts.num_rows)
 
     def _history(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
@@ -432,9 +444,14 @@ def _data_file(location: str, rows: Any) -> dict[str, Any]:
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     path = f"{location.rstrip('/')}/{name}"
     pq.write_table(rows, path, compression="snappy")
-    return {"path": name, "partitionValues": {}, "size": _size(path),
-            "modificationTime": int(time.time() * 1000), "dataChange": True,
-            "stats": stats(pq.read_metadata(path))}  # fmt: skip
+    return {
+        "path": name,
+        "partitionValues": {},
+        "size": _size(path),
+        "modificationTime": int(time.time() * 1000),
+        "dataChange": True,
+        "stats": stats(pq.read_metadata(path)),
+    }
 
 
 def _arrow_schema(table: Any) -> Any:

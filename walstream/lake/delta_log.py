@@ -79,10 +79,22 @@ def _takes_vectors(current: Snapshot) -> list[dict[str, Any]]:
     protocol = current.protocol
     if "deletionVectors" not in (protocol.get("writerFeatures") or []):
         if protocol.get("minWriterVersion", 0) == 7:
-            out.append({"protocol": {**protocol,
-                "readerFeatures": [*(protocol.get("readerFeatures") or []), "deletionVectors"],
-                "writerFeatures": [*(protocol.get("writerFeatures") or []), "deletionVectors"],
-                "minReaderVersion": 3}})  # fmt: skip
+            out.append(
+                {
+                    "protocol": {
+                        **protocol,
+                        "readerFeatures": [
+                            *(protocol.get("readerFeatures") or []),
+                            "deletionVectors",
+                        ],
+                        "writerFeatures": [
+                            *(protocol.get("writerFeatures") or []),
+                            "deletionVectors",
+                        ],
+                        "minReaderVersion": 3,
+                    }
+                }
+            )
         elif protocol.get("minReaderVersion", 1) <= 1 and protocol.get("minWriterVersion", 2) <= 2:
             out.append({"protocol": DV_PROTOCOL})
         else:
@@ -94,8 +106,9 @@ def _takes_vectors(current: Snapshot) -> list[dict[str, Any]]:
             )
     configuration = current.metadata.get("configuration") or {}
     if configuration.get(ENABLE) != "true":
-        out.append({"metaData": {**current.metadata,
-                                 "configuration": {**configuration, ENABLE: "true"}}})  # fmt: skip
+        out.append(
+            {"metaData": {**current.metadata, "configuration": {**configuration, ENABLE: "true"}}}
+        )
     return out
 
 
@@ -299,8 +312,13 @@ def delete_commit(
         added.update(dataChange=True, deletionVector=descriptor.action())
         actions.append({"add": added})
     actions.extend({"add": a} for a in adds)
-    info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
-            "engineInfo": "walstream", **(metadata or {})}  # fmt: skip
+    info = {
+        "timestamp": now,
+        "operation": "WRITE",
+        "operationParameters": {"mode": "Append"},
+        "engineInfo": "walstream",
+        **(metadata or {}),
+    }
     actions.append({"commitInfo": info})
     version = current.version + 1
     _put_if_absent(f"{_log(root)}/{version:020d}.json", actions, location, version)

@@ -241,8 +241,12 @@ class IcebergSink(TableSink):
         if plan.truncated:
             _delete(tx, _always(), props)
         else:
-            touched = pa.concat_tables([plan.upserts.select(key), plan.deletes.select(key).cast(
-                plan.upserts.select(key).schema)])  # fmt: skip
+            touched = pa.concat_tables(
+                [
+                    plan.upserts.select(key),
+                    plan.deletes.select(key).cast(plan.upserts.select(key).schema),
+                ]
+            )
             positions = locate(local, files, touched).positions if touched.num_rows else {}
             if positions:
                 deletes = iceberg_deletes.write_deletes(table, positions)

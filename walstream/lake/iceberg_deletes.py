@@ -79,12 +79,22 @@ def write_deletes(table: Any, positions: Mapping[str, Sequence[int]]) -> Any:
     from pyiceberg.manifest import DataFileContent, FileFormat
     from pyiceberg.typedef import Record
 
-    schema = pa.schema([
-        pa.field("file_path", pa.string(), nullable=False,
-                 metadata={b"PARQUET:field_id": str(FILE_PATH_ID).encode()}),
-        pa.field("pos", pa.int64(), nullable=False,
-                 metadata={b"PARQUET:field_id": str(POS_ID).encode()}),
-    ])  # fmt: skip
+    schema = pa.schema(
+        [
+            pa.field(
+                "file_path",
+                pa.string(),
+                nullable=False,
+                metadata={b"PARQUET:field_id": str(FILE_PATH_ID).encode()},
+            ),
+            pa.field(
+                "pos",
+                pa.int64(),
+                nullable=False,
+                metadata={b"PARQUET:field_id": str(POS_ID).encode()},
+            ),
+        ]
+    )
     rows = [(p, pos) for p in sorted(positions) for pos in sorted(positions[p])]
     data = pa.table(
         {"file_path": [p for p, _ in rows], "pos": [pos for _, pos in rows]}, schema=schema
@@ -147,10 +157,15 @@ def add_deletes(tx: Any, table: Any, deletes: Sequence[Any], props: Mapping[str,
             )
             with writer:
                 for d in deletes:
-                    writer.add(ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
-                        sequence_number=None, file_sequence_number=None, data_file=d,
-                    ))  # fmt: skip
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=d,
+                        )
+                    )
             return [*out, writer.to_manifest_file()]
 
     producer = RowDelta(

@@ -104,9 +104,13 @@ def _names(f: Any) -> set[str]:
 
 
 def live_range(
-    filesystem: Any, files: Sequence[DataFile], columns: Sequence[str], column: str, low: Any,
+    filesystem: Any,
+    files: Sequence[DataFile],
+    columns: Sequence[str],
+    column: str,
+    low: Any,
     high: Any,
-) -> Any:  # fmt: skip
+) -> Any:
     """`columns` of the live rows whose `column` is within [low, high] (files whose
     statistics rule the range out are not read)."""
     import pyarrow as pa
