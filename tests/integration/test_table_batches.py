@@ -174,3 +174,26 @@ def test_each_batch_is_one_commit_a_replay_writes_nothing_and_duckdb_reads_the_s
         assert sorted((r["_lsn"], r["_op"]) for r in got if r["_lsn"] >= 300) == [
             (300, "truncate"), (301, "insert"),
         ]  # fmt: skip
+
+
+def test_a_merge_on_read_delta_mirror_checkpoints_its_log(db, tmp_path, shape):
+    """walstream's own commits checkpoint the log every 100 versions (delta-rs checkpoints
+    after its own only), and the batches after a checkpoint read the live files from it."""
+    sink = sink_of(db, tmp_path, "delta-mor", "mirror")
+    rows = [row("eu", k, [k], str(k), "1.00", f"v{k}") for k in range(5)]
+    sink.write_batch(batch(shape, 1, [("insert", r, None) for r in rows]))
+    log = tmp_path / "d" / "acct" / "_delta_log"
+    n = 1
+    while not list(log.glob("*.checkpoint.parquet")):
+        n += 1
+        assert n < 120, "no checkpoint after 120 batches"
+        k = n % 5
+        rows[k] = {**rows[k], "note": f"v{k} at {n}"}
+        sink.write_batch(batch(shape, n, [("update", rows[k], None)]))
+    (checkpoint,) = log.glob("*.checkpoint.parquet")
+    assert checkpoint.name == "00000000000000000100.checkpoint.parquet"
+    for extra in range(3):  # after the checkpoint: the earlier vectors come from it
+        n += 1
+        rows[extra] = {**rows[extra], "note": f"after the checkpoint {extra}"}
+        sink.write_batch(batch(shape, n, [("update", rows[extra], None)]))
+    assert plain(read(db, tmp_path, "delta-mor")) == plain(rows)

@@ -336,7 +336,7 @@ class DeltaSink(TableSink):
             adds.append(_data_file(lake.location, _as_table(plan.upserts, _arrow_schema(table))))
         if not positions and not adds:
             return 0
-        delta_log.delete_commit(
+        version = delta_log.delete_commit(
             lake.location,
             current,
             positions,
@@ -345,6 +345,10 @@ class DeltaSink(TableSink):
             batch_id=batch.batch_id,
             metadata={"walstream.batch": batch.marker},
         )
+        # delta-rs checkpoints after its own commits only: walstream does after its own, so
+        # readers (and the next batch's snapshot) do not replay an ever longer log
+        if version % delta_log.checkpoint_interval(current) == 0:
+            dl.DeltaTable(lake.location).create_checkpoint()
         return int(plan.upserts.num_rows)
 
     def _history(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:

@@ -182,6 +182,16 @@ def snapshot(location: str, version: int) -> Snapshot:
     return Snapshot(version, files, protocol, metadata)
 
 
+def checkpoint_interval(current: Snapshot) -> int:
+    """Every how many versions the table wants a checkpoint (`delta.checkpointInterval`,
+    100 by default, as Delta's)."""
+    configured = (current.metadata.get("configuration") or {}).get("delta.checkpointInterval")
+    try:
+        return max(1, int(configured)) if configured is not None else 100
+    except ValueError:
+        return 100
+
+
 def _present(values: list[Any]) -> Any:
     return next((v for v in values if v is not None), None)
 
