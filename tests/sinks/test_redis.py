@@ -125,7 +125,9 @@ def test_a_redis_still_loading_its_data_is_retried():
     workdir = Path(tempfile.mkdtemp(prefix="walstream-redis-loading-"))
     try:
         first = redis_server(True, workdir, "--enable-debug-command", "yes")
-        c = redis.Redis(port=first.port)
+        # redis-py's default socket timeout (5 s) is shorter than a SAVE of 4M keys on a
+        # busy machine (a CI run timed out in it)
+        c = redis.Redis(port=first.port, socket_timeout=300)
         c.execute_command("DEBUG", "POPULATE", 4_000_000)  # a dump that takes seconds to load
         c.save()
         c.close()
