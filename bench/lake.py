@@ -286,6 +286,9 @@ KINDS = ("delta", "deltamor", "iceberg", "icebergmor")
 
 
 def tree_bytes(path: Path) -> int:
+    """The bytes under a table's directory (a wrong directory is an error, not 0 bytes)."""
+    if not path.is_dir():
+        raise SystemExit(f"no table directory {path}")
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
@@ -319,8 +322,8 @@ def scale_one(
     store = BackfillStore(cfg.state_dsn)
     dirs = {"delta": work / f"sc{rows}-delta" / table,
             "deltamor": work / f"sc{rows}-deltamor" / table,
-            "iceberg": work / "warehouse" / f"sc{rows}_iceberg.db" / table,
-            "icebergmor": work / "warehouse" / f"sc{rows}_icebergmor.db" / table}  # fmt: skip
+            "iceberg": work / "warehouse" / f"sc{rows}_iceberg" / table,
+            "icebergmor": work / "warehouse" / f"sc{rows}_icebergmor" / table}  # fmt: skip
     out: dict[str, Any] = {"row_size": row_size}
     try:
         for s in sinks:
