@@ -10,6 +10,7 @@ modes and `docs/lakehouse.md` for the guide.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -30,8 +31,8 @@ from walstream.lake.contract import (
     fill_template,
 )
 from walstream.lake.delta_log import stats
-from walstream.lake.plan import history_plan, key_of, mirror_plan
-from walstream.lake.positions import live_range, locate
+from walstream.lake.plan import history_plan, mirror_plan
+from walstream.lake.positions import current_rows, live_range, replaced
 from walstream.lake.tables import (
     LakeTable,
     adoptable,
@@ -294,7 +295,6 @@ class DeltaSink(TableSink):
     def _mirror_on_read(self, table: Any, lake: LakeTable, batch: TableBatch, app_id: str) -> int:
         """The batch's keys marked deleted where the table has them (deletion vectors) and
         their newest versions appended, in one commit; after a truncate, an overwrite."""
-        import pyarrow as pa
         from pyarrow import fs as pafs
 
         dl = _deltalake()
@@ -303,14 +303,7 @@ class DeltaSink(TableSink):
         current = delta_log.snapshot(lake.location, table.version())
         files = delta_log.data_files(lake.location, current, key)
         local = pafs.LocalFileSystem()
-
-        def rows_of(keys: list[Any]) -> dict[Any, dict[str, Any]]:
-            wanted = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in keys])
-            found = locate(local, files, wanted.cast(key_schema(batch)), columns).rows
-            if found is None:
-                return {}
-            return {key_of(r, key): {c: r[c] for c in columns} for r in found.to_pylist()}
-
+        rows_of = functools.partial(current_rows, local, files, key_schema(batch), columns)
         rows = lake.filled(batch, rows_of)
         plan = mirror_plan(rows, key, columns, batch.complete)
         if plan.truncated:
@@ -322,15 +315,7 @@ class DeltaSink(TableSink):
                 commit_properties=self._commit(batch),
             )
             return int(plan.upserts.num_rows)
-        touched = pa.concat_tables(
-            [
-                plan.upserts.select(key),
-                plan.deletes.select(key).cast(plan.upserts.select(key).schema),
-            ]
-        )
-        # keys inserted here first cannot be in the table: nothing to look up
-        found = touched.num_rows and not plan.appends_only
-        positions = locate(local, files, touched).positions if found else {}
+        positions = replaced(local, files, plan, key)
         adds = []
         if plan.upserts.num_rows:
             adds.append(_data_file(lake.location, _as_table(plan.upserts, _arrow_schema(table))))

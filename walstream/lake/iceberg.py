@@ -12,6 +12,7 @@ the new ones; changelog appends. See `docs/lakehouse.md`.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from walstream.lake.contract import (
     Written,
 )
 from walstream.lake.plan import Key, history_plan, key_of, mirror_plan
-from walstream.lake.positions import locate
+from walstream.lake.positions import current_rows, replaced
 from walstream.lake.tables import (
     LakeTable,
     adoptable,
@@ -222,35 +223,20 @@ class IcebergSink(TableSink):
     ) -> int:
         """The batch's keys marked deleted where the table has them (a position delete
         file) and their newest rows appended, in the batch's transaction."""
-        import pyarrow as pa
         from pyarrow import fs as pafs
 
         key, schema = list(batch.shape.key), lake.schema(batch)
         files = iceberg_deletes.data_files(table, key)
         local = pafs.LocalFileSystem()
-
-        def rows_of(keys: list[Key]) -> dict[Key, dict[str, Any]]:
-            wanted = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in keys])
-            found = locate(local, files, wanted.cast(key_schema(batch)), batch.shape.names).rows
-            if found is None:
-                return {}
-            return {key_of(r, key): r for r in found.drop(["_pos", "_file"]).to_pylist()}
-
+        columns = batch.shape.names
+        rows_of = functools.partial(current_rows, local, files, key_schema(batch), columns)
         rows = lake.filled(batch, rows_of)
-        plan = mirror_plan(rows, key, batch.shape.names, batch.complete)
+        plan = mirror_plan(rows, key, columns, batch.complete)
         if plan.truncated:
             _delete(tx, _always(), props)
-        else:
-            touched = pa.concat_tables(
-                [
-                    plan.upserts.select(key),
-                    plan.deletes.select(key).cast(plan.upserts.select(key).schema),
-                ]
-            )
-            positions = locate(local, files, touched).positions if touched.num_rows else {}
-            if positions:
-                deletes = iceberg_deletes.write_deletes(table, positions)
-                iceberg_deletes.add_deletes(tx, table, [deletes], props)
+        elif positions := replaced(local, files, plan, key):
+            deletes = iceberg_deletes.write_deletes(table, positions)
+            iceberg_deletes.add_deletes(tx, table, [deletes], props)
         if plan.upserts.num_rows:
             tx.append(plan.upserts.cast(schema), snapshot_properties=props)
         return int(plan.upserts.num_rows)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from walstream.lake.plan import Key, MirrorPlan, key_of
+
 
 @dataclass(frozen=True)
 class DataFile:
@@ -92,6 +94,39 @@ def locate(
         found.append(hits.append_column("_file", pa.repeat(file.name, hits.num_rows)))
     rows = pa.concat_tables(found, promote_options="permissive") if found else None
     return Located(positions, rows)
+
+
+def current_rows(
+    filesystem: Any,
+    files: Sequence[DataFile],
+    key_schema: Any,
+    columns: Sequence[str],
+    keys: list[Key],
+) -> dict[Key, dict[str, Any]]:
+    """The live rows of `keys` (tuples, in `key_schema`'s columns), by key: what a
+    merge-on-read mirror fills unchanged TOAST values from."""
+    import pyarrow as pa
+
+    key = key_schema.names
+    wanted = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in keys])
+    found = locate(filesystem, files, wanted.cast(key_schema), columns).rows
+    if found is None:
+        return {}
+    return {key_of(r, key): {c: r[c] for c in columns} for r in found.to_pylist()}
+
+
+def replaced(
+    filesystem: Any, files: Sequence[DataFile], plan: MirrorPlan, key: Sequence[str]
+) -> dict[str, list[int]]:
+    """The positions (by file) of the live rows a mirror plan upserts or deletes; none when
+    every key is new to the table (inserted in the batch first)."""
+    import pyarrow as pa
+
+    if plan.appends_only:
+        return {}
+    ups = plan.upserts.select(list(key))
+    touched = pa.concat_tables([ups, plan.deletes.select(list(key)).cast(ups.schema)])
+    return locate(filesystem, files, touched).positions if touched.num_rows else {}
 
 
 def _names(f: Any) -> set[str]:
