@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 
 import pytest
 
@@ -155,8 +156,8 @@ def test_pure_python_can_be_asked_for(monkeypatch):
 def test_a_build_older_than_its_source_is_not_used(monkeypatch, caplog):
     real = fastpath.os.path.getmtime
 
-    def newer_source(path):
-        return real(path) + (3600 if str(path).endswith(".pyx") else 0)
+    def newer_source(path):  # the source edited after any build: an hour from now
+        return time.time() + 3600 if str(path).endswith(".pyx") else real(path)
 
     monkeypatch.setattr(fastpath.os.path, "getmtime", newer_source)
     assert fastpath.compiled_module() is None
