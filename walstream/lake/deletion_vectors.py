@@ -57,10 +57,15 @@ def _roaring() -> Any:
     return optional_import("pyroaring", "pyroaring (Delta deletion vectors)", "delta")
 
 
+def positions(rows: Iterable[int] = ()) -> Any:
+    """A set of row positions (a pyroaring BitMap64), as `decode` gives them."""
+    return _roaring().BitMap64(rows)
+
+
 def encode(rows: Iterable[int]) -> bytes:
     """A deletion vector's bytes: the magic number, then the positions as a portable
     64-bit Roaring bitmap."""
-    return struct.pack("<I", MAGIC) + _roaring().BitMap64(rows).serialize()
+    return struct.pack("<I", MAGIC) + positions(rows).serialize()
 
 
 def decode(data: bytes) -> Any:

@@ -62,7 +62,7 @@ def deleted_positions(table: Any, path: str, delete_files: Sequence[str]) -> Any
 
     from walstream.lake import deletion_vectors as dv
 
-    out = dv.decode(dv.encode(()))
+    out = dv.positions()
     for name in delete_files:
         with table.io.new_input(name).open() as f:
             data = pq.read_table(f, columns=["file_path", "pos"])
