@@ -9,7 +9,7 @@ new slot and delivers the backfills, so the sinks converge with the database.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -17,6 +17,9 @@ from rich.markup import escape
 
 from walstream.cli.operations import ConfigOption
 from walstream.errors import ConfigError
+
+if TYPE_CHECKING:
+    from walstream.config.plan import Plan
 
 console = Console(soft_wrap=True)
 
@@ -35,8 +38,6 @@ def recover(
     to carry them out. Rows changed in between arrive as reads (action `read`), rows
     deleted in between stay in the sinks. Run it while `walstream run` is stopped.
     """
-    from walstream.backfill.requests import request
-    from walstream.backfill.store import BackfillStore
     from walstream.change import format_lsn
     from walstream.config import load_config
     from walstream.postgres.prepare import prepare_capture
@@ -86,24 +87,34 @@ def recover(
         options=src.publication_options,
     )
     console.print(f"created slot {escape(src.slot_name)} at {format_lsn(at)}")
-    store = BackfillStore(cfg.state_dsn, cfg.state.schema_)
-    store.ensure()
-    failed = []
-    for sink in sinks:
-        try:
-            made = request(cfg, store, sink.name)
-        except ConfigError as exc:  # the other sinks still get theirs
-            failed.append(sink.name)
-            console.print(f"[bold red]sink {escape(sink.name)}: no backfill:[/] {escape(str(exc))}")
-            continue
-        for b in made:
-            console.print(f"backfill {b.id}: {escape(b.qualified)} → sink {escape(b.sink)}")
+    failed = _request_backfills(cfg, [s.name for s in sinks])
     console.print(
         "start `walstream run`: it streams from the new slot and carries out the "
         "backfills (`walstream backfill status` shows them)"
     )
     if failed:
         raise typer.Exit(1)
+
+
+def _request_backfills(cfg: Plan, sinks: list[str]) -> list[str]:
+    """A backfill of every table of each sink, said as it is made; the sinks that got none
+    (their config refused it: the others still get theirs)."""
+    from walstream.backfill.requests import request
+    from walstream.backfill.store import BackfillStore
+
+    store = BackfillStore(cfg.state_dsn, cfg.state.schema_)
+    store.ensure()
+    failed = []
+    for sink in sinks:
+        try:
+            made = request(cfg, store, sink)
+        except ConfigError as exc:
+            failed.append(sink)
+            console.print(f"[bold red]sink {escape(sink)}: no backfill:[/] {escape(str(exc))}")
+            continue
+        for b in made:
+            console.print(f"backfill {b.id}: {escape(b.qualified)} → sink {escape(b.sink)}")
+    return failed
 
 
 def register(app: typer.Typer) -> None:
