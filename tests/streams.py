@@ -26,6 +26,7 @@ class StreamRun:
         self, spark: Any, checkpoint: Path, trigger: dict[str, Any] | None = None, **options: str
     ) -> None:
         self.collected = Collected()
+        self.checkpoint = checkpoint
         reader = spark.readStream.format("walstream")
         for k, v in options.items():
             reader = reader.option(k, v)
@@ -62,6 +63,15 @@ class StreamRun:
 
     def wait_for_rows(self, n: int, timeout: float = 90) -> list[Any]:
         return self.wait_for(lambda rows: len(rows) >= n, timeout, f"waiting for {n} rows")
+
+    def wait_committed(self, timeout: float = 60) -> None:
+        """Wait until Spark has committed the last batch collected: foreachBatch is
+        at-least-once, so a query stopped between a batch's delivery and its commit
+        delivers that batch again when it starts."""
+        with self.collected.lock:
+            last = self.collected.batches[-1][0]
+        done = self.checkpoint / "commits" / str(last)
+        wait_until(done.exists, timeout, interval=0.1, message=f"batch {last} not committed")
 
     def stop(self) -> None:
         self.query.stop()

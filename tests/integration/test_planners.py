@@ -45,6 +45,7 @@ def test_release_ends_the_planning_processes_and_a_new_query_plans_again(spark, 
         assert tasks <= set(running(me, TASKS_DAEMON))  # the same daemon: nothing else ended
         db.execute("INSERT INTO t VALUES (2)")
         assert [r.pk for r in run.wait_for_rows(2)] == [["1"], ["2"]]  # the query goes on
+        run.wait_committed()  # else the next query delivers row 2 again (at-least-once)
 
     db.execute("INSERT INTO t VALUES (3)")
     with StreamRun(spark, tmp_path / "ckpt", **options) as run:  # planned again, from scratch
