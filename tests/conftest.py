@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
+from tests.lake import Place
+from tests.servers import S3, s3_server
 from walstream.capture.stream import RawMessage, read_messages
 from walstream.change import parse_lsn
 from walstream.postgres.embedded import EmbeddedPostgres, wheel_pg_bin
@@ -181,6 +183,23 @@ def kafka() -> Iterator[TansuBroker]:
     """The tansu Kafka-protocol broker (memory storage) on a free loopback port."""
     with TansuBroker() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3]:
+    """An S3 API on loopback (moto's server) with a bucket `lake`, for the whole run."""
+    server = s3_server()
+    yield server
+    server.service.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def place(request: pytest.FixtureRequest, tmp_path: Any) -> Place:
+    """Where a lake test's tables are: each test taking it runs on local disk and on the S3
+    server."""
+    if request.param == "local":
+        return Place(tmp_path)
+    return Place(tmp_path, request.getfixturevalue("s3"))
 
 
 @pytest.fixture(scope="session")

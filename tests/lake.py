@@ -12,6 +12,7 @@ import json
 import random
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+
+from tests.servers import S3
 
 
 def run_config(
@@ -33,21 +36,67 @@ def run_config(
     }
 
 
+@dataclass
+class Place:
+    """Where a test's lake tables are: under tmp_path on local disk, or under a prefix of
+    the test S3 server's bucket (`s3`) named after tmp_path."""
+
+    tmp_path: Path
+    s3: S3 | None = None
+
+    def root(self, sub: str) -> str:
+        if self.s3 is None:
+            return str(self.tmp_path / sub)
+        return f"s3://{self.s3.bucket}/{self.tmp_path.name}/{sub}"
+
+    def delta(self, table: str, sub: str = "d") -> str:
+        """A Delta table's location."""
+        return f"{self.root(sub)}/{table}"
+
+    def delta_destination(self, sub: str = "d") -> dict[str, Any]:
+        dest: dict[str, Any] = {"type": "delta", "path": self.delta("{table}", sub)}
+        if self.s3 is not None:
+            dest["storage_options"] = self.s3.delta
+        return dest
+
+    def iceberg_destination(self, namespace: str, sub: str = "w") -> dict[str, Any]:
+        catalog: dict[str, Any] = {"warehouse": self.root(sub)}
+        if self.s3 is not None:
+            catalog["properties"] = self.s3.iceberg
+        return {"type": "iceberg", "table": f"{namespace}.{{table}}", "catalog": catalog}
+
+    def storage_options(self) -> dict[str, str] | None:
+        return None if self.s3 is None else self.s3.delta
+
+    def files(self, sub: str) -> list[str]:
+        """The files under a folder of the place (relative to it), sorted."""
+        if self.s3 is None:
+            root = self.tmp_path / sub
+            return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        prefix = f"{self.tmp_path.name}/{sub}/"
+        return [k.removeprefix(prefix) for k in self.s3.keys(prefix)]
+
+    def read(self, sub: str, name: str) -> bytes:
+        if self.s3 is None:
+            return (self.tmp_path / sub / name).read_bytes()
+        got = self.s3.client().get_object(
+            Bucket=self.s3.bucket, Key=f"{self.tmp_path.name}/{sub}/{name}"
+        )
+        return bytes(got["Body"].read())
+
+
 def lake_sink(
-    db: Any, tmp_path: Path, kind: str, namespace: str, mode: str | None = None, **extra: Any
-) -> Any:
-    """A Delta (tmp_path/d/<table>) or Iceberg (`<namespace>.<table>` in tmp_path/w) sink
+    db: Any, tmp_path: Path, kind: str, namespace: str, mode: str | None = None,
+    place: Place | None = None, **extra: Any,
+) -> Any:  # fmt: skip
+    """A Delta (<place>/d/<table>) or Iceberg (`<namespace>.<table>` in <place>/w) sink
     named `lake`, in `mode` (None: the default), with `extra` destination settings, built
-    from a config as `walstream run` does."""
+    from a config as `walstream run` does. `place`: local disk (tmp_path) by default."""
     from walstream.config import parse_config
     from walstream.sinks.registry import sink_for
 
-    dest: dict[str, Any] = (
-        {"type": "delta", "path": str(tmp_path / "d" / "{table}")}
-        if kind == "delta"
-        else {"type": "iceberg", "table": f"{namespace}.{{table}}",
-              "catalog": {"warehouse": str(tmp_path / "w")}}
-    )  # fmt: skip
+    place = place or Place(tmp_path)
+    dest = place.delta_destination() if kind == "delta" else place.iceberg_destination(namespace)
     if mode is not None:
         dest["mode"] = mode
     dest.update(extra)
@@ -57,18 +106,25 @@ def lake_sink(
     return sink_for(plan.sink("lake").destination)
 
 
-def duck() -> Any:
-    """A DuckDB connection with the delta and iceberg extensions loaded from their wheels."""
+def duck(s3: S3 | None = None) -> Any:
+    """A DuckDB connection with the delta and iceberg extensions loaded from their wheels
+    (and httpfs with the test S3 server's credentials, given `s3`)."""
     import duckdb
 
     con = duckdb.connect()
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
-    for name in ("avro", "iceberg", "delta"):
+    for name in ("avro", "iceberg", "delta", "httpfs"):
         module = importlib.import_module(f"duckdb_extension_{name}")
         (path,) = Path(module.__file__).parent.glob("extensions/*/*.duckdb_extension")
         con.execute(f"LOAD '{path}'")
     con.execute("SET TimeZone = 'UTC'")
+    if s3 is not None:
+        con.execute(
+            "CREATE SECRET test_s3 (TYPE s3, KEY_ID 'test-key-id', SECRET 'test-secret-key', "
+            f"REGION 'us-east-1', ENDPOINT '127.0.0.1:{s3.service.port}', URL_STYLE 'path', "
+            "USE_SSL false)"
+        )
     return con
 
 
@@ -78,8 +134,8 @@ def rows_of(con: Any, query: str, *params: Any) -> list[dict[str, Any]]:
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def delta_rows(path: str | Path) -> list[dict[str, Any]]:
-    con = duck()
+def delta_rows(path: str | Path, s3: S3 | None = None) -> list[dict[str, Any]]:
+    con = duck(s3)
     try:
         return rows_of(con, "SELECT * FROM delta_scan(?)", str(path))
     finally:
@@ -98,10 +154,10 @@ def iceberg_metadata(state_dsn: str, identifier: str, schema: str = "walstream")
     return None if row is None else str(row[0])
 
 
-def iceberg_rows(state_dsn: str, identifier: str) -> list[dict[str, Any]]:
+def iceberg_rows(state_dsn: str, identifier: str, s3: S3 | None = None) -> list[dict[str, Any]]:
     location = iceberg_metadata(state_dsn, identifier)
     assert location is not None, f"no Iceberg table {identifier} in the catalog"
-    con = duck()
+    con = duck(s3)
     try:
         return rows_of(con, "SELECT * FROM iceberg_scan(?)", location.removeprefix("file://"))
     finally:

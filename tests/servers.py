@@ -1,4 +1,5 @@
-"""Redis, NATS (JetStream) and RabbitMQ for the tests, and a recording webhook receiver.
+"""Redis, NATS (JetStream), RabbitMQ and an S3 API for the tests, and a recording webhook
+receiver.
 
 A server already listening on its standard loopback port (6379, 4222, 5672) is
 used as it is; otherwise one is started from the Debian package's binary on a
@@ -87,6 +88,56 @@ def redis_server(own: bool = False, workdir: Path | None = None, *extra: str) ->
     argv = [_binary("redis-server", "redis-server"), "--port", str(port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", str(workdir), *extra]  # fmt: skip
     return _start("redis", argv, port, workdir)
+
+
+@dataclass
+class S3:
+    """An S3 API (moto's server, a real HTTP server speaking the S3 protocol, conditional
+    puts included) on loopback, with one bucket `lake`. `delta` and `iceberg` are the
+    settings a destination gives it, in each library's own keys."""
+
+    service: Service
+    bucket: str = "lake"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.service.port}"
+
+    @property
+    def delta(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "test-key-id",
+                "AWS_SECRET_ACCESS_KEY": "test-secret-key", "AWS_REGION": "us-east-1",
+                "AWS_ALLOW_HTTP": "true"}  # fmt: skip
+
+    @property
+    def iceberg(self) -> dict[str, str]:
+        return {"s3.endpoint": self.endpoint, "s3.access-key-id": "test-key-id",
+                "s3.secret-access-key": "test-secret-key", "s3.region": "us-east-1"}  # fmt: skip
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="test-key-id",
+                            aws_secret_access_key="test-secret-key", region_name="us-east-1")  # fmt: skip
+
+    def keys(self, prefix: str = "") -> list[str]:
+        pages = (
+            self.client()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=self.bucket, Prefix=prefix)
+        )
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def s3_server() -> S3:
+    """moto's S3 server (from the `moto[server]` wheel) on a free port, bucket `lake` made."""
+    import sys
+
+    port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="walstream-s3-"))
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    s3 = S3(_start("s3", argv, port, workdir))
+    s3.client().create_bucket(Bucket=s3.bucket)
+    return s3
 
 
 def nats_server() -> Service:

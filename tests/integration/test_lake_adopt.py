@@ -1,5 +1,6 @@
 """Staged backfill files committed as the lake table's own data files (`adopt_files`): once,
-after a crash between moving them and the commit, and never over keys the table has."""
+after a crash between moving them and the commit, and never over keys the table has; on
+local disk, and moved across filesystems into tables on an S3 API (moto's server)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ import pytest
 from deltalake import DeltaTable
 from pyiceberg.table import Transaction
 
-from tests.lake import delta_rows, iceberg_rows, lake_sink
+from tests.lake import Place, delta_rows, iceberg_rows, lake_sink
 from walstream.decode.table_shape import TableShape, load_shape
 from walstream.lake.contract import FilesBatch
 
 KINDS = ("delta", "iceberg")
 
 
-def sink_of(db: Any, tmp_path: Path, kind: str) -> Any:
-    return lake_sink(db, tmp_path, kind, "adopt")
+def sink_of(db: Any, place: Place, kind: str) -> Any:
+    return lake_sink(db, place.tmp_path, kind, "adopt", None, place)
 
 
 def rows(first: int, last: int) -> list[dict[str, Any]]:
@@ -39,14 +40,18 @@ def stage(tmp_path: Path, shape: TableShape, data: list[dict[str, Any]], name: s
     return str(path)
 
 
-def table_rows(db: Any, tmp_path: Path, kind: str) -> list[dict[str, Any]]:
-    found = delta_rows(tmp_path / "d" / "t") if kind == "delta" else iceberg_rows(db.dsn, "adopt.t")
+def table_rows(db: Any, place: Place, kind: str) -> list[dict[str, Any]]:
+    found = (
+        delta_rows(place.delta("t"), place.s3)
+        if kind == "delta"
+        else iceberg_rows(db.dsn, "adopt.t", place.s3)
+    )
     return sorted(found, key=lambda r: r["id"])
 
 
-def data_files(tmp_path: Path, kind: str) -> list[str]:
-    root = tmp_path / ("d" if kind == "delta" else "w")
-    return sorted(p.name for p in root.rglob("*.parquet"))
+def data_files(place: Place, kind: str) -> list[str]:
+    names = place.files("d" if kind == "delta" else "w")
+    return sorted(n.rsplit("/", 1)[-1] for n in names if n.endswith(".parquet"))
 
 
 def expected(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -63,9 +68,9 @@ def shape(db: Any) -> TableShape:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_staged_files_become_data_files_once_even_after_a_crash_before_the_commit(
-    db, tmp_path, shape, kind, monkeypatch
+    db, tmp_path, place, shape, kind, monkeypatch
 ):
-    sink = sink_of(db, tmp_path, kind)
+    sink = sink_of(db, place, kind)
     files = (
         (stage(tmp_path, shape, rows(1, 101), "chunk-0-0.parquet"), "walstream-backfill-1-0-0.parquet"),
         (stage(tmp_path, shape, rows(101, 151), "chunk-1-0.parquet"), "walstream-backfill-1-1-0.parquet"),
@@ -87,20 +92,20 @@ def test_staged_files_become_data_files_once_even_after_a_crash_before_the_commi
     # the replay finds them moved and commits them
     written = sink.adopt_files(batch)
     assert written is not None and (written.rows, written.replayed) == (150, False)
-    assert table_rows(db, tmp_path, kind) == expected(rows(1, 151))
-    assert data_files(tmp_path, kind) == [name for _, name in files]
+    assert table_rows(db, place, kind) == expected(rows(1, 151))
+    assert data_files(place, kind) == [name for _, name in files]
 
     # a replay after the commit writes nothing
     again = sink.adopt_files(batch)
     assert again is not None and again.replayed
-    assert len(table_rows(db, tmp_path, kind)) == 150
+    assert len(table_rows(db, place, kind)) == 150
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_files_are_not_adopted_over_keys_the_table_has_or_in_other_columns(
-    db, tmp_path, shape, kind
+    db, tmp_path, place, shape, kind
 ):
-    sink = sink_of(db, tmp_path, kind)
+    sink = sink_of(db, place, kind)
     first = stage(tmp_path, shape, rows(1, 51), "a.parquet")
     assert sink.adopt_files(FilesBatch("lake", "q", 1, shape, ((first, "w-a.parquet"),)))
     # keys 40..59: 40..50 are in the table, so the rows must be merged, not appended
@@ -112,4 +117,4 @@ def test_files_are_not_adopted_over_keys_the_table_has_or_in_other_columns(
     wider = load_shape(db.conn, "public", "t")
     later = stage(tmp_path, shape, rows(100, 110), "c.parquet")
     assert sink.adopt_files(FilesBatch("lake", "q", 3, wider, ((later, "w-c.parquet"),))) is None
-    assert table_rows(db, tmp_path, kind) == expected(rows(1, 51))
+    assert table_rows(db, place, kind) == expected(rows(1, 51))

@@ -1,6 +1,7 @@
 """kill -9 of `walstream run` writing every table sink at once (Delta and Iceberg changelogs
-and mirrors, copy-on-write and merge-on-read, the Postgres mirror): each change lands exactly
-once in the changelog tables, and every mirror equals the source table after the last run.
+and mirrors, copy-on-write and merge-on-read, the Postgres mirror; the merge-on-read mirrors
+on an S3 API, moto's server): each change lands exactly once in the changelog tables, and
+every mirror equals the source table after the last run.
 test_mirror_crash.py kills the Postgres mirror alone on a table of every type."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import yaml
 from tests.conftest import unique
 from tests.integration.test_crash import Workload, slot_inactive
 from tests.integration.test_run_crash import Run, committed, oracle
-from tests.lake import delta_rows, iceberg_rows, normalised, source_rows
+from tests.lake import Place, delta_rows, iceberg_rows, normalised, source_rows
 from walstream.testing import wait_until
 
 pytestmark = pytest.mark.spark
@@ -30,7 +31,7 @@ def newest_batch(ckpt: Path) -> int:
     return max((int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit()), default=-1)
 
 
-def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
+def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path, s3):
     db.execute("CREATE TABLE kv (k int PRIMARY KEY, v text)")
     pub = db.create_publication("kv")
     oracle_slot = db.create_slot()
@@ -41,6 +42,7 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
     db.execute(f"CREATE DATABASE {mirror_db}")
     mirror_dsn = db.server.dsn(mirror_db)
     warehouse = {"warehouse": str(tmp_path / "warehouse")}
+    on_s3 = Place(tmp_path, s3)
     config = tmp_path / "walstream.yaml"
     config.write_text(yaml.safe_dump({
         "spark": {"master": "local[2]", "checkpoint_dir": str(ckpt)},
@@ -59,11 +61,9 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
             {"name": "pg-mirror", "source": "app", "destination": {
                 "type": "postgres", "dsn": mirror_dsn}},
             {"name": "delta-mor", "source": "app", "destination": {
-                "type": "delta", "path": str(lake / "mor" / "{table}"),
-                "updates": "merge_on_read"}},
+                **on_s3.delta_destination("mor"), "updates": "merge_on_read"}},
             {"name": "iceberg-mor", "source": "app", "destination": {
-                "type": "iceberg", "table": "mor.{table}", "catalog": warehouse,
-                "updates": "merge_on_read"}},
+                **on_s3.iceberg_destination("mor"), "updates": "merge_on_read"}},
         ],
     }))  # fmt: skip
     runs, total = 4, 6_000
@@ -113,8 +113,8 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
                     len(delta_rows(log_table)) >= total
                     and len(iceberg_rows(db.dsn, "log.kv")) >= total
                     and normalised(source_rows(mirror_dsn, "kv")) == source
-                    and normalised(delta_rows(lake / "mor" / "kv")) == source
-                    and normalised(iceberg_rows(db.dsn, "mor.kv")) == source
+                    and normalised(delta_rows(on_s3.delta("kv", "mor"), s3)) == source
+                    and normalised(iceberg_rows(db.dsn, "mor.kv", s3)) == source
                 )
             except Exception:
                 return False
@@ -136,8 +136,10 @@ def test_kill_9_while_writing_lake_tables_writes_each_change_once(db, tmp_path):
     assert normalised(delta_rows(lake / "mirror" / "kv")) == source
     assert normalised(iceberg_rows(db.dsn, "mirror.kv")) == source
     assert normalised(source_rows(mirror_dsn, "kv")) == source
-    assert normalised(delta_rows(lake / "mor" / "kv")) == source  # merge-on-read mirrors
-    assert normalised(iceberg_rows(db.dsn, "mor.kv")) == source
+    assert normalised(delta_rows(on_s3.delta("kv", "mor"), s3)) == source  # on S3
+    assert normalised(iceberg_rows(db.dsn, "mor.kv", s3)) == source
+    assert any(k.endswith(".bin") for k in on_s3.files("mor"))  # deletion vectors written
+    assert any("walstream-deletes-" in k for k in on_s3.files("w"))  # position deletes
     db.execute(f"DROP DATABASE IF EXISTS {mirror_db} WITH (FORCE)")
     print(f"kills between the lake commit and Spark's: {between_lake_and_spark} of {runs // 2}")
     assert between_lake_and_spark >= 1, "no kill landed between the lake commit and Spark's"

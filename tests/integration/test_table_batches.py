@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.lake import delta_rows, iceberg_rows, lake_sink
+from tests.lake import Place, delta_rows, iceberg_rows, lake_sink
 from walstream.decode.table_shape import TableShape, load_shape
 from walstream.lake.contract import TableBatch
 
@@ -34,37 +33,41 @@ AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 KEY = ("region", "id")
 
 
-def sink_of(db: Any, tmp_path: Path, kind: str, mode: str) -> Any:
+def sink_of(db: Any, place: Place, kind: str, mode: str) -> Any:
     if kind.endswith("-mor"):
-        return lake_sink(db, tmp_path, kind[:-4], "c", mode, updates="merge_on_read")
-    return lake_sink(db, tmp_path, kind, "c", mode)
+        return lake_sink(db, place.tmp_path, kind[:-4], "c", mode, place, updates="merge_on_read")
+    return lake_sink(db, place.tmp_path, kind, "c", mode, place)
 
 
-def read(db: Any, tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+def read(db: Any, place: Place, kind: str) -> list[dict[str, Any]]:
     """The table's rows, in an order of their own (a reader's order is not the table's). A
     table with deletion vectors is read by delta-rs too, which must agree with DuckDB."""
     if kind.startswith("iceberg"):
-        rows = sorted(iceberg_rows(db.dsn, "c.acct"), key=repr)
+        rows = sorted(iceberg_rows(db.dsn, "c.acct", place.s3), key=repr)
         if kind == "iceberg-mor":
-            by_pyiceberg = lake_sink(db, tmp_path, "iceberg", "c")._open("public", "acct")
-            assert plain(by_pyiceberg.scan().to_arrow().to_pylist()) == plain(rows), (
-                "pyiceberg and DuckDB read different rows"
-            )
+            by_pyiceberg = lake_sink(db, place.tmp_path, "iceberg", "c", None, place)
+            scanned = by_pyiceberg._open("public", "acct").scan().to_arrow().to_pylist()
+            assert plain(scanned) == plain(rows), "pyiceberg and DuckDB read different rows"
         return rows
-    rows = sorted(delta_rows(tmp_path / "d" / "acct"), key=repr)
+    rows = sorted(delta_rows(place.delta("acct"), place.s3), key=repr)
     if kind == "delta-mor":
-        from deltalake import DeltaTable
-
-        by_delta_rs = pa.table(DeltaTable(str(tmp_path / "d" / "acct")).scan()).to_pylist()
+        by_delta_rs = pa.table(delta_table(place).scan()).to_pylist()
         assert plain(by_delta_rs) == plain(rows), "delta-rs and DuckDB read different rows"
     return rows
 
 
-def versions(tmp_path: Path, kind: str) -> int:
+def delta_table(place: Place) -> Any:
+    from deltalake import DeltaTable
+
+    return DeltaTable(place.delta("acct"), storage_options=place.storage_options())
+
+
+def versions(place: Place, kind: str) -> int:
     """How many commits the table has (Delta log entries, Iceberg metadata files)."""
     if kind.startswith("delta"):
-        return len(list((tmp_path / "d" / "acct" / "_delta_log").glob("*.json")))
-    return len(list((tmp_path / "w").rglob("*.metadata.json")))
+        log = place.files("d/acct/_delta_log")
+        return len([name for name in log if name.endswith(".json")])
+    return len([name for name in place.files("w") if name.endswith(".metadata.json")])
 
 
 @pytest.fixture
@@ -113,9 +116,9 @@ D = row("eu", 9, [7], "123", "9.99", "after the truncate")
 
 @pytest.mark.parametrize(("kind", "mode"), CASES)
 def test_each_batch_is_one_commit_a_replay_writes_nothing_and_duckdb_reads_the_source(
-    db, tmp_path, shape, kind, mode
+    db, place, shape, kind, mode
 ):
-    sink = sink_of(db, tmp_path, kind, mode)
+    sink = sink_of(db, place, kind, mode)
     first = batch(shape, 1, [("insert", A, None), ("insert", B, None), ("insert", C, None)])
     second = batch(shape, 2, [
         ("update", A2, None),  # jsonb to an object holding null, an array of one NULL
@@ -125,27 +128,26 @@ def test_each_batch_is_one_commit_a_replay_writes_nothing_and_duckdb_reads_the_s
     third = batch(shape, 3, [("truncate", None, None), ("insert", D, None)])
 
     assert sink.write_batch(first).rows == 3
-    after_first = versions(tmp_path, kind)
+    after_first = versions(place, kind)
     written = sink.write_batch(second)
     assert not written.replayed
-    after_second = versions(tmp_path, kind)
+    after_second = versions(place, kind)
     assert after_second == after_first + 1  # one commit per batch
-    got_second = read(db, tmp_path, kind)
+    got_second = read(db, place, kind)
 
     replay = sink.write_batch(second)  # the same query and batch again
     assert replay.replayed and replay.rows == 0
-    assert versions(tmp_path, kind) == after_second
-    assert read(db, tmp_path, kind) == got_second
+    assert versions(place, kind) == after_second
+    assert read(db, place, kind) == got_second
     assert sink.write_batch(first).replayed  # an older batch of the query too
 
     if kind == "delta-mor":  # the three old rows deleted in place, the first file not rewritten
-        from deltalake import DeltaTable
-
-        vectors = pa.table(DeltaTable(str(tmp_path / "d" / "acct")).deletion_vectors())
+        vectors = pa.table(delta_table(place).deletion_vectors())
         assert [m.count(False) for m in vectors["selection_vector"].to_pylist()] == [3]
     if kind == "iceberg-mor":  # one position delete file of the three old rows
-        (deletes,) = (tmp_path / "w").rglob("walstream-deletes-*.parquet")
-        assert pq.read_table(deletes)["pos"].to_pylist() == [0, 1, 2]
+        (deletes,) = [f for f in place.files("w") if "/walstream-deletes-" in f]
+        data = pq.read_table(pa.BufferReader(place.read("w", deletes)))
+        assert data["pos"].to_pylist() == [0, 1, 2]
     if mode == "mirror":
         assert plain(got_second) == plain([A2, B_MOVED])
     elif mode == "history":
@@ -165,7 +167,7 @@ def test_each_batch_is_one_commit_a_replay_writes_nothing_and_duckdb_reads_the_s
         assert plain([r for r in got_second if r["_lsn"] == 200]) == plain([A2])
 
     sink.write_batch(third)
-    got = read(db, tmp_path, kind)
+    got = read(db, place, kind)
     if mode == "mirror":
         assert plain(got) == plain([D])
     elif mode == "history":
@@ -179,7 +181,7 @@ def test_each_batch_is_one_commit_a_replay_writes_nothing_and_duckdb_reads_the_s
 def test_a_merge_on_read_delta_mirror_checkpoints_its_log(db, tmp_path, shape):
     """walstream's own commits checkpoint the log every 100 versions (delta-rs checkpoints
     after its own only), and the batches after a checkpoint read the live files from it."""
-    sink = sink_of(db, tmp_path, "delta-mor", "mirror")
+    sink = sink_of(db, Place(tmp_path), "delta-mor", "mirror")
     rows = [row("eu", k, [k], str(k), "1.00", f"v{k}") for k in range(5)]
     sink.write_batch(batch(shape, 1, [("insert", r, None) for r in rows]))
     log = tmp_path / "d" / "acct" / "_delta_log"
@@ -196,4 +198,4 @@ def test_a_merge_on_read_delta_mirror_checkpoints_its_log(db, tmp_path, shape):
         n += 1
         rows[extra] = {**rows[extra], "note": f"after the checkpoint {extra}"}
         sink.write_batch(batch(shape, n, [("update", rows[extra], None)]))
-    assert plain(read(db, tmp_path, "delta-mor")) == plain(rows)
+    assert plain(read(db, Place(tmp_path), "delta-mor")) == plain(rows)

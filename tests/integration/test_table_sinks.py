@@ -1,10 +1,11 @@
 """The table sinks' contract on the kind of table users have (`tests/lake.py`'s acct: a
 composite key with a text part, TOASTed text, arrays with NULL elements, jsonb edge values, an
 enum, NULLs): every mode of Delta and Iceberg, the mirrors that write deletes as deletes
-(`updates: merge_on_read`: Delta deletion vectors, Iceberg position deletes) and the Postgres
-mirror, in one run, backfilled while a writer changes keys, leaves TOAST values unchanged and
-sets jsonb to strings, numbers and the JSON null. The lake tables are read back with DuckDB
-(the merge-on-read ones with delta-rs and pyiceberg too), the mirror's with Postgres; every mirror (and every history's current rows) equals the
+(`updates: merge_on_read`: Delta deletion vectors, Iceberg position deletes; these on an S3
+API, moto's server) and the Postgres mirror, in one run, backfilled while a writer changes
+keys, leaves TOAST values unchanged and sets jsonb to strings, numbers and the JSON null. The
+lake tables are read back with DuckDB (the merge-on-read ones with delta-rs and pyiceberg
+too), the mirror's with Postgres; every mirror (and every history's current rows) equals the
 source row by row, every changelog holds each change once. At the sink itself,
 test_table_batches.py checks each batch is one commit, a replay writes nothing, key changes
 and truncates, in every mode; kill -9 (test_lake_crash.py, test_mirror_crash.py) and widening
@@ -26,6 +27,7 @@ from tests.lake import (
     REAL_JSON,
     REAL_KEY,
     REAL_TABLE,
+    Place,
     RealWriter,
     current_versions,
     delta_rows,
@@ -60,7 +62,7 @@ def not_paused(runtime: Runtime) -> bool:
     return True
 
 
-def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark, db, tmp_path):
+def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark, db, tmp_path, s3):
     db.execute(REAL_TABLE)
     keys = fill_real(db.dsn, ROWS)
     pub = db.create_publication("acct")
@@ -68,13 +70,13 @@ def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark,
     mirror_db = unique("mirror")
     db.execute(f"CREATE DATABASE {mirror_db}")
     mirror_dsn = db.server.dsn(mirror_db)
+    on_s3 = Place(tmp_path, s3)  # the merge-on-read mirrors: backfill files moved onto S3
     sinks = [*every_mode_sinks(tmp_path), {"name": "pg-mirror", "source": "app",
              "destination": {"type": "postgres", "dsn": mirror_dsn}},
-             {"name": "delta-mor", "source": "app", "destination": {"type": "delta",
-              "path": str(tmp_path / "d-mor" / "{table}"), "updates": "merge_on_read"}},
-             {"name": "iceberg-mor", "source": "app", "destination": {"type": "iceberg",
-              "table": "mor.{table}", "catalog": {"warehouse": str(tmp_path / "w")},
-              "updates": "merge_on_read"}}]  # fmt: skip
+             {"name": "delta-mor", "source": "app", "destination": {
+              **on_s3.delta_destination("d-mor"), "updates": "merge_on_read"}},
+             {"name": "iceberg-mor", "source": "app", "destination": {
+              **on_s3.iceberg_destination("mor"), "updates": "merge_on_read"}}]  # fmt: skip
     cfg = config(db, tmp_path, pub, slot, sinks, max_changes_per_batch=5000)
     writer = RealWriter(db.dsn, keys, seed=3)
     # Changes of rows the lake does not have yet, before any backfill was asked for: an
@@ -117,26 +119,27 @@ def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark,
     # the Delta mirror that deletes by deletion vectors, read by DuckDB and by delta-rs
     from deltalake import DeltaTable
 
+    on_read = DeltaTable(on_s3.delta("acct", "d-mor"), storage_options=s3.delta)
     for reader, rows in (
-        ("duckdb", delta_rows(tmp_path / "d-mor" / "acct")),
-        ("delta-rs", pa.table(DeltaTable(str(tmp_path / "d-mor" / "acct")).scan()).to_pylist()),
+        ("duckdb", delta_rows(on_s3.delta("acct", "d-mor"), s3)),
+        ("delta-rs", pa.table(on_read.scan()).to_pylist()),
     ):
         mor = normalised(rows, REAL_JSON)
         assert not differences(mor, want, REAL_KEY), (
             f"merge-on-read mirror read by {reader}:\n{differences(mor, want, REAL_KEY)}"
         )
-    assert list((tmp_path / "d-mor" / "acct").glob("deletion_vector_*.bin"))
+    assert [k for k in on_s3.files("d-mor") if "/deletion_vector_" in k]
     # the Iceberg mirror that deletes by position delete files, read by DuckDB and pyiceberg
-    by_pyiceberg = lake_sink(db, tmp_path, "iceberg", "mor")._open("public", "acct")
+    by_pyiceberg = lake_sink(db, tmp_path, "iceberg", "mor", None, on_s3)._open("public", "acct")
     for reader, rows in (
-        ("duckdb", iceberg_rows(db.dsn, "mor.acct")),
+        ("duckdb", iceberg_rows(db.dsn, "mor.acct", s3)),
         ("pyiceberg", by_pyiceberg.scan().to_arrow().to_pylist()),
     ):
         mor = normalised(rows, REAL_JSON)
         assert not differences(mor, want, REAL_KEY), (
             f"merge-on-read Iceberg mirror read by {reader}:\n{differences(mor, want, REAL_KEY)}"
         )
-    assert list((tmp_path / "w").rglob("walstream-deletes-*.parquet"))
+    assert [k for k in on_s3.files("w") if "/walstream-deletes-" in k]
     for fmt in ("delta", "iceberg"):
         mirror = normalised(lake(db, tmp_path, fmt, "mirror"), REAL_JSON)
         assert not differences(mirror, want, REAL_KEY), (

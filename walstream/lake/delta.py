@@ -33,10 +33,12 @@ from walstream.lake.contract import (
 from walstream.lake.delta_log import stats
 from walstream.lake.plan import history_plan, mirror_plan
 from walstream.lake.positions import current_rows, live_range, replaced
+from walstream.lake.storage import Store, open_store
 from walstream.lake.tables import (
     LakeTable,
     adoptable,
     dataset_field,
+    footers,
     has_any_key,
     key_filter_rows,
     key_schema,
@@ -64,12 +66,12 @@ class DeltaDestination(LakeDestination):
 
     @model_validator(mode="after")
     def _merge_on_read_here(self) -> DeltaDestination:
-        if self.updates != "merge_on_read":
+        if self.updates != "merge_on_read" or "://" not in self.path:
             return self
-        if "://" in self.path and not self.path.startswith("file://"):
+        if self.path.split("://", 1)[0] not in ("file", "s3", "s3a"):
             raise ValueError(
-                "updates: merge_on_read writes tables on local disk only (for now); "
-                "a table on object storage takes updates: copy_on_write"
+                "updates: merge_on_read writes tables on local disk and S3 (s3://, "
+                "S3-compatible stores included); a table elsewhere takes updates: copy_on_write"
             )
         return self
 
@@ -117,6 +119,10 @@ class DeltaSink(TableSink):
                 "check `path` and `storage_options` (credentials, region, endpoint)",
                 retryable=True,
             ) from exc
+
+    def _store(self, location: str) -> Store:
+        """The table's directory as walstream writes it itself (merge-on-read, adoption)."""
+        return open_store(location, self.options)
 
     def _open(self, location: str) -> Any | None:
         dl = _deltalake()
@@ -168,7 +174,6 @@ class DeltaSink(TableSink):
         """A mirror's new keys, or a changelog's rows, as the staged files themselves: each
         moved into the table's directory and added in one commit (with the batch's
         application transaction)."""
-        import pyarrow.parquet as pq
 
         if self.config.mode == "history" or self.config.partition_by:
             return None
@@ -178,18 +183,19 @@ class DeltaSink(TableSink):
         done = None if table is None else table.transaction_version(self._app_id(batch))
         if done is not None and done >= batch.batch_id:
             return Written(lake.path_for_messages(), 0, replayed=True)
-        targets = [f"{lake.location.rstrip('/')}/{name}" for _, name in batch.files]
+        store = self._store(lake.location)
+        targets = [(store.filesystem, store.path(name)) for _, name in batch.files]
         now_at = [
             staged_or(path, target) for (path, _), target in zip(batch.files, targets, strict=True)
         ]
-        metas = [pq.read_metadata(f) for f in now_at]
+        metas = footers(now_at)
         wanted = lake.files_schema(batch, metas)
         existing = None if table is None else _arrow_schema(table)
         if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
             return None
         key = list(batch.shape.key)
         if table is not None and self.config.mode == "mirror":
-            ranged = lambda c, lo, hi: _key_range(table, key, c, lo, hi)  # noqa: E731
+            ranged = lambda c, lo, hi: _key_range(table, store, key, c, lo, hi)  # noqa: E731
             if has_any_key(now_at, key, ranged):
                 return None  # a key the table has: the rows are merged
         else:
@@ -203,7 +209,7 @@ class DeltaSink(TableSink):
         actions = []
         for (path, name), target, meta in zip(batch.files, targets, metas, strict=True):
             move_staged(path, target)
-            size = _size(target)
+            size = store.size(name)
             actions.append(dl.transaction.AddAction(name, size, {}, now, True, stats(meta)))
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(), commit_properties=self._commit(batch)
@@ -256,7 +262,10 @@ class DeltaSink(TableSink):
             key,
             columns,
             batch.complete,
-            lambda keys: present_keys(lambda c, lo, hi: _key_range(table, key, c, lo, hi), keys),
+            lambda keys: present_keys(
+                lambda c, lo, hi: _key_range(table, self._store(lake.location), key, c, lo, hi),
+                keys,
+            ),
         )
         if plan.truncated or plan.appends_only:
             # after a truncate the table is what the batch left; new keys only: an append
@@ -295,15 +304,14 @@ class DeltaSink(TableSink):
     def _mirror_on_read(self, table: Any, lake: LakeTable, batch: TableBatch, app_id: str) -> int:
         """The batch's keys marked deleted where the table has them (deletion vectors) and
         their newest versions appended, in one commit; after a truncate, an overwrite."""
-        from pyarrow import fs as pafs
-
         dl = _deltalake()
         key, columns = list(batch.shape.key), batch.shape.names
-        table = _with_columns(table, lake.schema(batch))  # before the snapshot the commit follows
-        current = delta_log.snapshot(lake.location, table.version())
-        files = delta_log.data_files(lake.location, current, key)
-        local = pafs.LocalFileSystem()
-        rows_of = functools.partial(current_rows, local, files, key_schema(batch), columns)
+        table = _with_columns(table, lake.schema(batch), self.options)  # before the snapshot
+        store = self._store(lake.location)
+        current = delta_log.snapshot(store, table.version())
+        files = delta_log.data_files(store, current, key)
+        fs = store.filesystem
+        rows_of = functools.partial(current_rows, fs, files, key_schema(batch), columns)
         rows = lake.filled(batch, rows_of)
         plan = mirror_plan(rows, key, columns, batch.complete)
         if plan.truncated:
@@ -313,16 +321,17 @@ class DeltaSink(TableSink):
                 mode="overwrite",
                 schema_mode="merge",
                 commit_properties=self._commit(batch),
+                storage_options=self.options or None,
             )
             return int(plan.upserts.num_rows)
-        positions = replaced(local, files, plan, key)
+        positions = replaced(fs, files, plan, key)
         adds = []
         if plan.upserts.num_rows:
-            adds.append(_data_file(lake.location, _as_table(plan.upserts, _arrow_schema(table))))
+            adds.append(_data_file(store, _as_table(plan.upserts, _arrow_schema(table))))
         if not positions and not adds:
             return 0
         version = delta_log.delete_commit(
-            lake.location,
+            store,
             current,
             positions,
             adds,
@@ -333,7 +342,7 @@ class DeltaSink(TableSink):
         # delta-rs checkpoints after its own commits only: walstream does after its own, so
         # readers (and the next batch's snapshot) do not replay an ever longer log
         if version % delta_log.checkpoint_interval(current) == 0:
-            dl.DeltaTable(lake.location).create_checkpoint()
+            dl.DeltaTable(lake.location, storage_options=self.options or None).create_checkpoint()
         return int(plan.upserts.num_rows)
 
     def _history(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
@@ -380,16 +389,16 @@ class DeltaSink(TableSink):
             "files_deleted": len(removed),
         }
         t = self._open(self.config.location(schema, table))
-        if t is not None and _has_vectors(t) and "://" not in t.table_uri.removeprefix("file://"):
-            location = t.table_uri.removeprefix("file://")
-            current = delta_log.snapshot(location, t.version())
+        if t is not None and _has_vectors(t):
+            store = self._store(self.config.location(schema, table))
+            current = delta_log.snapshot(store, t.version())
             out["vectors_deleted"] = delta_log.drop_unused_vectors(
-                location, current, time.time() - opt.retain
+                store, current, time.time() - opt.retain
             )
         return out
 
 
-def _with_columns(table: Any, schema: Any) -> Any:
+def _with_columns(table: Any, schema: Any, options: dict[str, str]) -> Any:
     """The table with the columns of `schema` it lacks (added at the source) added, in a
     commit of its own (a replay finds them there and adds nothing)."""
     have = set(_arrow_schema(table).names)
@@ -398,7 +407,7 @@ def _with_columns(table: Any, schema: Any) -> Any:
         return table
     dl = _deltalake()
     table.alter.add_columns([dl.schema.Field.from_arrow(f) for f in new])
-    return dl.DeltaTable(table.table_uri)
+    return dl.DeltaTable(table.table_uri, storage_options=options or None)
 
 
 def _has_vectors(table: Any) -> bool:
@@ -424,22 +433,25 @@ def _as_table(rows: Any, schema: Any) -> Any:
     return rows.select(schema.names).cast(schema)
 
 
-def _data_file(location: str, rows: Any) -> dict[str, Any]:
+def _data_file(store: Store, rows: Any) -> dict[str, Any]:
     """`rows` as a new Parquet data file in the table's directory: its add action."""
     import uuid
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    path = f"{location.rstrip('/')}/{name}"
-    pq.write_table(rows, path, compression="snappy")
+    buffer = pa.BufferOutputStream()
+    pq.write_table(rows, buffer, compression="snappy")
+    data = buffer.getvalue()
+    store.write(name, data.to_pybytes())
     return {
         "path": name,
         "partitionValues": {},
-        "size": _size(path),
+        "size": data.size,
         "modificationTime": int(time.time() * 1000),
         "dataChange": True,
-        "stats": stats(pq.read_metadata(path)),
+        "stats": stats(pq.read_metadata(pa.BufferReader(data))),
     }
 
 
@@ -449,22 +461,12 @@ def _arrow_schema(table: Any) -> Any:
     return pa.schema(table.schema().to_arrow())
 
 
-def _size(uri: str) -> int:
-    from pyarrow import fs as pafs
-
-    filesystem, path = pafs.FileSystem.from_uri(uri)
-    return int(filesystem.get_file_info(path).size)
-
-
-def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:
+def _key_range(table: Any, store: Store, key: list[str], column: str, low: Any, high: Any) -> Any:
     """The table's key columns where `column` is within [low, high]."""
     if _has_vectors(table):  # delta-rs' pyarrow dataset does not apply deletion vectors
-        from pyarrow import fs as pafs
-
-        location = table.table_uri.removeprefix("file://")
-        current = delta_log.snapshot(location, table.version())
-        files = delta_log.data_files(location, current, key)
-        return live_range(pafs.LocalFileSystem(), files, key, column, low, high)
+        current = delta_log.snapshot(store, table.version())
+        files = delta_log.data_files(store, current, key)
+        return live_range(store.filesystem, files, key, column, low, high)
     data = table.to_pyarrow_dataset()
     field = dataset_field(data, column)
     return data.to_table(columns=key, filter=(field >= low) & (field <= high))

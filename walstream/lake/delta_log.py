@@ -3,8 +3,8 @@ data files, in one version of the log (Delta's PROTOCOL.md, "Actions" and "Actio
 Reconciliation").
 
 delta-rs commits appends, merges and overwrites but no deletion vectors; this module
-writes the version's JSON itself, created only if absent (the log's one rule for writers),
-after reading the live files' vectors from the log (checkpoint, then the JSON versions
+writes the version's JSON itself, created only if absent (the log's one rule for writers;
+`storage.Store.create`, on local disk and S3), after reading the live files' vectors from the log (checkpoint, then the JSON versions
 after it). A logical file is its path and its vector: deleting more rows of a file is
 `remove` of the file with its old vector and `add` of it with the union.
 """
@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from walstream.errors import SinkError
 from walstream.lake import deletion_vectors as dv
+from walstream.lake.storage import Store
 
 
 class CommitConflict(SinkError):
@@ -112,40 +111,25 @@ def _takes_vectors(current: Snapshot) -> list[dict[str, Any]]:
     return out
 
 
-def _log(location: str) -> str:
-    return f"{location.rstrip('/')}/_delta_log"
+LOG = "_delta_log"
 
 
-def _local(location: str) -> str:
-    """The local directory of a table (walstream writes its own commits on local disk only
-    for now; object stores go through delta-rs)."""
-    if location.startswith("file://"):
-        return location.removeprefix("file://")
-    if "://" in location:
-        raise SinkError(
-            f"Delta: deletion vectors are written on local disk only for now, not {location}",
-            "tables on object storage are written copy-on-write, through delta-rs",
-            retryable=False,
-        )
-    return location
-
-
-def snapshot(location: str, version: int) -> Snapshot:
+def snapshot(store: Store, version: int) -> Snapshot:
     """The live files of `version`, replayed from the newest checkpoint at or below it and
     the JSON versions after."""
     import pyarrow.parquet as pq
 
-    root = _local(location)
-    log = _log(root)
     files: dict[str, LiveFile] = {}
     protocol: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
     start = 0
-    checkpoint = _checkpoint_at_or_below(log, version)
+    checkpoint = _checkpoint_at_or_below(store, version)
     if checkpoint is not None:
         start = checkpoint + 1
         table = pq.read_table(
-            f"{log}/{checkpoint:020d}.checkpoint.parquet", columns=["add", "protocol", "metaData"]
+            store.path(f"{LOG}/{checkpoint:020d}.checkpoint.parquet"),
+            columns=["add", "protocol", "metaData"],
+            filesystem=store.filesystem,
         )
         for add in table.column("add").to_pylist():
             if add is not None:
@@ -163,22 +147,21 @@ def snapshot(location: str, version: int) -> Snapshot:
             metadata["format"]["options"] = dict(metadata["format"]["options"])
         protocol = {k: v for k, v in protocol.items() if v is not None}
     for v in range(start, version + 1):
-        with open(f"{log}/{v:020d}.json") as f:
-            for line in f:
-                action = json.loads(line)
-                if "add" in action:
-                    files[action["add"]["path"]] = LiveFile(action["add"])
-                elif "protocol" in action:
-                    protocol = action["protocol"]
-                elif "metaData" in action:
-                    metadata = action["metaData"]
-                elif "remove" in action:
-                    removed = action["remove"]
-                    live = files.get(removed["path"])
-                    if live is not None and _same_vector(
-                        live.vector, removed.get("deletionVector")
-                    ):
-                        del files[removed["path"]]
+        for line in store.read(f"{LOG}/{v:020d}.json").decode().splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "add" in action:
+                files[action["add"]["path"]] = LiveFile(action["add"])
+            elif "protocol" in action:
+                protocol = action["protocol"]
+            elif "metaData" in action:
+                metadata = action["metaData"]
+            elif "remove" in action:
+                removed = action["remove"]
+                live = files.get(removed["path"])
+                if live is not None and _same_vector(live.vector, removed.get("deletionVector")):
+                    del files[removed["path"]]
     return Snapshot(version, files, protocol, metadata)
 
 
@@ -204,22 +187,21 @@ def _same_vector(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     return all(a.get(k) == b.get(k) for k in key)
 
 
-def _checkpoint_at_or_below(log: str, version: int) -> int | None:
+def _checkpoint_at_or_below(store: Store, version: int) -> int | None:
     found = [
         int(name.split(".", 1)[0])
-        for name in os.listdir(log)
+        for name, _ in store.names(LOG)
         if name.endswith(".checkpoint.parquet") and name.count(".") == 2
     ]
     below = [v for v in found if v <= version]
     return max(below) if below else None
 
 
-def data_files(location: str, current: Snapshot, key: Sequence[str]) -> list[Any]:
-    """The live files of a snapshot as `positions.DataFile`s: key bounds from their
-    statistics, deleted positions from their vectors."""
+def data_files(store: Store, current: Snapshot, key: Sequence[str]) -> list[Any]:
+    """The live files of a snapshot as `positions.DataFile`s (paths in `store.filesystem`):
+    key bounds from their statistics, deleted positions from their vectors."""
     from walstream.lake.positions import DataFile
 
-    root = _local(location).rstrip("/")
     out = []
     for live in current.files.values():
         try:
@@ -230,47 +212,43 @@ def data_files(location: str, current: Snapshot, key: Sequence[str]) -> list[Any
         bounds = {k: (low.get(k), high.get(k)) for k in key if k in low and k in high}
         out.append(
             DataFile(
-                f"{root}/{live.path}",
+                store.path(live.path),
                 live.path,
                 bounds,
-                functools.partial(deleted_positions, location, live),
+                functools.partial(deleted_positions, store, live),
             )
         )
     return out
 
 
-def drop_unused_vectors(location: str, current: Snapshot, older_than: float) -> int:
+def drop_unused_vectors(store: Store, current: Snapshot, older_than: float) -> int:
     """Delete the DV files no live file names that are older than `older_than` (a Unix
     time): a vector superseded by a union, or folded by a compaction, is only needed by a
     reader of an old version. delta-rs' vacuum leaves them. How many were deleted."""
-    root = _local(location)
     named = {
         dv.Descriptor.of_action(f.vector).file_name
         for f in current.files.values()
         if f.vector is not None
     }
     dropped = 0
-    for name in os.listdir(root):
+    for name, modified in store.names():
         if not (name.startswith("deletion_vector_") and name.endswith(".bin")) or name in named:
             continue
-        path = os.path.join(root, name)
-        if os.path.getmtime(path) < older_than:
-            os.unlink(path)
+        if modified < older_than:
+            store.delete(name)
             dropped += 1
     return dropped
 
 
-def deleted_positions(location: str, live: LiveFile) -> Any:
+def deleted_positions(store: Store, live: LiveFile) -> Any:
     """The rows a live file's vector deletes already (an empty bitmap when none)."""
-    from pyarrow import fs as pafs
-
     if live.vector is None:
         return dv.positions()
-    return dv.read(pafs.LocalFileSystem(), _local(location), dv.Descriptor.of_action(live.vector))
+    return dv.read(store.filesystem, store.root, dv.Descriptor.of_action(live.vector))
 
 
 def delete_commit(
-    location: str,
+    store: Store,
     current: Snapshot,
     positions: Mapping[str, Iterable[int]],
     adds: Sequence[dict[str, Any]] = (),
@@ -283,9 +261,6 @@ def delete_commit(
     row positions) deleted, the data files `adds` (add actions of files already in the
     table's directory) added, and the batch's application transaction. The new version;
     CommitConflict when another writer took it."""
-    from pyarrow import fs as pafs
-
-    root = _local(location)
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
         *(_takes_vectors(current) if positions else []),
@@ -297,14 +272,15 @@ def delete_commit(
         live = current.files.get(path)
         if live is None:
             raise SinkError(
-                f"Delta: {location} has no live data file {path} at version {current.version}",
+                f"Delta: {store.location} has no live data file {path} at version "
+                f"{current.version}",
                 "a bug in walstream: the positions were read from another version",
                 retryable=False,
             )
-        union = deleted_positions(location, live)
+        union = deleted_positions(store, live)
         union.update(rows)
         unions.append(union)
-    descriptors = dv.write(pafs.LocalFileSystem(), root, unions) if unions else []
+    descriptors = dv.write(store.filesystem, store.root, unions) if unions else []
     for (path, _), descriptor in zip(changed, descriptors, strict=True):
         old = current.files[path].add
         removed = {
@@ -331,24 +307,10 @@ def delete_commit(
     }
     actions.append({"commitInfo": info})
     version = current.version + 1
-    _put_if_absent(f"{_log(root)}/{version:020d}.json", actions, location, version)
+    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
+    if not store.create(f"{LOG}/{version:020d}.json", text.encode()):
+        raise CommitConflict(store.location, version)
     return version
-
-
-def _put_if_absent(target: str, actions: list[dict[str, Any]], location: str, version: int) -> None:
-    """Write the version's file whole, then link it into place: a link fails when the
-    name exists, so two writers never both take a version."""
-    temp = f"{os.path.dirname(target)}/.{os.path.basename(target)}.{uuid.uuid4().hex}.tmp"
-    with open(temp, "w") as f:
-        f.write("".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions))
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(temp, target)
-    except FileExistsError:
-        raise CommitConflict(location, version) from None
-    finally:
-        os.unlink(temp)
 
 
 #: Parquet physical types whose footer min/max are Delta statistics as they are.

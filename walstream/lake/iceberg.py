@@ -34,9 +34,11 @@ from walstream.lake.contract import (
 )
 from walstream.lake.plan import Key, history_plan, key_of, mirror_plan
 from walstream.lake.positions import current_rows, replaced
+from walstream.lake.storage import file_at
 from walstream.lake.tables import (
     LakeTable,
     adoptable,
+    footers,
     has_any_key,
     key_schema,
     move_staged,
@@ -151,7 +153,7 @@ class IcebergSink(TableSink):
         """A mirror's new keys, or a changelog's rows, as the staged files themselves: each
         moved under the table's `data/` and added in one snapshot (pyiceberg reads their
         footers for statistics)."""
-        import pyarrow.parquet as pq
+        from pyarrow import fs as pafs
 
         if self.config.mode == "history" or self.config.partition_by:
             return None
@@ -162,12 +164,14 @@ class IcebergSink(TableSink):
         staged = [path for path, _ in batch.files]
         existing = None if table is None else table.schema().as_arrow()
         # a try that moved them under the table before a crash created the table first
-        now_at = (
-            staged
-            if table is None
-            else [staged_or(path, _local(_data_file(table, name))) for path, name in batch.files]
-        )
-        metas = [pq.read_metadata(f) for f in now_at]
+        if table is None:
+            now_at = [pafs.FileSystem.from_uri(path) for path in staged]
+        else:
+            now_at = [
+                staged_or(path, file_at(table.io, _data_file(table, name)))
+                for path, name in batch.files
+            ]
+        metas = footers(now_at)
         wanted = lake.files_schema(batch, metas)
         if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
             return None
@@ -180,7 +184,7 @@ class IcebergSink(TableSink):
             table = self._create(batch.shape, wanted)
         targets = [_data_file(table, name) for _, name in batch.files]
         for path, target in zip(staged, targets, strict=True):
-            move_staged(path, target)
+            move_staged(path, file_at(table.io, target))
         rows = sum(m.num_rows for m in metas)
         props = {"walstream.sink": batch.sink, "walstream.batch": batch.marker}
         with table.transaction() as tx:
@@ -223,11 +227,9 @@ class IcebergSink(TableSink):
     ) -> int:
         """The batch's keys marked deleted where the table has them (a position delete
         file) and their newest rows appended, in the batch's transaction."""
-        from pyarrow import fs as pafs
-
         key, schema = list(batch.shape.key), lake.schema(batch)
         files = iceberg_deletes.data_files(table, key)
-        local = pafs.LocalFileSystem()
+        local, _ = file_at(table.io, table.location())  # where the data files are
         columns = batch.shape.names
         rows_of = functools.partial(current_rows, local, files, key_schema(batch), columns)
         rows = lake.filled(batch, rows_of)
@@ -348,11 +350,6 @@ def _delete(tx: Any, where: Any, props: dict[str, str]) -> None:
 def _data_file(table: Any, name: str) -> str:
     """Where the table keeps a data file of this name."""
     return f"{table.location().rstrip('/')}/data/{name}"
-
-
-def _local(uri: str) -> str:
-    """A URI as pyarrow opens it (a plain path for `file://`)."""
-    return uri.removeprefix("file://")
 
 
 def _key_range(table: Any, key: list[str], column: str, low: Any, high: Any) -> Any:

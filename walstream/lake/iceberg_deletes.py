@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from walstream.lake.positions import DataFile
+from walstream.lake.storage import file_at
 
 #: The spec's reserved field ids of a position delete file's columns.
 FILE_PATH_ID = 2147483546
@@ -46,7 +47,7 @@ def data_files(table: Any, key: Sequence[str]) -> list[DataFile]:
         deletes = [d.file_path for d in task.delete_files]
         out.append(
             DataFile(
-                _local(f.file_path),
+                file_at(table.io, f.file_path)[1],
                 f.file_path,
                 bounds,
                 functools.partial(deleted_positions, table, f.file_path, deletes),
@@ -172,7 +173,3 @@ def add_deletes(tx: Any, table: Any, deletes: Sequence[Any], props: Mapping[str,
         operation=Operation.OVERWRITE, transaction=tx, io=table.io, snapshot_properties=dict(props)
     )
     producer.commit()
-
-
-def _local(uri: str) -> str:
-    return uri.removeprefix("file://")

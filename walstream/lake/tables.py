@@ -291,44 +291,67 @@ def adoptable(files: Any, wanted: Any, existing: Any | None) -> bool:
     return set(have) == set(names) and all(_same(have[f.name], f.type) for f in wanted)
 
 
-def staged_or(staged: str, moved: str) -> str:
+#: A file as (pyarrow filesystem, path in it): a table's files on object storage are opened
+#: with the destination's credentials, not from their URI alone.
+Placed = tuple[Any, str]
+
+
+def staged_or(staged: str, moved: Placed) -> Placed:
     """Where a staged file is now: still staged, or at `moved`, where an earlier try of
     the batch moved it before it could commit."""
     from pyarrow import fs as pafs
 
     filesystem, path = pafs.FileSystem.from_uri(staged)
-    return staged if filesystem.get_file_info(path).type == pafs.FileType.File else moved
+    if filesystem.get_file_info(path).type == pafs.FileType.File:
+        return filesystem, path
+    return moved
+
+
+def footers(files: list[Placed]) -> list[Any]:
+    """The Parquet footers (metadata) of these files."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for filesystem, path in files:
+        with filesystem.open_input_file(path) as f:
+            out.append(pq.read_metadata(f))
+    return out
 
 
 def has_any_key(
-    files: list[str], key: list[str], read_range: Callable[[str, Any, Any], Any]
+    files: list[Placed], key: list[str], read_range: Callable[[str, Any, Any], Any]
 ) -> bool:
     """Whether a table (read through `read_range`, see `present_keys`) has any key of these
     staged files."""
     import pyarrow.parquet as pq
 
-    return any(present_keys(read_range, pq.read_table(f, columns=key)).num_rows for f in files)
+    return any(
+        present_keys(read_range, pq.read_table(path, columns=key, filesystem=fs)).num_rows
+        for fs, path in files
+    )
 
 
-def move_staged(staged: str, target: str) -> None:
+def move_staged(staged: str, target: Placed) -> None:
     """Move a staged file to where a table keeps its data files (any two filesystems). A
     try that moved it before a crash left it there: that is fine; neither is not."""
     from pyarrow import fs as pafs
 
     src_fs, src = pafs.FileSystem.from_uri(staged)
-    dst_fs, dst = pafs.FileSystem.from_uri(target)
+    dst_fs, dst = target
     if src_fs.get_file_info(src).type == pafs.FileType.NotFound:
         if dst_fs.get_file_info(dst).type == pafs.FileType.File:
             return
         raise SinkError(
-            f"lake: the staged file {staged} is gone (and not at {target})",
+            f"lake: the staged file {staged} is gone (and not at {dst})",
             "files under the checkpoint directory must stay while walstream runs: restore it; "
             "for a backfill's chunk, cancel the backfill (`walstream backfill cancel`) and "
             "request it again",
             retryable=False,
         )
-    if type(src_fs) is type(dst_fs) and src_fs.equals(dst_fs):
+    local = src_fs.type_name == dst_fs.type_name == "local"  # pyiceberg's is a subclass
+    if dst_fs.type_name == "local":
         dst_fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
+    if local or (src_fs.type_name == dst_fs.type_name and src_fs.equals(dst_fs)):
         src_fs.move(src, dst)
         return
     pafs.copy_files(src, dst, source_filesystem=src_fs, destination_filesystem=dst_fs)

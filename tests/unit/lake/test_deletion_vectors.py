@@ -15,6 +15,7 @@ import pytest
 from tests.lake import duck
 from walstream.lake import deletion_vectors as dv
 from walstream.lake.delta_log import CommitConflict, delete_commit, snapshot, stats
+from walstream.lake.storage import open_store
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -88,8 +89,8 @@ def new_file(location: Path, ids: list[int]) -> dict[str, Any]:
 
 
 def commit(location: Path, positions: dict[str, list[int]], adds=(), batch_id: int = 1) -> int:
-    current = snapshot(str(location), deltalake.DeltaTable(str(location)).version())
-    return delete_commit(str(location), current, positions, adds, app_id="walstream/t/q",
+    current = snapshot(open_store(str(location)), deltalake.DeltaTable(str(location)).version())
+    return delete_commit(open_store(str(location)), current, positions, adds, app_id="walstream/t/q",
                          batch_id=batch_id)  # fmt: skip
 
 
@@ -139,10 +140,12 @@ def test_the_live_files_are_read_from_a_checkpoint_and_compaction_folds_the_vect
 def test_a_version_another_writer_took_is_a_conflict_and_changes_nothing(tmp_path: Path) -> None:
     location = tmp_path / "t"
     a, _, _ = three_files(location)
-    stale = snapshot(str(location), deltalake.DeltaTable(str(location)).version())
+    stale = snapshot(open_store(str(location)), deltalake.DeltaTable(str(location)).version())
     commit(location, {a: [4]})
     with pytest.raises(CommitConflict) as caught:
-        delete_commit(str(location), stale, {a: [6]}, app_id="walstream/t/q", batch_id=2)
+        delete_commit(
+            open_store(str(location)), stale, {a: [6]}, app_id="walstream/t/q", batch_id=2
+        )
     assert caught.value.retryable
     assert ids_by_duckdb(location) == [i for i in range(30) if i != 4]
     assert not list((location / "_delta_log").glob(".*.tmp"))
@@ -158,7 +161,8 @@ def test_the_live_rows_of_some_keys_are_found_by_file_and_position(tmp_path: Pat
     a, b, c = three_files(location)
     commit(location, {a: [4]})  # id 4 deleted already
     version = deltalake.DeltaTable(str(location)).version()
-    files = data_files(str(location), snapshot(str(location), version), ["id"])
+    store = open_store(str(location))
+    files = data_files(store, snapshot(store, version), ["id"])
     keys = pa.table({"id": pa.array([3, 4, 15, 27, 99], pa.int64())})
     found = locate(pafs.LocalFileSystem(), files, keys, ["v"])
     assert found.positions == {a: [3], b: [5], c: [7]}
@@ -207,9 +211,11 @@ def test_vacuum_keeps_live_vectors_and_walstream_drops_the_superseded_ones(
     table = deltalake.DeltaTable(str(location))
     table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
     assert len(list(location.glob("deletion_vector_*.bin"))) == 2  # delta-rs leaves both
-    current = snapshot(str(location), table.version())
-    assert drop_unused_vectors(str(location), current, time.time() - 3600) == 0  # too new
-    assert drop_unused_vectors(str(location), current, time.time() + 1) == 1
+    current = snapshot(open_store(str(location)), table.version())
+    assert (
+        drop_unused_vectors(open_store(str(location)), current, time.time() - 3600) == 0
+    )  # too new
+    assert drop_unused_vectors(open_store(str(location)), current, time.time() + 1) == 1
     assert len(list(location.glob("deletion_vector_*.bin"))) == 1  # the live one
     assert (
         ids_by_duckdb(location)
