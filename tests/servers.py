@@ -121,10 +121,11 @@ class S3:
                             aws_secret_access_key="test-secret-key", region_name="us-east-1")  # fmt: skip
 
     def keys(self, prefix: str = "") -> list[str]:
+        return self.keys_in(self.bucket, prefix)
+
+    def keys_in(self, bucket: str, prefix: str = "") -> list[str]:
         pages = (
-            self.client()
-            .get_paginator("list_objects_v2")
-            .paginate(Bucket=self.bucket, Prefix=prefix)
+            self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         )
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 

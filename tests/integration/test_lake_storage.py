@@ -75,3 +75,29 @@ def test_deletion_vectors_on_s3_read_alike_and_a_stale_version_is_a_conflict(s3)
         delete_commit(store, current, {low: [5]}, app_id="w/q", batch_id=2)
     assert caught.value.retryable
     assert ids(location, s3) == (want, want)  # nothing of the loser's
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_before_any_commit(
+    s3, monkeypatch
+) -> None:
+    """Some S3-compatible stores ignore `If-None-Match`; walstream finds out with a probe
+    before its first commit there and refuses, instead of letting two writers take one
+    version. (Such a store is played here by dropping the condition on the way out.)"""
+    import obstore
+
+    from walstream.errors import SinkError
+    from walstream.lake import storage
+
+    bucket = f"plain-{uuid.uuid4().hex[:8]}"  # a store of its own: probed afresh
+    s3.client().create_bucket(Bucket=bucket)
+    put = obstore.put
+    monkeypatch.setattr(obstore, "put", lambda store, key, data, mode=None: put(store, key, data))
+    store = open_store(f"s3://{bucket}/t", s3.delta)
+    with pytest.raises(SinkError) as caught:
+        store.create("_delta_log/00000000000000000001.json", b"{}")
+    assert "wrote over an existing file despite `If-None-Match: *`" in caught.value.problem
+    assert "copy_on_write" in caught.value.fix and not caught.value.retryable
+    assert s3.keys_in(bucket) == []  # neither the version nor the probe left behind
+    monkeypatch.undo()
+    assert (s3.delta["AWS_ENDPOINT_URL"], bucket) not in storage._CONDITIONAL
+    assert open_store(f"s3://{bucket}/t", s3.delta).create("_delta_log/0.json", b"{}")

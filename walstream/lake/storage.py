@@ -33,6 +33,10 @@ S3_KEYS = {
 }
 
 
+#: (endpoint, bucket) of the S3 stores seen to refuse a second create of one name.
+_CONDITIONAL: set[tuple[str, str]] = set()
+
+
 def s3_settings(options: Mapping[str, str]) -> dict[str, str]:
     """The S3 settings among delta-rs storage options (any spelling delta-rs takes), by
     their names in `S3_KEYS`; the absent ones come from the environment, as in delta-rs."""
@@ -98,11 +102,42 @@ class Store:
         if self.s3 is None:
             return _link_new(self.path(name), data)
         obstore = _obstore()
+        self._check_conditional(obstore)
         try:
-            obstore.put(self._bucket(), self.path(name).split("/", 1)[1], data, mode="create")
+            obstore.put(self._bucket(), self._key(name), data, mode="create")
         except obstore.exceptions.AlreadyExistsError:
             return False
         return True
+
+    def _key(self, name: str) -> str:
+        return self.path(name).split("/", 1)[1]
+
+    def _check_conditional(self, obstore: Any) -> None:
+        """Once per store: a probe created twice must fail the second time. A store that
+        ignores `If-None-Match` would let two writers take one version, each deleting rows
+        the other's version no longer names: walstream refuses to commit there."""
+        s3 = self.s3 or {}
+        where = (s3.get("endpoint") or "aws", self.root.split("/", 1)[0])
+        if where in _CONDITIONAL:
+            return
+        probe = self._key(f".walstream-probe-{uuid.uuid4().hex}")
+        obstore.put(self._bucket(), probe, b"", mode="create")
+        try:
+            obstore.put(self._bucket(), probe, b"", mode="create")
+        except obstore.exceptions.AlreadyExistsError:
+            _CONDITIONAL.add(where)
+            return
+        finally:
+            obstore.delete(self._bucket(), probe)
+        raise SinkError(
+            f"Delta: the S3 store {where[0]} (bucket {where[1]}) wrote over an existing file "
+            "despite `If-None-Match: *`: merge-on-read commits there could overwrite each "
+            "other",
+            "use a store with conditional writes (AWS S3, MinIO, Cloudflare R2, ...), or "
+            "`updates: copy_on_write`, which delta-rs commits (with a DynamoDB lock: "
+            "AWS_S3_LOCKING_PROVIDER in storage_options)",
+            retryable=False,
+        )
 
     def _bucket(self) -> Any:
         if self._objects is None:
