@@ -31,6 +31,7 @@ from walstream.lake.contract import (
     fill_template,
 )
 from walstream.lake.delta_log import stats
+from walstream.lake.key_index import KeyIndexes
 from walstream.lake.plan import history_plan, mirror_plan
 from walstream.lake.positions import current_rows, live_range, replaced
 from walstream.lake.storage import Store, open_store
@@ -104,6 +105,8 @@ class DeltaSink(TableSink):
     def __init__(self, config: DeltaDestination) -> None:
         super().__init__(config)
         self.options = {k: v.get_secret_value() for k, v in config.storage_options.items()}
+        self._indexes = KeyIndexes()  # merge-on-read: the tables' keys, between batches
+        self._snapshots: dict[str, delta_log.Snapshot] = {}  # and their logs, replayed
 
     def target(self, schema: str, table: str) -> str:
         return self.config.location_for_messages(schema, table)
@@ -308,10 +311,15 @@ class DeltaSink(TableSink):
         key, columns = list(batch.shape.key), batch.shape.names
         table = _with_columns(table, lake.schema(batch), self.options)  # before the snapshot
         store = self._store(lake.location)
-        current = delta_log.snapshot(store, table.version())
+        current = delta_log.snapshot(
+            store, table.version(), self._snapshots.pop(lake.location, None)
+        )
         files = delta_log.data_files(store, current, key)
         fs = store.filesystem
-        rows_of = functools.partial(current_rows, fs, files, key_schema(batch), columns)
+        index = self._indexes.of(lake.location, key)
+        rows_of = functools.partial(
+            current_rows, fs, files, key_schema(batch), columns, index=index
+        )
         rows = lake.filled(batch, rows_of)
         plan = mirror_plan(rows, key, columns, batch.complete)
         if plan.truncated:
@@ -324,7 +332,7 @@ class DeltaSink(TableSink):
                 storage_options=self.options or None,
             )
             return int(plan.upserts.num_rows)
-        positions = replaced(fs, files, plan, key)
+        positions = replaced(fs, files, plan, key, index)
         adds = []
         if plan.upserts.num_rows:
             adds.append(_data_file(store, _as_table(plan.upserts, _arrow_schema(table))))
@@ -339,6 +347,7 @@ class DeltaSink(TableSink):
             batch_id=batch.batch_id,
             metadata={"walstream.batch": batch.marker},
         )
+        self._snapshots[lake.location] = current  # the next batch replays from here
         # delta-rs checkpoints after its own commits only: walstream does after its own, so
         # readers (and the next batch's snapshot) do not replay an ever longer log
         if version % delta_log.checkpoint_interval(current) == 0:

@@ -114,12 +114,19 @@ def _takes_vectors(current: Snapshot) -> list[dict[str, Any]]:
 LOG = "_delta_log"
 
 
-def snapshot(store: Store, version: int) -> Snapshot:
+def snapshot(store: Store, version: int, since: Snapshot | None = None) -> Snapshot:
     """The live files of `version`, replayed from the newest checkpoint at or below it and
-    the JSON versions after."""
+    the JSON versions after; or, given an earlier snapshot `since`, from it (versions are
+    written once, so only those after it are read)."""
     import pyarrow.parquet as pq
 
-    files: dict[str, LiveFile] = {}
+    if since is not None and since.version <= version:
+        files = dict(since.files)
+        try:
+            return _replay(store, since.version + 1, version, files, since.protocol, since.metadata)
+        except FileNotFoundError:  # versions cleaned up since (past the log's retention)
+            pass
+    files = {}
     protocol: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
     start = 0
@@ -146,6 +153,19 @@ def snapshot(store: Store, version: int) -> Snapshot:
         ):
             metadata["format"]["options"] = dict(metadata["format"]["options"])
         protocol = {k: v for k, v in protocol.items() if v is not None}
+    return _replay(store, start, version, files, protocol, metadata)
+
+
+def _replay(
+    store: Store,
+    start: int,
+    version: int,
+    files: dict[str, LiveFile],
+    protocol: dict[str, Any],
+    metadata: dict[str, Any],
+) -> Snapshot:
+    """The JSON versions `start`..`version` applied to the live files, protocol and metadata
+    before them."""
     for v in range(start, version + 1):
         for line in store.read(f"{LOG}/{v:020d}.json").decode().splitlines():
             if not line.strip():
@@ -187,6 +207,13 @@ def _same_vector(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     return all(a.get(k) == b.get(k) for k in key)
 
 
+def _vector_id(vector: dict[str, Any] | None) -> tuple[Any, ...]:
+    """What identifies a file's deletes: its vector's unique id, or none."""
+    if vector is None:
+        return ("none",)
+    return tuple(vector.get(k) for k in ("storageType", "pathOrInlineDv", "offset"))
+
+
 def _checkpoint_at_or_below(store: Store, version: int) -> int | None:
     found = [
         int(name.split(".", 1)[0])
@@ -216,6 +243,7 @@ def data_files(store: Store, current: Snapshot, key: Sequence[str]) -> list[Any]
                 live.path,
                 bounds,
                 functools.partial(deleted_positions, store, live),
+                _vector_id(live.vector),
             )
         )
     return out

@@ -32,6 +32,7 @@ from walstream.lake.contract import (
     TableSink,
     Written,
 )
+from walstream.lake.key_index import KeyIndexes
 from walstream.lake.plan import Key, history_plan, key_of, mirror_plan
 from walstream.lake.positions import current_rows, replaced
 from walstream.lake.storage import file_at
@@ -56,6 +57,10 @@ class IcebergSink(TableSink):
     settings_model = IcebergDestination
     extra = "iceberg"
     config: IcebergDestination
+
+    def __init__(self, config: IcebergDestination) -> None:
+        super().__init__(config)
+        self._indexes = KeyIndexes()  # merge-on-read: the tables' keys, between batches
 
     def target(self, schema: str, table: str) -> str:
         return self.config.location(schema, table)
@@ -231,12 +236,17 @@ class IcebergSink(TableSink):
         files = iceberg_deletes.data_files(table, key)
         local, _ = file_at(table.io, table.location())  # where the data files are
         columns = batch.shape.names
-        rows_of = functools.partial(current_rows, local, files, key_schema(batch), columns)
+        index = self._indexes.of(table.location(), key)
+        rows_of = functools.partial(
+            current_rows, local, files, key_schema(batch), columns, index=index
+        )
         rows = lake.filled(batch, rows_of)
         plan = mirror_plan(rows, key, columns, batch.complete)
         if plan.truncated:
             _delete(tx, _always(), props)
-        elif positions := replaced(local, files, plan, key):
+        elif positions := replaced(
+            local, files, plan, key, self._indexes.of(table.location(), key)
+        ):
             deletes = iceberg_deletes.write_deletes(table, positions)
             iceberg_deletes.add_deletes(tx, table, [deletes], props)
         if plan.upserts.num_rows:

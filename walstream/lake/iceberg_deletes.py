@@ -10,12 +10,18 @@ field ids) and added through pyiceberg's own snapshot producer, in a manifest of
 from __future__ import annotations
 
 import functools
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from walstream.lake.positions import DataFile
 from walstream.lake.storage import file_at
+
+#: Position delete files kept in memory once read (by their URI: each is written once).
+DELETE_FILES_KEPT = 4096
+_DELETE_FILES: dict[str, Any] = {}
+_DELETE_FILES_LOCK = threading.Lock()
 
 #: The spec's reserved field ids of a position delete file's columns.
 FILE_PATH_ID = 2147483546
@@ -51,6 +57,7 @@ def data_files(table: Any, key: Sequence[str]) -> list[DataFile]:
                 f.file_path,
                 bounds,
                 functools.partial(deleted_positions, table, f.file_path, deletes),
+                tuple(sorted(deletes)),
             )
         )
     return out
@@ -65,8 +72,14 @@ def deleted_positions(table: Any, path: str, delete_files: Sequence[str]) -> Any
 
     out = dv.positions()
     for name in delete_files:
-        with table.io.new_input(name).open() as f:
-            data = pq.read_table(f, columns=["file_path", "pos"])
+        data = _DELETE_FILES.get(name)
+        if data is None:  # a delete file is written once: read once (up to the cache's size)
+            with table.io.new_input(name).open() as f:
+                data = pq.read_table(f, columns=["file_path", "pos"])
+            with _DELETE_FILES_LOCK:
+                _DELETE_FILES[name] = data
+                while len(_DELETE_FILES) > DELETE_FILES_KEPT:
+                    _DELETE_FILES.pop(next(iter(_DELETE_FILES)))
         out.update(data.filter(pc.equal(data["file_path"], path))["pos"].to_pylist())
     return out
 

@@ -8,7 +8,7 @@ live. The cost grows with the files the keys fall in, not with the table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +19,14 @@ from walstream.lake.plan import Key, MirrorPlan, key_of
 class DataFile:
     """A live data file: `path` as the filesystem opens it, `name` as the table's log names
     it, each key column's (min, max) where its statistics have them, and the positions
-    already deleted (read only when the file is)."""
+    already deleted (read only when the file is), with an identity of those deletes that
+    changes when they do (None: unknown, read them each time)."""
 
     path: str
     name: str
     bounds: dict[str, tuple[Any, Any]]
     deleted: Callable[[], Any]
+    deletes_id: Hashable = None
 
 
 @dataclass(frozen=True)
@@ -60,25 +62,15 @@ def locate(
     """The live rows of `keys` (a pyarrow Table of the key columns) in `files`."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     key = keys.column_names
-    wanted = list(dict.fromkeys([*key, *columns]))
     positions: dict[str, list[int]] = {}
     found = []
     for file in files:
         candidates = might_hold(file, keys)
         if candidates.num_rows == 0:
             continue
-        with filesystem.open_input_file(file.path) as f:
-            data = pq.read_table(f, columns=[c for c in wanted if c in _names(f)])
-        for c in wanted:  # a column the file predates: NULL, as a reader sees it
-            if c not in data.column_names:
-                data = data.append_column(c, pa.nulls(data.num_rows))
-        for c in key:  # the keys' own types (a file may hold views or a narrower type)
-            i = data.column_names.index(c)
-            data = data.set_column(i, c, data[c].cast(keys.schema.field(c).type))
-        data = data.append_column("_pos", pa.array(range(data.num_rows), pa.int64()))
+        data = read_keys(filesystem, file, keys.schema, columns)
         # the join on the keys alone (Arrow joins no list or struct column), then the rows
         at = data.select([*key, "_pos"]).join(candidates, keys=key, join_type="left semi")
         hits = data.take(pa.array(sorted(at["_pos"].to_pylist()), pa.int64()))
@@ -96,37 +88,95 @@ def locate(
     return Located(positions, rows)
 
 
+def read_keys(filesystem: Any, file: DataFile, key_schema: Any, columns: Sequence[str] = ()) -> Any:
+    """A data file's key columns (in `key_schema`'s types) and `columns`, with `_pos`, each
+    row's position in the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    key = key_schema.names
+    wanted = list(dict.fromkeys([*key, *columns]))
+    with filesystem.open_input_file(file.path) as f:
+        data = pq.read_table(f, columns=[c for c in wanted if c in _names(f)])
+    for c in wanted:  # a column the file predates: NULL, as a reader sees it
+        if c not in data.column_names:
+            data = data.append_column(c, pa.nulls(data.num_rows))
+    for c in key:  # the keys' own types (a file may hold views or a narrower type)
+        i = data.column_names.index(c)
+        data = data.set_column(i, c, data[c].cast(key_schema.field(c).type))
+    return data.append_column("_pos", pa.array(range(data.num_rows), pa.int64()))
+
+
 def current_rows(
     filesystem: Any,
     files: Sequence[DataFile],
     key_schema: Any,
     columns: Sequence[str],
     keys: list[Key],
+    index: Any = None,
 ) -> dict[Key, dict[str, Any]]:
     """The live rows of `keys` (tuples, in `key_schema`'s columns), by key: what a
-    merge-on-read mirror fills unchanged TOAST values from."""
+    merge-on-read mirror fills unchanged TOAST values from. With `index` (a
+    `key_index.KeyIndex`), only the files holding them are read."""
     import pyarrow as pa
 
     key = key_schema.names
-    wanted = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in keys])
-    found = locate(filesystem, files, wanted.cast(key_schema), columns).rows
+    wanted = pa.Table.from_pylist([dict(zip(key, k, strict=True)) for k in keys]).cast(key_schema)
+    if index is not None:
+        with index.lock:
+            if index.sync(filesystem, files, key_schema):
+                at = index.positions(files, wanted)
+                found = _rows_at(filesystem, files, at, key_schema, columns)
+            else:
+                found = locate(filesystem, files, wanted, columns).rows
+    else:
+        found = locate(filesystem, files, wanted, columns).rows
     if found is None:
         return {}
     return {key_of(r, key): {c: r[c] for c in columns} for r in found.to_pylist()}
 
 
+def _rows_at(
+    filesystem: Any,
+    files: Sequence[DataFile],
+    positions: dict[str, list[int]],
+    key_schema: Any,
+    columns: Sequence[str],
+) -> Any:
+    """The rows at `positions` (by file name): only the files that hold them are read."""
+    import pyarrow as pa
+
+    by_name = {f.name: f for f in files}
+    found = []
+    for name, at in positions.items():
+        data = read_keys(filesystem, by_name[name], key_schema, columns)
+        found.append(data.take(pa.array(at, pa.int64())))
+    return pa.concat_tables(found, promote_options="permissive") if found else None
+
+
 def replaced(
-    filesystem: Any, files: Sequence[DataFile], plan: MirrorPlan, key: Sequence[str]
+    filesystem: Any,
+    files: Sequence[DataFile],
+    plan: MirrorPlan,
+    key: Sequence[str],
+    index: Any = None,
 ) -> dict[str, list[int]]:
     """The positions (by file) of the live rows a mirror plan upserts or deletes; none when
-    every key is new to the table (inserted in the batch first)."""
+    every key is new to the table (inserted in the batch first). With `index` (a
+    `key_index.KeyIndex`), found in memory; else in the files."""
     import pyarrow as pa
 
     if plan.appends_only:
         return {}
     ups = plan.upserts.select(list(key))
     touched = pa.concat_tables([ups, plan.deletes.select(list(key)).cast(ups.schema)])
-    return locate(filesystem, files, touched).positions if touched.num_rows else {}
+    if not touched.num_rows:
+        return {}
+    if index is not None:
+        with index.lock:
+            if index.sync(filesystem, files, touched.schema):
+                return dict(index.positions(files, touched))
+    return locate(filesystem, files, touched).positions
 
 
 def _names(f: Any) -> set[str]:

@@ -222,3 +222,56 @@ def test_vacuum_keeps_live_vectors_and_walstream_drops_the_superseded_ones(
         == ids_by_delta_rs(location)
         == [i for i in range(30) if i not in (1, 2)]
     )
+
+
+def test_the_key_index_reads_each_file_once_and_follows_the_tables_files(tmp_path: Path) -> None:
+    """The merge-on-read index (lake/key_index.py): positions as `locate` finds them; a file
+    indexed once is not read again (here: it is gone from the disk and still answers); a file
+    the table no longer has is dropped, a new one read; changed deletes are read again."""
+    from pyarrow import fs as pafs
+
+    from walstream.lake.delta_log import data_files
+    from walstream.lake.key_index import KeyIndex
+    from walstream.lake.positions import locate
+
+    location = tmp_path / "t"
+    a, b, c = three_files(location)
+    store = open_store(str(location))
+    local = pafs.LocalFileSystem()
+
+    def live() -> list[Any]:
+        version = deltalake.DeltaTable(str(location)).version()
+        return data_files(store, snapshot(store, version), ["id"])
+
+    keys = pa.table({"id": pa.array([3, 4, 15, 27, 99], pa.int64())})
+    index = KeyIndex(["id"])
+    files = live()
+    assert index.sync(local, files, keys.schema)
+    assert index.positions(files, keys) == locate(local, files, keys).positions
+    assert index.positions(files, keys) == {a: [3, 4], b: [5], c: [7]}
+
+    commit(location, {a: [3]})  # id 3 deleted: its vector changes, the file does not
+    files = live()
+    index.sync(local, files, keys.schema)
+    assert index.positions(files, keys) == {a: [4], b: [5], c: [7]}
+
+    moved = {f.name: (location / f.name).read_bytes() for f in files}
+    for name in moved:
+        (location / name).unlink()  # indexed: not read again
+    assert index.positions(files, keys) == {a: [4], b: [5], c: [7]}
+    for name, data in moved.items():
+        (location / name).write_bytes(data)
+
+    new = new_file(location, [99])
+    commit(location, {c: [7]}, [new], batch_id=2)  # 27 deleted, a file holding 99 added
+    files = live()
+    index.sync(local, files, keys.schema)
+    assert set(index.files) == {a, b, c, new["path"]}
+    assert index.positions(files, keys) == {a: [4], b: [5], new["path"]: [0]}
+
+    deltalake.DeltaTable(str(location)).optimize.compact()  # every file replaced
+    files = live()
+    index.sync(local, files, keys.schema)
+    assert set(index.files) == {f.name for f in files} and a not in index.files
+    assert index.positions(files, keys) == locate(local, files, keys).positions
+    assert sum(len(p) for p in index.positions(files, keys).values()) == 3  # 4, 15 and 99

@@ -1,0 +1,125 @@
+"""The key columns of a merge-on-read mirror's live data files, kept on the driver between
+batches, so that finding the rows a batch replaces costs a probe in memory, not a read of
+every file its keys may fall in (with keys spread over the table, that is every file).
+
+Only what never changes is kept: a data file's key columns (a data file is written once)
+and a file's deleted positions under one identity of its deletes (a Delta vector, a set of
+Iceberg delete files). Which files are live comes from the table at each batch, so a
+commit by another writer (a compaction, another sink) is followed, never trusted away.
+Memory: the key columns plus 12 bytes a row; a table past `MAX_ROWS` is not indexed (its
+batches read the files, as without the index).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from walstream.lake.positions import DataFile, read_keys
+
+log = logging.getLogger(__name__)
+
+#: Rows past which a table is not indexed (about 2.4 GB of an int64 key and positions).
+MAX_ROWS = 200_000_000
+
+
+@dataclass
+class KeyIndex:
+    """One table's index: each live file's key columns (with `_file` and `_pos`), and its
+    deleted positions by the identity of its deletes."""
+
+    key: list[str]
+    schema: list[tuple[str, Any]] | None = None  # the key types the files' keys are held in
+    files: dict[str, Any] = field(default_factory=dict)
+    deleted: dict[str, tuple[Hashable, Any]] = field(default_factory=dict)
+    rows: int = 0
+    too_large: bool = False
+    _combined: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def sync(self, filesystem: Any, live: Sequence[DataFile], key_schema: Any) -> bool:
+        """Follow the table's live files (read each new file's key columns, drop the files
+        gone); False when the table is too large to index."""
+        import pyarrow as pa
+
+        types = [(f.name, f.type) for f in key_schema]
+        if self.schema != types:  # the first batch, or a key type widened since
+            self.files.clear()
+            self.deleted.clear()
+            self.rows, self.schema, self._combined = 0, types, None
+        names = {f.name for f in live}
+        for gone in [n for n in self.files if n not in names]:
+            self.rows -= self.files.pop(gone).num_rows
+            self.deleted.pop(gone, None)
+            self._combined = None
+        for f in live:
+            if f.name in self.files or self.too_large:
+                continue
+            keys = read_keys(filesystem, f, key_schema)
+            keys = keys.append_column("_file", pa.repeat(f.name, keys.num_rows))
+            self.files[f.name] = keys
+            self.rows += keys.num_rows
+            self._combined = None
+            if self.rows > MAX_ROWS:
+                log.warning(
+                    "merge-on-read: not indexing the keys of a table of more than %d rows in "
+                    "memory; its batches read its files' key columns instead",
+                    MAX_ROWS,
+                )
+                self.files.clear()
+                self.deleted.clear()
+                self.rows, self.too_large = 0, True
+        return not self.too_large
+
+    def positions(self, live: Sequence[DataFile], keys: Any) -> dict[str, list[int]]:
+        """The live positions of `keys` (a pyarrow Table of the key columns), by file name."""
+        import pyarrow as pa
+
+        if not self.files or keys.num_rows == 0:
+            return {}
+        if self._combined is None:
+            self._combined = pa.concat_tables(self.files.values())
+        hits = self._combined.join(keys, keys=self.key, join_type="left semi")
+        by_file: dict[str, list[int]] = {}
+        for name, pos in zip(hits["_file"].to_pylist(), hits["_pos"].to_pylist(), strict=True):
+            by_file.setdefault(name, []).append(pos)
+        files = {f.name: f for f in live}
+        out = {}
+        for name, found in by_file.items():
+            deleted = self._deleted(files[name])
+            kept = sorted(p for p in found if p not in deleted)
+            if kept:
+                out[name] = kept
+        return out
+
+    def _deleted(self, file: DataFile) -> Any:
+        """The file's deleted positions, read again only when its deletes changed."""
+        known = self.deleted.get(file.name)
+        if file.deletes_id is not None and known is not None and known[0] == file.deletes_id:
+            return known[1]
+        bitmap = file.deleted()
+        if file.deletes_id is not None:
+            self.deleted[file.name] = (file.deletes_id, bitmap)
+        return bitmap
+
+
+class KeyIndexes:
+    """The indexes of a sink's tables, by location."""
+
+    def __init__(self) -> None:
+        self._by_table: dict[str, KeyIndex] = {}
+        self._lock = threading.Lock()
+
+    def of(self, location: str, key: Sequence[str]) -> KeyIndex:
+        with self._lock:
+            index = self._by_table.get(location)
+            if index is None or index.key != list(key):  # a new key: a new index
+                index = self._by_table[location] = KeyIndex(list(key))
+            return index
+
+    def forget(self, location: str) -> None:
+        with self._lock:
+            self._by_table.pop(location, None)
