@@ -17,8 +17,9 @@ On an embedded Postgres, with walstream's Runtime (`local[2]`):
 4. small files: inserts at 1,000/s for FILES_MINUTES into two Delta mirrors, one with
    `optimize.every: 1m`; the data files each table has at the end.
 5. scale (`--only scale`): for each of SCALE_ROWS (100k, 1M by default; add 10M), a table
-   of that many rows backfilled into a Delta and an Iceberg mirror, then single-row updates
-   of random keys at UPDATE_RATE/s for UPDATE_SECONDS: bytes each table's directory grew by
+   of that many rows, and for each of SCALE_KINDS alone (Delta and Iceberg, copy-on-write
+   and merge-on-read; each its own walstream and slot) a mirror backfilled, then single-row
+   updates of random keys at UPDATE_RATE/s for UPDATE_SECONDS: bytes each table's directory grew by
    per update, next to the changed row's own size (target <= 4x) and the smallest table's
    figure (target: the largest within 1.5x); drain time after the writer stops; a DuckDB
    read of the whole table.
@@ -293,10 +294,11 @@ def tree_bytes(path: Path) -> int:
 
 
 def scale_one(
-    pg: EmbeddedPostgres, work: Path, rows: int, rate: int, seconds: float
+    pg: EmbeddedPostgres, work: Path, rows: int, rate: int, seconds: float, kinds: list[str]
 ) -> dict[str, Any]:
-    """One table of `rows` rows: backfilled into a Delta and an Iceberg mirror, then updated
-    at random keys; per format, bytes written per update and the drain time."""
+    """One table of `rows` rows, and for each of `kinds` alone (its own walstream, slot and
+    mirror, so no other sink shares its batches): backfilled, then updated at random keys;
+    bytes written per update, drain time, a DuckDB read."""
     dsn = pg.dsn()
     table = f"scale_{rows}"
     with connect(dsn, autocommit=True) as conn:
@@ -311,48 +313,50 @@ def scale_one(
         row_size = float(
             conn.execute(f"SELECT avg(pg_column_size(t.*)) FROM {table} t").fetchone()[0]
         )  # type: ignore[index]
-    sinks = [
-        lake_sink(f"sc{rows}-delta", "delta", work),
-        lake_sink(f"sc{rows}-deltamor", "delta", work, updates="merge_on_read"),
-        lake_sink(f"sc{rows}-iceberg", "iceberg", work),
-        lake_sink(f"sc{rows}-icebergmor", "iceberg", work, updates="merge_on_read"),
-    ]
-    cfg = plan(dsn, work, f"scale_{rows}", sinks, publication=f"scale_{rows}")
+    out: dict[str, Any] = {"row_size": row_size}
+    for kind in kinds:
+        out[kind] = scale_kind(dsn, work, rows, kind, rate, seconds)
+    return out
+
+
+def scale_kind(dsn: str, work: Path, rows: int, kind: str, rate: int, seconds: float) -> Any:
+    """One mirror of `kind` (delta, deltamor, iceberg, icebergmor) of the table `scale_<rows>`."""
+    table, name = f"scale_{rows}", f"sc{rows}-{kind}"
+    fmt = kind.removesuffix("mor")
+    extra = {"updates": "merge_on_read"} if kind.endswith("mor") else {}
+    sink = lake_sink(name, fmt, work, **extra)
+    cfg = plan(dsn, work, f"scale_{rows}_{kind}", [sink], publication=table)
+    directory = (
+        work / name / table
+        if fmt == "delta"
+        else work / "warehouse" / name.replace("-", "_") / table
+    )
     runtime = Runtime(cfg).start()
     store = BackfillStore(cfg.state_dsn)
-    dirs = {"delta": work / f"sc{rows}-delta" / table,
-            "deltamor": work / f"sc{rows}-deltamor" / table,
-            "iceberg": work / "warehouse" / f"sc{rows}_iceberg" / table,
-            "icebergmor": work / "warehouse" / f"sc{rows}_icebergmor" / table}  # fmt: skip
-    out: dict[str, Any] = {"row_size": row_size}
     try:
-        for s in sinks:
-            (b,) = request(cfg, store, s["name"])
-            wait(runtime, lambda b_id=b.id: getattr(store.get(b_id), "status", None) == DONE,
-                 f"backfill of {rows:,} rows into {s['name']}")  # fmt: skip
-        before = {k: tree_bytes(d) for k, d in dirs.items()}
-        start = {s["name"]: runtime.progress()[s["name"]].delivered for s in sinks}
+        (b,) = request(cfg, store, name)
+        wait(runtime, lambda: getattr(store.get(b.id), "status", None) == DONE,
+             f"backfill of {rows:,} rows into {name}")  # fmt: skip
+        before = tree_bytes(directory)
+        start = runtime.progress()[name].delivered
         writer = Updates(dsn, table, rows, rate, seconds)
         writer.thread.start()
         writer.thread.join()
         stopped = time.monotonic()
-        for s in sinks:
-            name = s["name"]
-            wait(runtime, lambda n=name: runtime.progress()[n].delivered - start[n] >= writer.done,
-                 f"updates into {name}")  # fmt: skip
-            kind = name.rsplit("-", 1)[1]
-            out[kind] = {
-                "updates": writer.done,
-                "bytes_per_update": (tree_bytes(dirs[kind]) - before[kind]) / writer.done,
-                "drain_s": time.monotonic() - stopped,
-            }
-            stopped_read = time.perf_counter()
-            n = duck_rows(kind, dirs[kind], cfg.state_dsn, f"sc{rows}_{kind}.{table}")
-            out[kind]["read_s"] = time.perf_counter() - stopped_read
-            assert n == rows, f"{name}: {n:,} rows read back, {rows:,} in the source"
+        wait(runtime, lambda: runtime.progress()[name].delivered - start >= writer.done,
+             f"updates into {name}")  # fmt: skip
+        result = {
+            "updates": writer.done,
+            "bytes_per_update": (tree_bytes(directory) - before) / writer.done,
+            "drain_s": time.monotonic() - stopped,
+        }
+        read = time.perf_counter()
+        n = duck_rows(kind, directory, cfg.state_dsn, f"{name.replace('-', '_')}.{table}")
+        result["read_s"] = time.perf_counter() - read
+        assert n == rows, f"{name}: {n:,} rows read back, {rows:,} in the source"
     finally:
         runtime.stop()
-    return out
+    return result
 
 
 def duck_rows(kind: str, directory: Path, state_dsn: str, identifier: str) -> int:
@@ -373,11 +377,14 @@ def duck_rows(kind: str, directory: Path, state_dsn: str, identifier: str) -> in
         con.close()
 
 
-def scale(pg: EmbeddedPostgres, work: Path, sizes: list[int], rate: int, seconds: float) -> None:
+def scale(
+    pg: EmbeddedPostgres, work: Path, sizes: list[int], rate: int, seconds: float,
+    kinds: list[str],
+) -> None:  # fmt: skip
     results = {}
     for rows in sizes:
-        r = results[rows] = scale_one(pg, work, rows, rate, seconds)
-        for kind in KINDS:
+        r = results[rows] = scale_one(pg, work, rows, rate, seconds, kinds)
+        for kind in kinds:
             k = r[kind]
             print(f"{kind} mirror of {rows:,} rows, {k['updates']:,} random-key updates at "
                   f"{rate:,}/s: {k['bytes_per_update']:,.0f} B written per update "
@@ -385,7 +392,7 @@ def scale(pg: EmbeddedPostgres, work: Path, sizes: list[int], rate: int, seconds
                   f"drained {k['drain_s']:.1f}s after the writer stopped; DuckDB reads it in "
                   f"{k['read_s']:.2f}s", flush=True)  # fmt: skip
     small, large = min(results), max(results)
-    for kind in KINDS:
+    for kind in kinds:
         for what, unit in (("bytes_per_update", "B"), ("drain_s", "s")):
             figure("lake", f"{kind} mirror {what} at {large:,} rows", results[large][kind][what],
                    unit, reference=f"the same at {small:,} rows",
@@ -408,6 +415,11 @@ def main() -> None:
         "--scale-rows",
         default="100000,1000000",
         help="the table sizes of the scale part, comma-separated",
+    )
+    ap.add_argument(
+        "--scale-kinds",
+        default=",".join(KINDS),
+        help=f"the mirrors of the scale part, each run alone, of {','.join(KINDS)}",
     )
     ap.add_argument("--update-rate", type=int, default=1600)
     ap.add_argument("--update-seconds", type=float, default=60)
@@ -442,7 +454,11 @@ def main() -> None:
                 small_files(pg, work, args.files_minutes)
             if "scale" in parts:
                 sizes = [int(n) for n in args.scale_rows.split(",")]
-                scale(pg, work, sizes, args.update_rate, args.update_seconds)
+                kinds = args.scale_kinds.split(",")
+                unknown = set(kinds) - set(KINDS)
+                if unknown:
+                    ap.error(f"--scale-kinds: {', '.join(sorted(unknown))}: not of {KINDS}")
+                scale(pg, work, sizes, args.update_rate, args.update_seconds, kinds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -199,3 +199,38 @@ def test_a_merge_on_read_delta_mirror_checkpoints_its_log(db, tmp_path, shape):
         rows[extra] = {**rows[extra], "note": f"after the checkpoint {extra}"}
         sink.write_batch(batch(shape, n, [("update", rows[extra], None)]))
     assert plain(read(db, Place(tmp_path), "delta-mor")) == plain(rows)
+
+
+def live_deletes(db: Any, place: Place, kind: str) -> int:
+    """How many deletes readers of the table's current version must apply: Delta files
+    with a deletion vector, Iceberg delete files the scan's files carry."""
+    if kind == "delta-mor":
+        vectors = pa.table(delta_table(place).deletion_vectors())
+        return sum(1 for m in vectors["selection_vector"].to_pylist() if m and not all(m))
+    table = lake_sink(db, place.tmp_path, "iceberg", "c", None, place)._open("public", "acct")
+    return len({d.file_path for task in table.scan().plan_files() for d in task.delete_files})
+
+
+@pytest.mark.parametrize("kind", ["delta-mor", "iceberg-mor"])
+def test_optimize_folds_a_merge_on_read_mirrors_deletes_and_batches_go_on(db, place, shape, kind):
+    """Compaction (`walstream lake optimize`, `optimize.every`) rewrites the files with their
+    deletes applied, so readers never face a growing pile of deletes; the batches after it
+    find the rows in the compacted files (the key index follows the table's files)."""
+    fmt = kind.removesuffix("-mor")
+    sink = lake_sink(db, place.tmp_path, fmt, "c", "mirror", place, updates="merge_on_read",
+                     optimize={"retain": 0})  # fmt: skip
+    rows = [row("eu", k, [k], str(k), "1.00", f"v{k}") for k in range(6)]
+    sink.write_batch(batch(shape, 1, [("insert", r, None) for r in rows]))
+    for n in range(2, 6):  # updates: each batch deletes an old version
+        rows[n] = {**rows[n], "note": f"changed in batch {n}"}
+        sink.write_batch(batch(shape, n, [("update", rows[n], None)]))
+    assert live_deletes(db, place, kind) >= 1
+    assert plain(read(db, place, kind)) == plain(rows)
+
+    result = sink.optimize("public", "acct")
+    assert live_deletes(db, place, kind) == 0, result
+    assert plain(read(db, place, kind)) == plain(rows)
+
+    rows[0] = {**rows[0], "note": "after the compaction"}
+    sink.write_batch(batch(shape, 6, [("update", rows[0], None), ("delete", rows[1], None)]))
+    assert plain(read(db, place, kind)) == plain([rows[0], *rows[2:]])
