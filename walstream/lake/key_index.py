@@ -6,8 +6,8 @@ Only what never changes is kept: a data file's key columns (a data file is writt
 and a file's deleted positions under one identity of its deletes (a Delta vector, a set of
 Iceberg delete files). Which files are live comes from the table at each batch, so a
 commit by another writer (a compaction, another sink) is followed, never trusted away.
-Memory: the key columns plus 12 bytes a row; a table past `MAX_ROWS` is not indexed (its
-batches read the files, as without the index).
+Memory: the key columns plus 8 bytes a row (the file, the position); a table past
+`MAX_ROWS` is not indexed (its batches read the files, as without the index).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from walstream.lake.positions import DataFile, read_keys
 
 log = logging.getLogger(__name__)
 
-#: Rows past which a table is not indexed (about 2.4 GB of an int64 key and positions).
+#: Ids of files gone past which the live files are numbered afresh.
+RENUMBER_SLACK = 1000
+#: Rows past which a table is not indexed (about 3.2 GB of an int64 key and positions).
 MAX_ROWS = 200_000_000
 
 
@@ -35,6 +37,7 @@ class KeyIndex:
     schema: list[tuple[str, Any]] | None = None  # the key types the files' keys are held in
     files: dict[str, Any] = field(default_factory=dict)
     deleted: dict[str, tuple[Hashable, Any]] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)  # `_file` (an int32) -> the file's name
     rows: int = 0
     too_large: bool = False
     _combined: Any = None
@@ -49,18 +52,26 @@ class KeyIndex:
         if self.schema != types:  # the first batch, or a key type widened since
             self.files.clear()
             self.deleted.clear()
+            self.names.clear()
             self.rows, self.schema, self._combined = 0, types, None
         names = {f.name for f in live}
         for gone in [n for n in self.files if n not in names]:
             self.rows -= self.files.pop(gone).num_rows
             self.deleted.pop(gone, None)
             self._combined = None
+        if len(self.names) > 2 * len(self.files) + RENUMBER_SLACK:  # ids of files gone: renumber
+            self.names = list(self.files)
+            for i, (name, keys) in enumerate(self.files.items()):
+                ids = pa.repeat(pa.scalar(i, pa.int32()), keys.num_rows)
+                self.files[name] = keys.set_column(keys.num_columns - 1, "_file", ids)
         for f in live:
             if f.name in self.files or self.too_large:
                 continue
             keys = read_keys(filesystem, f, key_schema)
-            keys = keys.append_column("_file", pa.repeat(f.name, keys.num_rows))
-            self.files[f.name] = keys
+            keys = keys.set_column(keys.num_columns - 1, "_pos", keys["_pos"].cast(pa.int32()))
+            self.names.append(f.name)
+            ids = pa.repeat(pa.scalar(len(self.names) - 1, pa.int32()), keys.num_rows)
+            self.files[f.name] = keys.append_column("_file", ids)
             self.rows += keys.num_rows
             self._combined = None
             if self.rows > MAX_ROWS:
@@ -71,6 +82,7 @@ class KeyIndex:
                 )
                 self.files.clear()
                 self.deleted.clear()
+                self.names.clear()
                 self.rows, self.too_large = 0, True
         return not self.too_large
 
@@ -84,8 +96,8 @@ class KeyIndex:
             self._combined = pa.concat_tables(self.files.values())
         hits = self._combined.join(keys, keys=self.key, join_type="left semi")
         by_file: dict[str, list[int]] = {}
-        for name, pos in zip(hits["_file"].to_pylist(), hits["_pos"].to_pylist(), strict=True):
-            by_file.setdefault(name, []).append(pos)
+        for i, pos in zip(hits["_file"].to_pylist(), hits["_pos"].to_pylist(), strict=True):
+            by_file.setdefault(self.names[i], []).append(pos)
         files = {f.name: f for f in live}
         out = {}
         for name, found in by_file.items():

@@ -275,3 +275,36 @@ def test_the_key_index_reads_each_file_once_and_follows_the_tables_files(tmp_pat
     assert set(index.files) == {f.name for f in files} and a not in index.files
     assert index.positions(files, keys) == locate(local, files, keys).positions
     assert sum(len(p) for p in index.positions(files, keys).values()) == 3  # 4, 15 and 99
+
+
+def test_the_key_index_on_composite_text_keys_renumbers_the_files_it_keeps(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Composite keys with a text part; files going and coming: the ids of the files gone
+    are given up (here at once) and the files kept answer under their new ids."""
+    from pyarrow import fs as pafs
+
+    from walstream.lake import key_index
+    from walstream.lake.positions import DataFile
+
+    monkeypatch.setattr(key_index, "RENUMBER_SLACK", 0)
+    empty = dv.positions()
+
+    def file(name: str, regions: list[str], ids: list[int]) -> DataFile:
+        pq.write_table(pa.table({"region": regions, "id": ids}), tmp_path / name)
+        return DataFile(str(tmp_path / name), name, {}, lambda: empty, ("none",))
+
+    f1 = file("1.parquet", ["eu", "us\x1fx"], [1, 1])
+    f2 = file("2.parquet", ["eu", "üß"], [2, 1])
+    f3 = file("3.parquet", ["us", "eu"], [1, 3])
+    keys = pa.table({"region": ["us", "üß", "eu", "us\x1fx"], "id": [1, 1, 3, 1]})
+    index = key_index.KeyIndex(["region", "id"])
+    local = pafs.LocalFileSystem()
+    index.sync(local, [f1, f2, f3], keys.schema)
+    assert index.positions([f1, f2, f3], keys) == {
+        "1.parquet": [1], "2.parquet": [1], "3.parquet": [0, 1]
+    }  # fmt: skip
+    f4 = file("4.parquet", ["us\x1fx"], [1])
+    index.sync(local, [f3, f4], keys.schema)  # 1 and 2 gone: 3 of 4 ids given up
+    assert index.names == ["3.parquet", "4.parquet"]
+    assert index.positions([f3, f4], keys) == {"3.parquet": [0, 1], "4.parquet": [0]}
