@@ -177,7 +177,6 @@ class DeltaSink(TableSink):
         """A mirror's new keys, or a changelog's rows, as the staged files themselves: each
         moved into the table's directory and added in one commit (with the batch's
         application transaction)."""
-
         if self.config.mode == "history" or self.config.partition_by:
             return None
         dl = _deltalake()

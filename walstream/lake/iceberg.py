@@ -234,19 +234,17 @@ class IcebergSink(TableSink):
         file) and their newest rows appended, in the batch's transaction."""
         key, schema = list(batch.shape.key), lake.schema(batch)
         files = iceberg_deletes.data_files(table, key)
-        local, _ = file_at(table.io, table.location())  # where the data files are
+        fs, _ = file_at(table.io, table.location())  # where the data files are
         columns = batch.shape.names
         index = self._indexes.of(table.location(), key)
         rows_of = functools.partial(
-            current_rows, local, files, key_schema(batch), columns, index=index
+            current_rows, fs, files, key_schema(batch), columns, index=index
         )
         rows = lake.filled(batch, rows_of)
         plan = mirror_plan(rows, key, columns, batch.complete)
         if plan.truncated:
             _delete(tx, _always(), props)
-        elif positions := replaced(
-            local, files, plan, key, self._indexes.of(table.location(), key)
-        ):
+        elif positions := replaced(fs, files, plan, key, index):
             deletes = iceberg_deletes.write_deletes(table, positions)
             iceberg_deletes.add_deletes(tx, table, [deletes], props)
         if plan.upserts.num_rows:
