@@ -23,11 +23,10 @@ from walstream.lake.contract import TableBatch
 
 KINDS = ("delta", "iceberg")
 MODES = ("mirror", "history", "changelog")
-#: Every kind in every mode, and the mirrors that write deletes as deletes (Delta deletion
-#: vectors, Iceberg position deletes).
+#: Every kind in every mode, and the mirrors and histories that write deletes as deletes
+#: (Delta deletion vectors, Iceberg position deletes).
 CASES = [(k, m) for k in KINDS for m in MODES] + [
-    ("delta-mor", "mirror"),
-    ("iceberg-mor", "mirror"),
+    (f"{k}-mor", m) for k in KINDS for m in ("mirror", "history")
 ]
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 KEY = ("region", "id")

@@ -92,8 +92,10 @@ class LakeDestination(DestinationSettings):
 
     @model_validator(mode="after")
     def _merge_on_read(self) -> LakeDestination:
-        if self.updates == "merge_on_read" and self.mode != "mirror":
-            raise ValueError("updates: merge_on_read is for mode: mirror (for now)")
+        if self.updates == "merge_on_read" and self.mode == "changelog":
+            raise ValueError(
+                "updates: merge_on_read is for mode: mirror or history (a changelog only appends)"
+            )
         if self.updates == "merge_on_read" and self.partition_by:
             raise ValueError("updates: merge_on_read does not take partition_by (yet)")
         return self

@@ -10,7 +10,6 @@ modes and `docs/lakehouse.md` for the guide.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from pathlib import Path
@@ -31,9 +30,9 @@ from walstream.lake.contract import (
     fill_template,
 )
 from walstream.lake.delta_log import stats
-from walstream.lake.key_index import KeyIndexes
+from walstream.lake.delta_on_read import DeltaOnRead, arrow_schema, commit_properties
 from walstream.lake.plan import history_plan, mirror_plan
-from walstream.lake.positions import current_rows, live_range, replaced
+from walstream.lake.positions import live_range
 from walstream.lake.storage import Store, open_store
 from walstream.lake.tables import (
     LakeTable,
@@ -42,7 +41,6 @@ from walstream.lake.tables import (
     footers,
     has_any_key,
     key_filter_rows,
-    key_schema,
     move_staged,
     present_keys,
     staged_or,
@@ -105,8 +103,7 @@ class DeltaSink(TableSink):
     def __init__(self, config: DeltaDestination) -> None:
         super().__init__(config)
         self.options = {k: v.get_secret_value() for k, v in config.storage_options.items()}
-        self._indexes = KeyIndexes()  # merge-on-read: the tables' keys, between batches
-        self._snapshots: dict[str, delta_log.Snapshot] = {}  # and their logs, replayed
+        self._on_read = DeltaOnRead(self.options)  # updates: merge_on_read
 
     def target(self, schema: str, table: str) -> str:
         return self.config.location_for_messages(schema, table)
@@ -151,7 +148,7 @@ class DeltaSink(TableSink):
         done = table.transaction_version(app_id)
         if done is not None and done >= batch.batch_id:
             return Written(lake.path_for_messages(), 0, replayed=True)
-        widened = lake.check_schema(_arrow_schema(table), schema)
+        widened = lake.check_schema(arrow_schema(table), schema)
         if widened:
             table = self._widen(table, widened)
         if self.config.mode == "changelog":
@@ -166,7 +163,9 @@ class DeltaSink(TableSink):
             )
             n = rows.num_rows
         elif self.config.mode == "mirror" and self.config.updates == "merge_on_read":
-            n = self._mirror_on_read(table, lake, batch, app_id)
+            n = self._on_read.mirror(table, lake, batch, app_id)
+        elif self.config.updates == "merge_on_read":
+            n = self._on_read.history(table, lake, batch, app_id)
         elif self.config.mode == "mirror":
             n = self._mirror(table, lake, batch, commit)
         else:
@@ -192,8 +191,8 @@ class DeltaSink(TableSink):
         ]
         metas = footers(now_at)
         wanted = lake.files_schema(batch, metas)
-        existing = None if table is None else _arrow_schema(table)
-        if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
+        existing = None if table is None else arrow_schema(table)
+        if not adoptable([m.schema.toarrow_schema() for m in metas], wanted, existing):
             return None
         key = list(batch.shape.key)
         if table is not None and self.config.mode == "mirror":
@@ -223,11 +222,7 @@ class DeltaSink(TableSink):
 
     def _commit(self, batch: TableBatch | FilesBatch) -> Any:
         """The batch's commit properties: its application transaction and marker."""
-        dl = _deltalake()
-        return dl.CommitProperties(
-            app_transactions=[dl.Transaction(app_id=self._app_id(batch), version=batch.batch_id)],
-            custom_metadata={"walstream.batch": batch.marker},
-        )
+        return commit_properties(self._app_id(batch), batch)
 
     def _widen(self, table: Any, widened: dict[str, Any]) -> Any:
         """Rewrite the table with the widened column types (its own commit: the data is
@@ -283,7 +278,7 @@ class DeltaSink(TableSink):
         source = lake.mirror_source(plan, key, columns)
         on = " AND ".join(f"t.{_sql_name(k)} = s.{_sql_name(k)}" for k in key)
         # a column dropped at the source stays; a row changed since has no value for it
-        for f in _arrow_schema(table):
+        for f in arrow_schema(table):
             if f.name not in columns:
                 source = source.append_column(f, pa.nulls(source.num_rows, f.type))
         cols = {_sql_name(c): f"s.{_sql_name(c)}" for c in source.schema.names if c != "_delete"}
@@ -301,56 +296,6 @@ class DeltaSink(TableSink):
             .when_not_matched_insert(cols, "NOT s._delete")
             .execute()
         )
-        return int(plan.upserts.num_rows)
-
-    def _mirror_on_read(self, table: Any, lake: LakeTable, batch: TableBatch, app_id: str) -> int:
-        """The batch's keys marked deleted where the table has them (deletion vectors) and
-        their newest versions appended, in one commit; after a truncate, an overwrite."""
-        dl = _deltalake()
-        key, columns = list(batch.shape.key), batch.shape.names
-        table = _with_columns(table, lake.schema(batch), self.options)  # before the snapshot
-        store = self._store(lake.location)
-        current = delta_log.snapshot(
-            store, table.version(), self._snapshots.pop(lake.location, None)
-        )
-        files = delta_log.data_files(store, current, key)
-        fs = store.filesystem
-        index = self._indexes.of(lake.location, key)
-        rows_of = functools.partial(
-            current_rows, fs, files, key_schema(batch), columns, index=index
-        )
-        rows = lake.filled(batch, rows_of)
-        plan = mirror_plan(rows, key, columns, batch.complete)
-        if plan.truncated:
-            dl.write_deltalake(
-                table,
-                plan.upserts,
-                mode="overwrite",
-                schema_mode="merge",
-                commit_properties=self._commit(batch),
-                storage_options=self.options or None,
-            )
-            return int(plan.upserts.num_rows)
-        positions = replaced(fs, files, plan, key, index)
-        adds = []
-        if plan.upserts.num_rows:
-            adds.append(_data_file(store, _as_table(plan.upserts, _arrow_schema(table))))
-        if not positions and not adds:
-            return 0
-        version = delta_log.delete_commit(
-            store,
-            current,
-            positions,
-            adds,
-            app_id=app_id,
-            batch_id=batch.batch_id,
-            metadata={"walstream.batch": batch.marker},
-        )
-        self._snapshots[lake.location] = current  # the next batch replays from here
-        # delta-rs checkpoints after its own commits only: walstream does after its own, so
-        # readers (and the next batch's snapshot) do not replay an ever longer log
-        if version % delta_log.checkpoint_interval(current) == 0:
-            dl.DeltaTable(lake.location, storage_options=self.options or None).create_checkpoint()
         return int(plan.upserts.num_rows)
 
     def _history(self, table: Any, lake: LakeTable, batch: TableBatch, commit: Any) -> int:
@@ -406,18 +351,6 @@ class DeltaSink(TableSink):
         return out
 
 
-def _with_columns(table: Any, schema: Any, options: dict[str, str]) -> Any:
-    """The table with the columns of `schema` it lacks (added at the source) added, in a
-    commit of its own (a replay finds them there and adds nothing)."""
-    have = set(_arrow_schema(table).names)
-    new = [f for f in schema if f.name not in have]
-    if not new:
-        return table
-    dl = _deltalake()
-    table.alter.add_columns([dl.schema.Field.from_arrow(f) for f in new])
-    return dl.DeltaTable(table.table_uri, storage_options=options or None)
-
-
 def _has_vectors(table: Any) -> bool:
     """Whether the table takes deletion vectors (then only a reader that applies them may
     read it: delta-rs' `scan`, not its pyarrow dataset)."""
@@ -428,45 +361,6 @@ def _pa_table(reader: Any) -> Any:
     import pyarrow as pa
 
     return pa.table(reader)
-
-
-def _as_table(rows: Any, schema: Any) -> Any:
-    """Rows in a table's schema: a column the table has and the rows do not (dropped at the
-    source) is NULL."""
-    import pyarrow as pa
-
-    for f in schema:
-        if f.name not in rows.column_names:
-            rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
-    return rows.select(schema.names).cast(schema)
-
-
-def _data_file(store: Store, rows: Any) -> dict[str, Any]:
-    """`rows` as a new Parquet data file in the table's directory: its add action."""
-    import uuid
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    buffer = pa.BufferOutputStream()
-    pq.write_table(rows, buffer, compression="snappy")
-    data = buffer.getvalue()
-    store.write(name, data.to_pybytes())
-    return {
-        "path": name,
-        "partitionValues": {},
-        "size": data.size,
-        "modificationTime": int(time.time() * 1000),
-        "dataChange": True,
-        "stats": stats(pq.read_metadata(pa.BufferReader(data))),
-    }
-
-
-def _arrow_schema(table: Any) -> Any:
-    import pyarrow as pa
-
-    return pa.schema(table.schema().to_arrow())
 
 
 def _key_range(table: Any, store: Store, key: list[str], column: str, low: Any, high: Any) -> Any:

@@ -34,11 +34,12 @@ from walstream.lake.contract import (
 )
 from walstream.lake.key_index import KeyIndexes
 from walstream.lake.plan import Key, history_plan, key_of, mirror_plan
-from walstream.lake.positions import current_rows, replaced
+from walstream.lake.positions import closed_versions, current_rows, replaced
 from walstream.lake.storage import file_at
 from walstream.lake.tables import (
     LakeTable,
     adoptable,
+    as_table,
     footers,
     has_any_key,
     key_schema,
@@ -150,6 +151,8 @@ class IcebergSink(TableSink):
                 n = self._mirror_on_read(tx, table, lake, batch, props)
             elif self.config.mode == "mirror":
                 n = self._mirror(tx, table, lake, batch, props)
+            elif self.config.updates == "merge_on_read":
+                n = self._history_on_read(tx, table, lake, batch, props)
             else:
                 n = self._history(tx, table, lake, batch, props)
         return Written(lake.path_for_messages(), n)
@@ -250,6 +253,33 @@ class IcebergSink(TableSink):
         if plan.upserts.num_rows:
             tx.append(plan.upserts.cast(schema), snapshot_properties=props)
         return int(plan.upserts.num_rows)
+
+    def _history_on_read(
+        self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]
+    ) -> int:
+        """The current versions the batch ends marked deleted (a position delete file) and
+        appended closed, beside its new versions, in the batch's transaction."""
+        import pyarrow as pa
+
+        key, schema = list(batch.shape.key), lake.schema(batch)
+        files = iceberg_deletes.data_files(table, key)
+        fs, _ = file_at(table.io, table.location())  # where the data files are
+        index = self._indexes.of(table.location(), key, "is_current")
+        keys, columns = key_schema(batch), batch.shape.names
+        rows = lake.filled(
+            batch, functools.partial(current_rows, fs, files, keys, columns, index=index)
+        )
+        plan = history_plan(rows, key, columns, schema)
+        have = table.schema().as_arrow()
+        full = pa.schema([*have, *(f for f in schema if f.name not in have.names)])
+        positions, closed = closed_versions(fs, files, plan, key, keys, full, index)
+        if positions:
+            deletes = iceberg_deletes.write_deletes(table, positions)
+            iceberg_deletes.add_deletes(tx, table, [deletes], props)
+        new = pa.concat_tables([closed, as_table(plan.versions, full)])
+        if new.num_rows:
+            tx.append(new, snapshot_properties=props)
+        return int(plan.versions.num_rows)
 
     def _history(
         self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]

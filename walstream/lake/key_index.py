@@ -34,6 +34,9 @@ class KeyIndex:
     deleted positions by the identity of its deletes."""
 
     key: list[str]
+    #: A boolean column: only the rows where it is true are indexed (a history table's
+    #: `is_current`: a row never changes in place, so a closed version is another row).
+    where: str | None = None
     schema: list[tuple[str, Any]] | None = None  # the key types the files' keys are held in
     files: dict[str, Any] = field(default_factory=dict)
     deleted: dict[str, tuple[Hashable, Any]] = field(default_factory=dict)
@@ -47,6 +50,7 @@ class KeyIndex:
         """Follow the table's live files (read each new file's key columns, drop the files
         gone); False when the table is too large to index."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         types = [(f.name, f.type) for f in key_schema]
         if self.schema != types:  # the first batch, or a key type widened since
@@ -67,7 +71,9 @@ class KeyIndex:
         for f in live:
             if f.name in self.files or self.too_large:
                 continue
-            keys = read_keys(filesystem, f, key_schema)
+            keys = read_keys(filesystem, f, key_schema, [self.where] if self.where else [])
+            if self.where:
+                keys = keys.filter(pc.fill_null(keys[self.where], False)).drop_columns(self.where)
             keys = keys.set_column(keys.num_columns - 1, "_pos", keys["_pos"].cast(pa.int32()))
             self.names.append(f.name)
             ids = pa.repeat(pa.scalar(len(self.names) - 1, pa.int32()), keys.num_rows)
@@ -86,15 +92,20 @@ class KeyIndex:
                 self.rows, self.too_large = 0, True
         return not self.too_large
 
-    def positions(self, live: Sequence[DataFile], keys: Any) -> dict[str, list[int]]:
-        """The live positions of `keys` (a pyarrow Table of the key columns), by file name."""
+    def positions(self, live: Sequence[DataFile], keys: Any | None) -> dict[str, list[int]]:
+        """The live positions of `keys` (a pyarrow Table of the key columns; None: every
+        key), by file name."""
         import pyarrow as pa
 
-        if not self.files or keys.num_rows == 0:
+        if not self.files or (keys is not None and keys.num_rows == 0):
             return {}
         if self._combined is None:
             self._combined = pa.concat_tables(self.files.values())
-        hits = self._combined.join(keys, keys=self.key, join_type="left semi")
+        hits = (
+            self._combined
+            if keys is None
+            else self._combined.join(keys, keys=self.key, join_type="left semi")
+        )
         by_file: dict[str, list[int]] = {}
         for i, pos in zip(hits["_file"].to_pylist(), hits["_pos"].to_pylist(), strict=True):
             by_file.setdefault(self.names[i], []).append(pos)
@@ -125,11 +136,11 @@ class KeyIndexes:
         self._by_table: dict[str, KeyIndex] = {}
         self._lock = threading.Lock()
 
-    def of(self, location: str, key: Sequence[str]) -> KeyIndex:
+    def of(self, location: str, key: Sequence[str], where: str | None = None) -> KeyIndex:
         with self._lock:
             index = self._by_table.get(location)
-            if index is None or index.key != list(key):  # a new key: a new index
-                index = self._by_table[location] = KeyIndex(list(key))
+            if index is None or (index.key, index.where) != (list(key), where):
+                index = self._by_table[location] = KeyIndex(list(key), where)
             return index
 
     def forget(self, location: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from walstream.lake.plan import Key, MirrorPlan, key_of
+from walstream.lake.plan import HistoryPlan, Key, MirrorPlan, key_of
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def current_rows(
         with index.lock:
             if index.sync(filesystem, files, key_schema):
                 at = index.positions(files, wanted)
-                found = _rows_at(filesystem, files, at, key_schema, columns)
+                found = rows_at(filesystem, files, at, key_schema, columns)
             else:
                 found = locate(filesystem, files, wanted, columns).rows
     else:
@@ -136,21 +136,47 @@ def current_rows(
     return {key_of(r, key): {c: r[c] for c in columns} for r in found.to_pylist()}
 
 
-def _rows_at(
+def rows_at(
     filesystem: Any,
     files: Sequence[DataFile],
     positions: dict[str, list[int]],
     key_schema: Any,
     columns: Sequence[str],
 ) -> Any:
-    """The rows at `positions` (by file name): only the files that hold them are read."""
+    """The rows at `positions` (by file name), with `_file` and `_pos`: of each file that
+    holds one, only the row groups that do are read."""
+    import bisect
+
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     by_name = {f.name: f for f in files}
+    key = key_schema.names
+    wanted = list(dict.fromkeys([*key, *columns]))
     found = []
     for name, at in positions.items():
-        data = read_keys(filesystem, by_name[name], key_schema, columns)
-        found.append(data.take(pa.array(at, pa.int64())))
+        with filesystem.open_input_file(by_name[name].path) as f:
+            parquet = pq.ParquetFile(f)
+            meta = parquet.metadata
+            starts = [0]
+            for g in range(meta.num_row_groups):
+                starts.append(starts[-1] + meta.row_group(g).num_rows)
+            groups = sorted({bisect.bisect_right(starts, p) - 1 for p in at})
+            names = set(parquet.schema_arrow.names)
+            data = parquet.read_row_groups(groups, columns=[c for c in wanted if c in names])
+        offset, before = {}, 0  # where each group read starts in `data`
+        for g in groups:
+            offset[g], before = before, before + meta.row_group(g).num_rows
+        take = [offset[g] + p - starts[g] for p in at for g in [bisect.bisect_right(starts, p) - 1]]
+        data = data.take(pa.array(take, pa.int64()))
+        for c in wanted:  # a column the file predates: NULL, as a reader sees it
+            if c not in data.column_names:
+                data = data.append_column(c, pa.nulls(data.num_rows))
+        for c in key:
+            i = data.column_names.index(c)
+            data = data.set_column(i, c, data[c].cast(key_schema.field(c).type))
+        data = data.append_column("_pos", pa.array(at, pa.int64()))
+        found.append(data.append_column("_file", pa.repeat(name, data.num_rows)))
     return pa.concat_tables(found, promote_options="permissive") if found else None
 
 
@@ -224,3 +250,58 @@ def live_range(
     if not out:
         return pa.table({c: pa.array([]) for c in columns})
     return pa.concat_tables(out, promote_options="permissive")
+
+
+def closed_versions(
+    filesystem: Any,
+    files: Sequence[DataFile],
+    plan: HistoryPlan,
+    key: Sequence[str],
+    key_schema: Any,
+    schema: Any,
+    index: Any,
+) -> tuple[dict[str, list[int]], Any]:
+    """The current versions a history plan ends: their positions (by file), and the rows
+    again as closed versions (`valid_to` set, `is_current` false) in the table's `schema`.
+    `index`: the table's `key_index.KeyIndex` of current rows (`where="is_current"`)."""
+    import pyarrow as pa
+
+    ending = None
+    if plan.close_all_at is None:
+        wanted = [dict(zip(key, k, strict=True)) for k in plan.closes]
+        ending = pa.Table.from_pylist(wanted, schema=key_schema)
+    with index.lock:
+        if index.sync(filesystem, files, key_schema):
+            at = index.positions(files, ending)
+        else:  # too large to index: the current rows found in the files
+            at = _current_positions(filesystem, files, key_schema, ending)
+    rows = rows_at(filesystem, files, at, key_schema, schema.names)
+    if rows is None:
+        return {}, schema.empty_table()
+    ends = [
+        plan.closes.get(key_of(r, key), plan.close_all_at) for r in rows.select(key).to_pylist()
+    ]
+    valid_to = pa.array(ends, schema.field("valid_to").type)
+    rows = rows.set_column(rows.schema.get_field_index("valid_to"), "valid_to", valid_to)
+    done = pa.repeat(False, rows.num_rows)
+    rows = rows.set_column(rows.schema.get_field_index("is_current"), "is_current", done)
+    return at, rows.select(schema.names).cast(schema)
+
+
+def _current_positions(
+    filesystem: Any, files: Sequence[DataFile], key_schema: Any, keys: Any | None
+) -> dict[str, list[int]]:
+    """The positions of the current rows (`is_current`) of `keys` (None: of every key)."""
+    import pyarrow.compute as pc
+
+    out = {}
+    for file in files:
+        data = read_keys(filesystem, file, key_schema, ["is_current"])
+        data = data.filter(pc.fill_null(data["is_current"], False))
+        if keys is not None:
+            data = data.join(keys, keys=key_schema.names, join_type="left semi")
+        deleted = file.deleted()
+        at = sorted(p for p in data["_pos"].to_pylist() if p not in deleted)
+        if at:
+            out[file.name] = at
+    return out

@@ -291,6 +291,17 @@ def adoptable(files: Any, wanted: Any, existing: Any | None) -> bool:
     return set(have) == set(names) and all(_same(have[f.name], f.type) for f in wanted)
 
 
+def as_table(rows: Any, schema: Any) -> Any:
+    """Rows in a table's schema: a column the table has and the rows do not (dropped at the
+    source) is NULL."""
+    import pyarrow as pa
+
+    for f in schema:
+        if f.name not in rows.column_names:
+            rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
+    return rows.select(schema.names).cast(schema)
+
+
 #: A file as (pyarrow filesystem, path in it): a table's files on object storage are opened
 #: with the destination's credentials, not from their URI alone.
 Placed = tuple[Any, str]

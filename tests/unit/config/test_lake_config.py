@@ -46,8 +46,14 @@ def test_defaults_and_what_the_plan_fills_in():
         ({"type": "iceberg"}, {"group_by": ["pk"]}, "remove group_by"),
         ({"type": "delta"}, {"format": "debezium"}, "writes typed columns"),
         ({"type": "delta", "partition_by": ["a", "a"]}, {}, "named twice"),
+        ({"type": "iceberg", "mode": "changelog", "updates": "merge_on_read"}, {},
+         "merge_on_read is for mode: mirror or history"),
+        ({"type": "delta", "updates": "merge_on_read", "partition_by": ["a"]}, {},
+         "does not take partition_by"),
+        ({"type": "delta", "path": "gs://b/{table}", "updates": "merge_on_read"}, {},
+         "local disk and S3"),
     ],
-)
+)  # fmt: skip
 def test_refused_settings_name_the_key_and_the_fix(
     destination: dict[str, Any], sink: dict[str, Any], message: str
 ):

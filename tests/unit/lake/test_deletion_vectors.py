@@ -308,3 +308,24 @@ def test_the_key_index_on_composite_text_keys_renumbers_the_files_it_keeps(
     index.sync(local, [f3, f4], keys.schema)  # 1 and 2 gone: 3 of 4 ids given up
     assert index.names == ["3.parquet", "4.parquet"]
     assert index.positions([f3, f4], keys) == {"3.parquet": [0, 1], "4.parquet": [0]}
+
+
+def test_rows_at_positions_are_read_from_their_row_groups(tmp_path: Path) -> None:
+    """A history batch reads back the versions it ends by position: in files of several
+    row groups, a column the file predates read as NULL, keys in the table's types."""
+    from pyarrow import fs as pafs
+
+    from walstream.lake.positions import DataFile, rows_at
+
+    rows = pa.table({"id": pa.array(range(10), pa.int32()), "v": [f"v{i}" for i in range(10)]})
+    pq.write_table(rows, tmp_path / "f.parquet", row_group_size=3)  # groups 0-2, 3-5, 6-8, 9
+    assert pq.ParquetFile(tmp_path / "f.parquet").metadata.num_row_groups == 4
+    empty = dv.positions()
+    file = DataFile(str(tmp_path / "f.parquet"), "f.parquet", {}, lambda: empty)
+    key = pa.schema([("id", pa.int64())])
+    got = rows_at(pafs.LocalFileSystem(), [file], {"f.parquet": [0, 4, 5, 9]}, key, ["v", "new"])
+    assert got.schema.field("id").type == pa.int64()
+    assert list(zip(got["id"].to_pylist(), got["v"].to_pylist(), got["new"].to_pylist(),
+                    got["_pos"].to_pylist(), strict=True)) == [
+        (0, "v0", None, 0), (4, "v4", None, 4), (5, "v5", None, 5), (9, "v9", None, 9)
+    ]  # fmt: skip
