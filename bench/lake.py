@@ -18,7 +18,7 @@ On an embedded Postgres, with walstream's Runtime (`local[2]`):
    `optimize.every: 1m`; the data files each table has at the end.
 5. scale (`--only scale`): for each of SCALE_ROWS (100k, 1M by default; add 10M), a table
    of that many rows, and for each of SCALE_KINDS alone (Delta and Iceberg, copy-on-write
-   and merge-on-read; each its own walstream and slot) a mirror backfilled, then single-row
+   and merge-on-read mirrors; the histories on request) a table backfilled, then single-row
    updates of random keys at UPDATE_RATE/s for UPDATE_SECONDS: bytes each table's directory grew by
    per update, next to the changed row's own size (target <= 4x) and the smallest table's
    figure (target: the largest within 1.5x); drain time after the writer stops; a DuckDB
@@ -283,7 +283,19 @@ class Updates:
 
 
 #: The scale part's mirrors: Delta and Iceberg, each copy-on-write and merge-on-read.
-KINDS = ("delta", "deltamor", "iceberg", "icebergmor")
+#: The scale part's tables: (format, updates, mode) by name.
+KINDS = {
+    "delta": ("delta", "copy_on_write", "mirror"),
+    "deltamor": ("delta", "merge_on_read", "mirror"),
+    "iceberg": ("iceberg", "copy_on_write", "mirror"),
+    "icebergmor": ("iceberg", "merge_on_read", "mirror"),
+    "deltahistory": ("delta", "copy_on_write", "history"),
+    "deltamorhistory": ("delta", "merge_on_read", "history"),
+    "iceberghistory": ("iceberg", "copy_on_write", "history"),
+    "icebergmorhistory": ("iceberg", "merge_on_read", "history"),
+}
+#: Those run by default (the histories on request).
+DEFAULT_KINDS = ("delta", "deltamor", "iceberg", "icebergmor")
 
 
 def tree_bytes(path: Path) -> int:
@@ -320,11 +332,10 @@ def scale_one(
 
 
 def scale_kind(dsn: str, work: Path, rows: int, kind: str, rate: int, seconds: float) -> Any:
-    """One mirror of `kind` (delta, deltamor, iceberg, icebergmor) of the table `scale_<rows>`."""
+    """One table of `kind` (see KINDS) mirroring or keeping the history of `scale_<rows>`."""
     table, name = f"scale_{rows}", f"sc{rows}-{kind}"
-    fmt = kind.removesuffix("mor")
-    extra = {"updates": "merge_on_read"} if kind.endswith("mor") else {}
-    sink = lake_sink(name, fmt, work, **extra)
+    fmt, updates, mode = KINDS[kind]
+    sink = lake_sink(name, fmt, work, updates=updates, mode=mode)
     cfg = plan(dsn, work, f"scale_{rows}_{kind}", [sink], publication=table)
     directory = (
         work / name / table
@@ -351,30 +362,36 @@ def scale_kind(dsn: str, work: Path, rows: int, kind: str, rate: int, seconds: f
             "drain_s": time.monotonic() - stopped,
         }
         read = time.perf_counter()
-        n = duck_rows(kind, directory, cfg.state_dsn, f"{name.replace('-', '_')}.{table}")
+        n = duck_rows(fmt, mode, directory, cfg.state_dsn, f"{name.replace('-', '_')}.{table}")
         result["read_s"] = time.perf_counter() - read
-        assert n == rows, f"{name}: {n:,} rows read back, {rows:,} in the source"
+        assert n == rows, f"{name}: {n:,} current rows read back, {rows:,} in the source"
     finally:
         runtime.stop()
     return result
 
 
-def duck_rows(kind: str, directory: Path, state_dsn: str, identifier: str) -> int:
-    """How many rows DuckDB reads from a lake table (its delta / iceberg extension)."""
+def duck_rows(fmt: str, mode: str, directory: Path, state_dsn: str, identifier: str) -> int:
+    """How many current rows DuckDB reads from a lake table (its delta / iceberg extension;
+    a history's rows `is_current`)."""
     from tests.lake import duck, iceberg_metadata
 
+    where = " WHERE is_current" if mode == "history" else ""
     con = duck()
     try:
-        if kind.startswith("delta"):
-            return int(
-                con.execute("SELECT count(*) FROM delta_scan(?)", [str(directory)]).fetchone()[0]
-            )
+        if fmt == "delta":
+            scan = f"SELECT count(*) FROM delta_scan(?){where}"
+            return int(con.execute(scan, [str(directory)]).fetchone()[0])
         location = iceberg_metadata(state_dsn, identifier)
         assert location is not None, identifier
-        scan = "SELECT count(*) FROM iceberg_scan(?)"
+        scan = f"SELECT count(*) FROM iceberg_scan(?){where}"
         return int(con.execute(scan, [location.removeprefix("file://")]).fetchone()[0])
     finally:
         con.close()
+
+
+def label(kind: str) -> str:
+    """How the figures name a kind's table: `deltamor mirror`, `deltamorhistory table`."""
+    return f"{kind} mirror" if KINDS[kind][2] == "mirror" else f"{kind} table"
 
 
 def scale(
@@ -386,7 +403,7 @@ def scale(
         r = results[rows] = scale_one(pg, work, rows, rate, seconds, kinds)
         for kind in kinds:
             k = r[kind]
-            print(f"{kind} mirror of {rows:,} rows, {k['updates']:,} random-key updates at "
+            print(f"{label(kind)} of {rows:,} rows, {k['updates']:,} random-key updates at "
                   f"{rate:,}/s: {k['bytes_per_update']:,.0f} B written per update "
                   f"({k['bytes_per_update'] / r['row_size']:.1f}x the row's {r['row_size']:.0f} B), "
                   f"drained {k['drain_s']:.1f}s after the writer stopped; DuckDB reads it in "
@@ -394,10 +411,10 @@ def scale(
     small, large = min(results), max(results)
     for kind in kinds:
         for what, unit in (("bytes_per_update", "B"), ("drain_s", "s")):
-            figure("lake", f"{kind} mirror {what} at {large:,} rows", results[large][kind][what],
+            figure("lake", f"{label(kind)} {what} at {large:,} rows", results[large][kind][what],
                    unit, reference=f"the same at {small:,} rows",
                    reference_value=results[small][kind][what], target="<= 1.5x")  # fmt: skip
-        figure("lake", f"{kind} mirror bytes per update at {large:,} rows (B)",
+        figure("lake", f"{label(kind)} bytes per update at {large:,} rows (B)",
                results[large][kind]["bytes_per_update"], "B", reference="the changed row's size",
                reference_value=results[large]["row_size"], target="<= 4x")  # fmt: skip
 
@@ -418,8 +435,8 @@ def main() -> None:
     )
     ap.add_argument(
         "--scale-kinds",
-        default=",".join(KINDS),
-        help=f"the mirrors of the scale part, each run alone, of {','.join(KINDS)}",
+        default=",".join(DEFAULT_KINDS),
+        help=f"the tables of the scale part, each run alone, of {','.join(KINDS)}",
     )
     ap.add_argument("--update-rate", type=int, default=1600)
     ap.add_argument("--update-seconds", type=float, default=60)
@@ -457,7 +474,7 @@ def main() -> None:
                 kinds = args.scale_kinds.split(",")
                 unknown = set(kinds) - set(KINDS)
                 if unknown:
-                    ap.error(f"--scale-kinds: {', '.join(sorted(unknown))}: not of {KINDS}")
+                    ap.error(f"--scale-kinds: {', '.join(sorted(unknown))}: not of {list(KINDS)}")
                 scale(pg, work, sizes, args.update_rate, args.update_seconds, kinds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
