@@ -192,7 +192,7 @@ class DeltaSink(TableSink):
         metas = footers(now_at)
         wanted = lake.files_schema(batch, metas)
         existing = None if table is None else arrow_schema(table)
-        if not adoptable([m.schema.toarrow_schema() for m in metas], wanted, existing):
+        if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
             return None
         key = list(batch.shape.key)
         if table is not None and self.config.mode == "mirror":
