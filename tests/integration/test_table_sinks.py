@@ -156,14 +156,17 @@ def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark,
         assert not differences(history, want, REAL_KEY), (
             f"{fmt} history:\n{differences(history, want, REAL_KEY)}"
         )
-    # the merge-on-read histories: the same current rows, the same versions of the changes
-    # streamed (a read row's version depends on when its chunk was read), one current a key
+    # the merge-on-read histories: the same current rows; a version only of a change the
+    # slot sent, each once (which early changes have one depends on when each sink looked
+    # up the source's TOAST values: a row gone from the source by then is left out); one
+    # current version a key
     from deltalake import DeltaTable as Delta
 
     morh = {"delta": delta_rows(tmp_path / "d-morh" / "acct"),
             "iceberg": iceberg_rows(db.dsn, "morh.acct")}  # fmt: skip
     by_delta_rs = pa.table(Delta(str(tmp_path / "d-morh" / "acct")).scan()).to_pylist()
-    assert sorted(map(repr, by_delta_rs)) == sorted(map(repr, morh["delta"]))
+    assert normalised(by_delta_rs, REAL_JSON) == normalised(morh["delta"], REAL_JSON)
+    sent = {(c.lsn, c.seq) for c in changes}
     for fmt, rows in morh.items():
         history = normalised(current_versions(rows), REAL_JSON)
         assert not differences(history, want, REAL_KEY), (
@@ -171,11 +174,10 @@ def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(spark,
         )
         current = Counter((r["region"], r["id"]) for r in rows if r["is_current"])
         assert max(current.values()) == 1, fmt
-        versions = sorted((r["_lsn"], r["_seq"], r["_op"], r["region"], r["id"]) for r in rows
-                          if r["_op"] != "read")  # fmt: skip
-        copied = lake(db, tmp_path, fmt, "history")
-        assert versions == sorted((r["_lsn"], r["_seq"], r["_op"], r["region"], r["id"])
-                                  for r in copied if r["_op"] != "read"), fmt  # fmt: skip
+        versions = Counter((r["_lsn"], r["_seq"], r["_op"], r["region"], r["id"]) for r in rows
+                           if r["_op"] != "read")  # fmt: skip
+        assert max(versions.values()) == 1, fmt
+        assert {(lsn, seq) for lsn, seq, *_ in versions} <= sent, fmt
     for op in ("update, TOAST unchanged", "key change", "key change (text part)", "delete",
                "insert", "jsonb and array update"):  # fmt: skip
         assert writer.ops.get(op, 0) >= 5, writer.ops
