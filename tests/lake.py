@@ -85,6 +85,26 @@ class Place:
         return bytes(got["Body"].read())
 
 
+def race_to_create(store: Any, name: str, writers: int) -> int:
+    """`writers` threads create `name` in a `storage.Store` at once; exactly one must win,
+    and the file must hold what the winner wrote. The winner's number."""
+    results: dict[int, bool] = {}
+    start = threading.Barrier(writers)
+
+    def race(i: int) -> None:
+        start.wait()
+        results[i] = store.create(name, f"writer {i}".encode())
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (winner,) = [i for i, won in results.items() if won]
+    assert store.read(name) == f"writer {winner}".encode()
+    return winner
+
+
 def lake_sink(
     db: Any, tmp_path: Path, kind: str, namespace: str, mode: str | None = None,
     place: Place | None = None, **extra: Any,

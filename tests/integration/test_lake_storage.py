@@ -6,7 +6,6 @@ test_lake_adopt.py, test_lake_crash.py, test_table_sinks.py."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from typing import Any
 
@@ -14,27 +13,14 @@ import deltalake
 import pyarrow as pa
 import pytest
 
-from tests.lake import duck
+from tests.lake import duck, race_to_create
 from walstream.lake.delta_log import CommitConflict, delete_commit, snapshot
 from walstream.lake.storage import open_store
 
 
 def test_of_writers_racing_on_s3_to_create_one_file_exactly_one_wins(s3) -> None:
     store = open_store(f"s3://{s3.bucket}/race-{uuid.uuid4().hex}", s3.delta)
-    results: dict[int, bool] = {}
-    start = threading.Barrier(6)
-
-    def race(i: int) -> None:
-        start.wait()
-        results[i] = store.create("_delta_log/00000000000000000001.json", f"writer {i}".encode())
-
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    (winner,) = [i for i, won in results.items() if won]
-    assert store.read("_delta_log/00000000000000000001.json") == f"writer {winner}".encode()
+    race_to_create(store, "_delta_log/00000000000000000001.json", 6)
 
 
 def ids(location: str, s3: Any) -> tuple[list[int], list[int]]:

@@ -4,11 +4,11 @@ with writers racing. On S3: tests/integration/test_lake_storage.py."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
+from tests.lake import race_to_create
 from walstream.errors import SinkError
 from walstream.lake.delta import DeltaDestination
 from walstream.lake.storage import open_store, s3_filesystem, s3_settings
@@ -59,18 +59,5 @@ def test_merge_on_read_is_refused_at_load_where_walstream_cannot_write_it() -> N
 
 def test_of_writers_racing_to_create_one_file_exactly_one_wins(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
-    results: dict[int, bool] = {}
-    start = threading.Barrier(8)
-
-    def race(i: int) -> None:
-        start.wait()
-        results[i] = store.create("00000000000000000001.json", f"writer {i}".encode())
-
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    (winner,) = [i for i, won in results.items() if won]
-    assert store.read("00000000000000000001.json") == f"writer {winner}".encode()
+    race_to_create(store, "00000000000000000001.json", 8)
     assert [n for n, _ in store.names()] == ["00000000000000000001.json"]  # no temp left
