@@ -1,4 +1,4 @@
-"""The key columns of a merge-on-read mirror's live data files, kept on the driver between
+"""The key columns of a merge-on-read table's live data files, kept on the driver between
 batches, so that finding the rows a batch replaces costs a probe in memory, not a read of
 every file its keys may fall in (with keys spread over the table, that is every file).
 
