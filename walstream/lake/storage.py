@@ -80,13 +80,14 @@ class Store:
             f.write(data)
 
     def names(self, folder: str = "") -> list[tuple[str, float]]:
-        """The files right inside a folder of the table: (name, modified as a Unix time)."""
+        """The files right inside a folder of the table: (name, modified as a Unix time;
+        infinity when the store does not say, so nothing takes such a file for old)."""
         from pyarrow import fs as pafs
 
         where = self.path(folder) if folder else self.root
         found = self.filesystem.get_file_info(pafs.FileSelector(where, allow_not_found=True))
         return [
-            (f.base_name, f.mtime.timestamp() if f.mtime is not None else 0.0)
+            (f.base_name, f.mtime.timestamp() if f.mtime is not None else float("inf"))
             for f in found
             if f.type == pafs.FileType.File
         ]
