@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from walstream.errors import SinkError, optional_import
+from walstream.errors import SinkError
 from walstream.lake import delta_log
 from walstream.lake.contract import (
     FilesBatch,
@@ -30,7 +30,12 @@ from walstream.lake.contract import (
     fill_template,
 )
 from walstream.lake.delta_log import stats
-from walstream.lake.delta_on_read import DeltaOnRead, arrow_schema, commit_properties
+from walstream.lake.delta_on_read import (
+    DeltaOnRead,
+    arrow_schema,
+    commit_properties,
+    load_deltalake,
+)
 from walstream.lake.plan import history_plan, mirror_plan
 from walstream.lake.positions import live_range
 from walstream.lake.storage import Store, open_store
@@ -86,10 +91,6 @@ class DeltaDestination(LakeDestination):
         return f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
 
 
-def _deltalake() -> Any:
-    return optional_import("deltalake", "deltalake (the Delta Lake sink)", "delta")
-
-
 def _sql_name(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -109,7 +110,7 @@ class DeltaSink(TableSink):
         return self.config.location_for_messages(schema, table)
 
     def test_connection(self) -> None:
-        dl = _deltalake()
+        dl = load_deltalake()
         uri = self.config.location("public", "probe")
         try:
             dl.DeltaTable.is_deltatable(uri, storage_options=self.options or None)
@@ -125,13 +126,13 @@ class DeltaSink(TableSink):
         return open_store(location, self.options)
 
     def _open(self, location: str) -> Any | None:
-        dl = _deltalake()
+        dl = load_deltalake()
         if not dl.DeltaTable.is_deltatable(location, storage_options=self.options or None):
             return None
         return dl.DeltaTable(location, storage_options=self.options or None)
 
     def write_batch(self, batch: TableBatch) -> Written:
-        dl = _deltalake()
+        dl = load_deltalake()
         lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
         app_id = self._app_id(batch)
         commit = self._commit(batch)
@@ -178,7 +179,7 @@ class DeltaSink(TableSink):
         application transaction)."""
         if self.config.mode == "history" or self.config.partition_by:
             return None
-        dl = _deltalake()
+        dl = load_deltalake()
         lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
         table = self._open(lake.location)
         done = None if table is None else table.transaction_version(self._app_id(batch))
@@ -238,7 +239,7 @@ class DeltaSink(TableSink):
             table.table_uri,
             ", ".join(f"{n} to {t}" for n, t in widened.items()),
         )
-        _deltalake().write_deltalake(
+        load_deltalake().write_deltalake(
             table,
             data.cast(schema),
             mode="overwrite",
@@ -266,7 +267,7 @@ class DeltaSink(TableSink):
         )
         if plan.truncated or plan.appends_only:
             # after a truncate the table is what the batch left; new keys only: an append
-            _deltalake().write_deltalake(
+            load_deltalake().write_deltalake(
                 table,
                 plan.upserts,
                 mode="overwrite" if plan.truncated else "append",

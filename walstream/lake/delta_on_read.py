@@ -43,7 +43,7 @@ class DeltaOnRead:
         )
         plan = mirror_plan(rows, key, columns, batch.complete)
         if plan.truncated:
-            _deltalake().write_deltalake(
+            load_deltalake().write_deltalake(
                 table,
                 plan.upserts,
                 mode="overwrite",
@@ -112,11 +112,11 @@ class DeltaOnRead:
         # delta-rs checkpoints after its own commits only: walstream does after its own, so
         # readers (and the next batch's snapshot) do not replay an ever longer log
         if version % delta_log.checkpoint_interval(current) == 0:
-            dl = _deltalake()
+            dl = load_deltalake()
             dl.DeltaTable(lake.location, storage_options=self.options or None).create_checkpoint()
 
 
-def _deltalake() -> Any:
+def load_deltalake() -> Any:
     from walstream.errors import optional_import
 
     return optional_import("deltalake", "deltalake (the Delta Lake sink)", "delta")
@@ -124,7 +124,7 @@ def _deltalake() -> Any:
 
 def commit_properties(app_id: str, batch: TableBatch | FilesBatch) -> Any:
     """A batch's commit properties: its application transaction and marker."""
-    dl = _deltalake()
+    dl = load_deltalake()
     return dl.CommitProperties(
         app_transactions=[dl.Transaction(app_id=app_id, version=batch.batch_id)],
         custom_metadata={"walstream.batch": batch.marker},
@@ -138,7 +138,7 @@ def with_columns(table: Any, schema: Any, options: dict[str, str]) -> Any:
     new = [f for f in schema if f.name not in have]
     if not new:
         return table
-    dl = _deltalake()
+    dl = load_deltalake()
     table.alter.add_columns([dl.schema.Field.from_arrow(f) for f in new])
     return dl.DeltaTable(table.table_uri, storage_options=options or None)
 

@@ -1,9 +1,10 @@
 """Where a table's live rows of some keys are: their data files and row positions, for
 deletes written as deletes (merge-on-read) instead of rewritten files.
 
-Only the files whose key statistics can hold one of the keys are read, and of them only the
-key columns (and the columns asked for); a row a deletion vector already deletes is not
-live. The cost grows with the files the keys fall in, not with the table.
+Given a table's key index (`key_index.py`) the rows are found in memory and only the files
+holding them are read; without one, only the files whose key statistics can hold one of the
+keys are read, and of them only the key columns (and the columns asked for). A row a
+deletion vector already deletes is not live.
 """
 
 from __future__ import annotations
@@ -98,13 +99,22 @@ def read_keys(filesystem: Any, file: DataFile, key_schema: Any, columns: Sequenc
     wanted = list(dict.fromkeys([*key, *columns]))
     with filesystem.open_input_file(file.path) as f:
         data = pq.read_table(f, columns=[c for c in wanted if c in _names(f)])
-    for c in wanted:  # a column the file predates: NULL, as a reader sees it
+    data = _as_read(data, wanted, key_schema)
+    return data.append_column("_pos", pa.array(range(data.num_rows), pa.int64()))
+
+
+def _as_read(data: Any, wanted: Sequence[str], key_schema: Any) -> Any:
+    """Columns read from a data file as a reader sees them: a column the file predates is
+    NULL, the keys in their own types (a file may hold views or a narrower type)."""
+    import pyarrow as pa
+
+    for c in wanted:
         if c not in data.column_names:
             data = data.append_column(c, pa.nulls(data.num_rows))
-    for c in key:  # the keys' own types (a file may hold views or a narrower type)
+    for c in key_schema.names:
         i = data.column_names.index(c)
         data = data.set_column(i, c, data[c].cast(key_schema.field(c).type))
-    return data.append_column("_pos", pa.array(range(data.num_rows), pa.int64()))
+    return data
 
 
 def current_rows(
@@ -168,13 +178,7 @@ def rows_at(
         for g in groups:
             offset[g], before = before, before + meta.row_group(g).num_rows
         take = [offset[g] + p - starts[g] for p in at for g in [bisect.bisect_right(starts, p) - 1]]
-        data = data.take(pa.array(take, pa.int64()))
-        for c in wanted:  # a column the file predates: NULL, as a reader sees it
-            if c not in data.column_names:
-                data = data.append_column(c, pa.nulls(data.num_rows))
-        for c in key:
-            i = data.column_names.index(c)
-            data = data.set_column(i, c, data[c].cast(key_schema.field(c).type))
+        data = _as_read(data.take(pa.array(take, pa.int64())), wanted, key_schema)
         data = data.append_column("_pos", pa.array(at, pa.int64()))
         found.append(data.append_column("_file", pa.repeat(name, data.num_rows)))
     return pa.concat_tables(found, promote_options="permissive") if found else None
@@ -201,7 +205,7 @@ def replaced(
     if index is not None:
         with index.lock:
             if index.sync(filesystem, files, touched.schema):
-                return dict(index.positions(files, touched))
+                return index.positions(files, touched)
     return locate(filesystem, files, touched).positions
 
 
