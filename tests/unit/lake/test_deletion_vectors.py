@@ -310,6 +310,71 @@ def test_the_key_index_on_composite_text_keys_renumbers_the_files_it_keeps(
     assert index.positions([f3, f4], keys) == {"3.parquet": [0, 1], "4.parquet": [0]}
 
 
+@pytest.mark.parametrize(
+    "kind", ["bigint", "text", "composite", "numeric", "uuid"], ids=lambda k: k
+)
+def test_the_key_index_finds_what_locate_finds_as_files_come_and_go(
+    tmp_path: Path, kind: str
+) -> None:
+    """The key index's sorted runs (merged as files come, rows of files gone dropped): after
+    each of 40 batches (a new file of keys that may repeat earlier ones, some positions
+    deleted, sometimes older files gone) its positions equal a read of every file's keys,
+    for keys it holds as they are (bigint, text) and as length-prefixed text (composite,
+    numeric, uuid)."""
+    import decimal
+    import random
+    import uuid as uuid_
+
+    from pyarrow import fs as pafs
+
+    from walstream.lake.key_index import KeyIndex
+    from walstream.lake.positions import DataFile, locate
+
+    rnd = random.Random(7)
+    columns = {
+        "bigint": {"id": pa.int64()},
+        "text": {"name": pa.string()},
+        "composite": {"region": pa.string(), "id": pa.int64()},
+        "numeric": {"amount": pa.decimal128(12, 2)},
+        "uuid": {"u": pa.binary(16)},
+    }[kind]
+    schema = pa.schema(columns)
+
+    def value(i: int) -> dict[str, Any]:
+        return {
+            "bigint": {"id": i - 500},
+            "text": {"name": f"n\x1f{i}" if i % 3 else f"{i}:é"},
+            "composite": {"region": ["eu", "us\x1f1", "1:x"][i % 3], "id": i // 3},
+            "numeric": {"amount": decimal.Decimal(i) / 100},
+            "uuid": {"u": uuid_.UUID(int=i * 7919).bytes},
+        }[kind]
+
+    deletions: dict[str, set[int]] = {}
+
+    def file(n: int, ids: list[int]) -> DataFile:
+        name = f"{n}.parquet"
+        pq.write_table(pa.Table.from_pylist([value(i) for i in ids], schema), tmp_path / name)
+        gone = set(rnd.sample(range(len(ids)), len(ids) // 4))
+        deletions[name] = gone
+        return DataFile(str(tmp_path / name), name, {}, lambda: dv.positions(gone), (n, "v1"))
+
+    local = pafs.LocalFileSystem()
+    index = KeyIndex(list(columns))
+    live = [file(0, list(range(300)))]
+    for n in range(1, 41):
+        live.append(file(n, rnd.sample(range(400), rnd.randint(1, 40))))
+        if n % 9 == 0:  # a compaction of sorts: older files gone
+            live = live[len(live) // 2 :]
+        index.sync(local, live, schema)
+        asked = pa.Table.from_pylist([value(i) for i in rnd.sample(range(450), 60)], schema)
+        assert index.positions(live, asked) == locate(local, live, asked).positions, n
+    assert len(index._runs) < 10  # merged: fewer runs than files
+    assert index.positions(live, None) == {
+        f.name: sorted(set(range(pq.read_metadata(f.path).num_rows)) - deletions[f.name])
+        for f in live
+    }
+
+
 def test_rows_at_positions_are_read_from_their_row_groups(tmp_path: Path) -> None:
     """A history batch reads back the versions it ends by position: in files of several
     row groups, a column the file predates read as NULL, keys in the table's types."""
