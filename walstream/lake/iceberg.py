@@ -62,6 +62,7 @@ class IcebergSink(TableSink):
     def __init__(self, config: IcebergDestination) -> None:
         super().__init__(config)
         self._indexes = KeyIndexes()  # merge-on-read: the tables' keys, between batches
+        self._live = iceberg_deletes.LiveFiles()  # and their live files
 
     def target(self, schema: str, table: str) -> str:
         return self.config.location(schema, table)
@@ -236,7 +237,7 @@ class IcebergSink(TableSink):
         """The batch's keys marked deleted where the table has them (a position delete
         file) and their newest rows appended, in the batch's transaction."""
         key, schema = list(batch.shape.key), lake.schema(batch)
-        files = iceberg_deletes.data_files(table, key)
+        files = iceberg_deletes.data_files(table, key, self._live)
         fs, _ = file_at(table.io, table.location())  # where the data files are
         columns = batch.shape.names
         index = self._indexes.of(table.location(), key)
@@ -262,7 +263,7 @@ class IcebergSink(TableSink):
         import pyarrow as pa
 
         key, schema = list(batch.shape.key), lake.schema(batch)
-        files = iceberg_deletes.data_files(table, key)
+        files = iceberg_deletes.data_files(table, key, self._live)
         fs, _ = file_at(table.io, table.location())  # where the data files are
         index = self._indexes.of(table.location(), key, "is_current")
         keys, columns = key_schema(batch), batch.shape.names

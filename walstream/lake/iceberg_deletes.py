@@ -13,6 +13,7 @@ import functools
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from walstream.lake.positions import DataFile
@@ -28,60 +29,174 @@ FILE_PATH_ID = 2147483546
 POS_ID = 2147483545
 
 
-def data_files(table: Any, key: Sequence[str]) -> list[DataFile]:
+def data_files(table: Any, key: Sequence[str], known: LiveFiles | None = None) -> list[DataFile]:
     """The current snapshot's data files as `positions.DataFile`s: key bounds from their
-    manifests, deleted positions from the position delete files that apply to them."""
+    manifests, deleted positions from the position delete files that name them. With
+    `known` (kept between batches), only the manifests new since are read."""
+    if known is not None:
+        return known.of(table, key)
+    out = []
+    for task in table.scan().plan_files():
+        deletes = sorted(d.file_path for d in task.delete_files)
+        out.append(_data_file(table, task.file, _bounds(table, key, task.file), deletes))
+    return out
+
+
+def _data_file(table: Any, f: Any, bounds: dict[str, Any], deletes: Sequence[str]) -> DataFile:
+    return DataFile(
+        file_at(table.io, f.file_path)[1],
+        f.file_path,
+        bounds,
+        functools.partial(deleted_positions, table, f.file_path, deletes),
+        tuple(deletes),
+    )
+
+
+def _bounds(table: Any, key: Sequence[str], f: Any) -> dict[str, tuple[Any, Any]]:
+    """The (min, max) of each key column a data file's manifest entry has."""
     from pyiceberg.conversions import from_bytes
 
     schema = table.schema()
-    ids = {name: schema.find_field(name).field_id for name in key}
-    types = {name: schema.find_field(name).field_type for name in key}
-    out = []
-    for task in table.scan().plan_files():
-        f = task.file
-        low, high = f.lower_bounds or {}, f.upper_bounds or {}
-        bounds = {}
-        for name, fid in ids.items():
-            if fid in low and fid in high:
-                try:
-                    bounds[name] = (
-                        from_bytes(types[name], low[fid]),
-                        from_bytes(types[name], high[fid]),
-                    )
-                except Exception:  # a type whose bounds do not decode plainly: no pruning
-                    continue
-        deletes = [d.file_path for d in task.delete_files]
-        out.append(
-            DataFile(
-                file_at(table.io, f.file_path)[1],
-                f.file_path,
-                bounds,
-                functools.partial(deleted_positions, table, f.file_path, deletes),
-                tuple(sorted(deletes)),
-            )
-        )
-    return out
+    low, high = f.lower_bounds or {}, f.upper_bounds or {}
+    bounds = {}
+    for name in key:
+        field = schema.find_field(name)
+        if field.field_id in low and field.field_id in high:
+            try:
+                bounds[name] = (
+                    from_bytes(field.field_type, low[field.field_id]),
+                    from_bytes(field.field_type, high[field.field_id]),
+                )
+            except Exception:  # a type whose bounds do not decode plainly: no pruning
+                continue
+    return bounds
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    """A manifest's live entries: data files with their data sequence numbers, position
+    delete files (path, sequence number); `plain` False when it holds deletes this module
+    does not apply itself (equality deletes, deletion vectors)."""
+
+    data: list[tuple[Any, int]]
+    deletes: list[tuple[str, int]]
+    plain: bool
+
+
+@dataclass
+class _Known:
+    snapshot: int | None = None
+    key: list[str] = field(default_factory=list)
+    manifests: dict[str, _Manifest] = field(default_factory=dict)
+    names: dict[str, frozenset[str]] = field(default_factory=dict)  # delete file -> data files
+    bounds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files: list[DataFile] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LiveFiles:
+    """The live data files of a sink's Iceberg tables, kept between batches: a manifest is
+    read once (manifests are written once), a position delete file once (which data files
+    it names), so a batch reads only what the commits since the last one added, not every
+    manifest of a table that gains two a batch until optimize.
+
+    A position delete applies to a data file it names whose data sequence number is not
+    above its own (the spec's rule); a table holding equality deletes or deletion vectors
+    is planned by pyiceberg instead."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, _Known] = {}
+        self._lock = threading.Lock()
+
+    def of(self, table: Any, key: Sequence[str]) -> list[DataFile]:
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return []
+        with self._lock:
+            known = self._tables.setdefault(table.location(), _Known())
+        with known.lock:
+            return self._follow(known, table, snapshot, list(key))
+
+    def _follow(self, known: _Known, table: Any, snapshot: Any, key: list[str]) -> list[DataFile]:
+        if known.snapshot == snapshot.snapshot_id and known.key == key:
+            return known.files
+        listed = snapshot.manifests(table.io)
+        manifests = {
+            m.manifest_path: known.manifests.get(m.manifest_path) or _read_manifest(table.io, m)
+            for m in listed
+        }
+        if not all(m.plain for m in manifests.values()):
+            return data_files(table, key)
+        named: dict[str, list[tuple[str, int]]] = {}
+        names = {}
+        for m in manifests.values():
+            for path, seq in m.deletes:
+                names[path] = known.names.get(path) or _named(table, path)
+                for data_path in names[path]:
+                    named.setdefault(data_path, []).append((path, seq))
+        if known.key != key:
+            known.bounds.clear()
+        bounds, files = {}, []
+        for m in manifests.values():
+            for f, seq in m.data:
+                path = f.file_path
+                bounds[path] = known.bounds.get(path) or _bounds(table, key, f)
+                deletes = sorted(d for d, d_seq in named.get(path, ()) if d_seq >= seq)
+                files.append(_data_file(table, f, bounds[path], deletes))
+        known.snapshot, known.key, known.manifests = snapshot.snapshot_id, key, manifests
+        known.names, known.bounds, known.files = names, bounds, files
+        return files
+
+
+def _read_manifest(io: Any, manifest: Any) -> _Manifest:
+    from pyiceberg.manifest import DataFileContent, FileFormat
+
+    data, deletes, plain = [], [], True
+    for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
+        f, seq = entry.data_file, entry.sequence_number or 0
+        if f.content == DataFileContent.DATA:
+            data.append((f, seq))
+        elif f.content == DataFileContent.POSITION_DELETES and f.file_format == FileFormat.PARQUET:
+            deletes.append((f.file_path, seq))
+        else:
+            plain = False
+    return _Manifest(data, deletes, plain)
+
+
+def _named(table: Any, delete_file: str) -> frozenset[str]:
+    """The data files a position delete file names."""
+    import pyarrow.compute as pc
+
+    return frozenset(pc.unique(_delete_file(table, delete_file)["file_path"]).to_pylist())
 
 
 def deleted_positions(table: Any, path: str, delete_files: Sequence[str]) -> Any:
     """The positions of `path` the position delete files delete already."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     from walstream.lake import deletion_vectors as dv
 
     out = dv.positions()
     for name in delete_files:
-        data = _DELETE_FILES.get(name)
-        if data is None:  # a delete file is written once: read once (up to the cache's size)
-            with table.io.new_input(name).open() as f:
-                data = pq.read_table(f, columns=["file_path", "pos"])
-            with _DELETE_FILES_LOCK:
-                _DELETE_FILES[name] = data
-                while len(_DELETE_FILES) > DELETE_FILES_KEPT:
-                    _DELETE_FILES.pop(next(iter(_DELETE_FILES)))
+        data = _delete_file(table, name)
         out.update(data.filter(pc.equal(data["file_path"], path))["pos"].to_pylist())
     return out
+
+
+def _delete_file(table: Any, name: str) -> Any:
+    """A position delete file's rows; a delete file is written once: read once (up to the
+    cache's size)."""
+    import pyarrow.parquet as pq
+
+    data = _DELETE_FILES.get(name)
+    if data is None:
+        with table.io.new_input(name).open() as f:
+            data = pq.read_table(f, columns=["file_path", "pos"])
+        with _DELETE_FILES_LOCK:
+            _DELETE_FILES[name] = data
+            while len(_DELETE_FILES) > DELETE_FILES_KEPT:
+                _DELETE_FILES.pop(next(iter(_DELETE_FILES)))
+    return data
 
 
 def write_deletes(table: Any, positions: Mapping[str, Sequence[int]]) -> Any:
@@ -125,6 +240,10 @@ def write_deletes(table: Any, positions: Mapping[str, Sequence[int]]) -> Any:
         partition=Record(),
         record_count=len(rows),
         file_size_in_bytes=size,
+        # the paths it names, so readers apply it only to files in that range (to one
+        # file when it names one: Iceberg's "file-scoped" deletes)
+        lower_bounds={FILE_PATH_ID: rows[0][0].encode()},
+        upper_bounds={FILE_PATH_ID: rows[-1][0].encode()},
     )
     delete.spec_id = table.spec().spec_id
     return delete

@@ -273,7 +273,3 @@ class KeyIndexes:
             if index is None or (index.key, index.where) != (list(key), where):
                 index = self._by_table[location] = KeyIndex(list(key), where)
             return index
-
-    def forget(self, location: str) -> None:
-        with self._lock:
-            self._by_table.pop(location, None)
