@@ -127,6 +127,10 @@ class Pipeline:
         self.parked: dict[str, int] = {}  # per sink, as the current batch started
         #: The lake sinks' source tables by OID: a renamed one pauses its sink (tables.py).
         self.lake_sources = LakeSources(self.parking.dsn, self.parking.schema)
+        #: Each table sink, kept from batch to batch: what it holds between batches (a
+        #: merge-on-read table's key index, its snapshot, its live files) is what makes
+        #: a batch cost the batch and not the table.
+        self._table_sinks: dict[str, TableSink] = {}
 
     def stream(self, df: Any) -> Any:
         """The query's streaming DataFrame `df` with its message sinks' columns (streamed.py)."""
@@ -270,10 +274,14 @@ class Pipeline:
         `empty`: the batch is known to hold no changes. `streamed`: `df` carries the
         message sinks' columns (then `reads` is None)."""
         t0 = time.monotonic()
-        driver_sink = sink_for(sink.destination)
+        with self.lock:
+            kept = self._table_sinks.get(sink.name)
+        driver_sink = kept or sink_for(sink.destination)
         caps = driver_sink.capabilities
         if caps.kind is Kind.TABLES:
             assert isinstance(driver_sink, TableSink)
+            with self.lock:
+                self._table_sinks.setdefault(sink.name, driver_sink)
             rows = df if streamed is None else streamed.raw(df)
             self._write_tables(rows, sink, driver_sink, batch_id, query_id, reads, empty)
             return
