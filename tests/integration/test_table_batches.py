@@ -128,10 +128,13 @@ def test_each_batch_is_one_commit_a_replay_writes_nothing_and_duckdb_reads_the_s
 
     assert sink.write_batch(first).rows == 3
     after_first = versions(place, kind)
+    snapshots = len(sink._open("public", "acct").snapshots()) if kind == "iceberg-mor" else 0
     written = sink.write_batch(second)
     assert not written.replayed
     after_second = versions(place, kind)
     assert after_second == after_first + 1  # one commit per batch
+    if kind == "iceberg-mor":  # and one snapshot: its deletes and new rows together
+        assert len(sink._open("public", "acct").snapshots()) == snapshots + 1
     got_second = read(db, place, kind)
 
     replay = sink.write_batch(second)  # the same query and batch again

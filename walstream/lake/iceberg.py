@@ -246,13 +246,15 @@ class IcebergSink(TableSink):
         )
         rows = lake.filled(batch, rows_of)
         plan = mirror_plan(rows, key, columns, batch.complete)
+        new = plan.upserts.cast(schema)
         if plan.truncated:
             _delete(tx, _always(), props)
         elif positions := replaced(fs, files, plan, key, index):
             deletes = iceberg_deletes.write_deletes(table, positions)
-            iceberg_deletes.add_deletes(tx, table, [deletes], props)
-        if plan.upserts.num_rows:
-            tx.append(plan.upserts.cast(schema), snapshot_properties=props)
+            iceberg_deletes.add_deletes(tx, table, [deletes], props, new)  # one snapshot
+            return int(plan.upserts.num_rows)
+        if new.num_rows:
+            tx.append(new, snapshot_properties=props)
         return int(plan.upserts.num_rows)
 
     def _history_on_read(
@@ -274,11 +276,11 @@ class IcebergSink(TableSink):
         have = table.schema().as_arrow()
         full = pa.schema([*have, *(f for f in schema if f.name not in have.names)])
         positions, closed = closed_versions(fs, files, plan, key, keys, full, index)
-        if positions:
-            deletes = iceberg_deletes.write_deletes(table, positions)
-            iceberg_deletes.add_deletes(tx, table, [deletes], props)
         new = pa.concat_tables([closed, as_table(plan.versions, full)])
-        if new.num_rows:
+        if positions:  # one snapshot: the deletes and the new rows
+            deletes = iceberg_deletes.write_deletes(table, positions)
+            iceberg_deletes.add_deletes(tx, table, [deletes], props, new)
+        elif new.num_rows:
             tx.append(new, snapshot_properties=props)
         return int(plan.versions.num_rows)
 

@@ -49,6 +49,7 @@ def _data_file(table: Any, f: Any, bounds: dict[str, Any], deletes: Sequence[str
         bounds,
         functools.partial(deleted_positions, table, f.file_path, deletes),
         tuple(deletes),
+        functools.partial(deleted_positions, table, f.file_path),
     )
 
 
@@ -249,8 +250,13 @@ def write_deletes(table: Any, positions: Mapping[str, Sequence[int]]) -> Any:
     return delete
 
 
-def add_deletes(tx: Any, table: Any, deletes: Sequence[Any], props: Mapping[str, str]) -> None:
-    """A snapshot of the transaction adding the position delete files `deletes`."""
+def add_deletes(
+    tx: Any, table: Any, deletes: Sequence[Any], props: Mapping[str, str], rows: Any = None
+) -> None:
+    """A snapshot of the transaction adding the position delete files `deletes` and the
+    data files of `rows` (a pyarrow Table in the table's schema, or None): one snapshot
+    a batch, so the table's metadata grows by one (pyiceberg copies it whole at each
+    step of a commit)."""
     from pyiceberg.exceptions import ValidationException
     from pyiceberg.manifest import (
         ManifestContent,
@@ -304,4 +310,18 @@ def add_deletes(tx: Any, table: Any, deletes: Sequence[Any], props: Mapping[str,
     producer = RowDelta(
         operation=Operation.OVERWRITE, transaction=tx, io=table.io, snapshot_properties=dict(props)
     )
+    if rows is not None and rows.num_rows:
+        from pyiceberg.io.pyarrow import (
+            _check_pyarrow_schema_compatible,
+            _dataframe_to_data_files,
+        )
+
+        metadata = tx.table_metadata
+        _check_pyarrow_schema_compatible(  # as pyiceberg's append checks
+            metadata.schema(), provided_schema=rows.schema, format_version=metadata.format_version
+        )
+        for data_file in _dataframe_to_data_files(
+            table_metadata=metadata, write_uuid=producer.commit_uuid, df=rows, io=table.io
+        ):
+            producer.append_data_file(data_file)
     producer.commit()

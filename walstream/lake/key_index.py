@@ -200,7 +200,16 @@ class KeyIndex:
         known = self.deleted.get(file.name)
         if file.deletes_id is not None and known is not None and known[0] == file.deletes_id:
             return known[1]
-        bitmap = file.deleted()
+        if (  # deletes that add up, grown since: only the new ones read
+            known is not None
+            and file.deleted_in is not None
+            and isinstance(file.deletes_id, tuple)
+            and isinstance(known[0], tuple)
+            and set(known[0]) <= set(file.deletes_id)
+        ):
+            bitmap = known[1] | file.deleted_in(sorted(set(file.deletes_id) - set(known[0])))
+        else:
+            bitmap = file.deleted()
         if file.deletes_id is not None:
             self.deleted[file.name] = (file.deletes_id, bitmap)
         return bitmap

@@ -21,13 +21,16 @@ class DataFile:
     """A live data file: `path` as the filesystem opens it, `name` as the table's log names
     it, each key column's (min, max) where its statistics have them, and the positions
     already deleted (read only when the file is), with an identity of those deletes that
-    changes when they do (None: unknown, read them each time)."""
+    changes when they do (None: unknown, read them each time). Where deletes only ever add
+    up (Iceberg's delete files: the identity is the tuple of them), `deleted_in(parts)`
+    reads the positions of some of them, so a known set grown by a few is read by those."""
 
     path: str
     name: str
     bounds: dict[str, tuple[Any, Any]]
     deleted: Callable[[], Any]
     deletes_id: Hashable = None
+    deleted_in: Callable[[Sequence[Any]], Any] | None = None
 
 
 @dataclass(frozen=True)

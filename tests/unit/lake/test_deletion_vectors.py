@@ -375,6 +375,45 @@ def test_the_key_index_finds_what_locate_finds_as_files_come_and_go(
     }
 
 
+def test_deletes_that_add_up_are_read_by_the_ones_new_since(tmp_path: Path) -> None:
+    """A file's deletes that only ever add up (Iceberg's delete files): when the index knew
+    the file under some of them, it reads only the new ones; when one went away, all."""
+    from pyarrow import fs as pafs
+
+    from walstream.lake.key_index import KeyIndex
+    from walstream.lake.positions import DataFile
+
+    pq.write_table(pa.table({"id": pa.array(range(10), pa.int64())}), tmp_path / "f.parquet")
+    by_part = {"d1": [1], "d2": [2, 3], "d3": [7]}
+    asked: list[Any] = []
+
+    def file(parts: tuple[str, ...]) -> DataFile:
+        def whole() -> Any:
+            asked.append(("all", parts))
+            return dv.positions(p for d in parts for p in by_part[d])
+
+        def some(names: Any) -> Any:
+            asked.append(("some", tuple(names)))
+            return dv.positions(p for d in names for p in by_part[d])
+
+        return DataFile(str(tmp_path / "f.parquet"), "f.parquet", {}, whole, parts, some)
+
+    index = KeyIndex(["id"])
+    keys = pa.table({"id": pa.array(range(10), pa.int64())})
+    local = pafs.LocalFileSystem()
+    for parts, live, read in [
+        (("d1",), [0, 2, 3, 4, 5, 6, 7, 8, 9], ("all", ("d1",))),
+        (("d1", "d2"), [0, 4, 5, 6, 7, 8, 9], ("some", ("d2",))),
+        (("d1", "d2"), [0, 4, 5, 6, 7, 8, 9], None),  # known: nothing read
+        (("d2", "d3"), [0, 1, 4, 5, 6, 8, 9], ("all", ("d2", "d3"))),  # d1 went away
+    ]:
+        asked.clear()
+        files = [file(parts)]
+        index.sync(local, files, keys.schema)
+        assert index.positions(files, keys) == {"f.parquet": live}
+        assert asked == ([read] if read else [])
+
+
 def test_rows_at_positions_are_read_from_their_row_groups(tmp_path: Path) -> None:
     """A history batch reads back the versions it ends by position: in files of several
     row groups, a column the file predates read as NULL, keys in the table's types."""
