@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,11 +284,16 @@ def delete_commit(
     app_id: str,
     batch_id: int,
     metadata: Mapping[str, str] | None = None,
+    known: MutableMapping[str, tuple[Hashable, Any]] | None = None,
 ) -> int:
     """Commit version `current.version + 1`: the rows at `positions` (data file path ->
     row positions) deleted, the data files `adds` (add actions of files already in the
     table's directory) added, and the batch's application transaction. The new version;
-    CommitConflict when another writer took it."""
+    CommitConflict when another writer took it.
+
+    `known`: files' deleted positions by the id of their vector (a key index's): a file's
+    vector known there is not read again, and once committed each file's new vector is
+    entered there (a batch does not read back what the one before it wrote)."""
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
         *(_takes_vectors(current) if positions else []),
@@ -305,8 +310,12 @@ def delete_commit(
                 "a bug in walstream: the positions were read from another version",
                 retryable=False,
             )
-        union = deleted_positions(store, live)
-        union.update(rows)
+        have = (known or {}).get(path)
+        if have is not None and have[0] == _vector_id(live.vector):
+            union = have[1] | dv.positions(rows)
+        else:
+            union = deleted_positions(store, live)
+            union.update(rows)
         unions.append(union)
     descriptors = dv.write(store.filesystem, store.root, unions) if unions else []
     for (path, _), descriptor in zip(changed, descriptors, strict=True):
@@ -338,6 +347,9 @@ def delete_commit(
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
     if not store.create(f"{LOG}/{version:020d}.json", text.encode()):
         raise CommitConflict(store.location, version)
+    if known is not None:
+        for (path, _), descriptor, union in zip(changed, descriptors, unions, strict=True):
+            known[path] = (_vector_id(descriptor.action()), union)
     return version
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from walstream.lake import delta_log
 from walstream.lake.contract import FilesBatch, TableBatch
-from walstream.lake.key_index import KeyIndexes
+from walstream.lake.key_index import KeyIndex, KeyIndexes
 from walstream.lake.plan import history_plan, mirror_plan
 from walstream.lake.positions import closed_versions, current_rows, replaced
 from walstream.lake.storage import Store, open_store
@@ -54,7 +54,7 @@ class DeltaOnRead:
             return int(plan.upserts.num_rows)
         positions = replaced(fs, files, plan, key, index)
         new = as_table(plan.upserts, arrow_schema(table))
-        self._commit(lake, store, current, positions, new, app_id, batch)
+        self._commit(lake, store, current, positions, new, app_id, batch, index)
         return int(plan.upserts.num_rows)
 
     def history(self, table: Any, lake: LakeTable, batch: TableBatch, app_id: str) -> int:
@@ -73,7 +73,7 @@ class DeltaOnRead:
         schema = arrow_schema(table)
         positions, closed = closed_versions(fs, files, plan, key, keys, schema, index)
         new = pa.concat_tables([closed, as_table(plan.versions, schema)])
-        self._commit(lake, store, current, positions, new, app_id, batch)
+        self._commit(lake, store, current, positions, new, app_id, batch, index)
         return int(plan.versions.num_rows)
 
     def _state(self, table: Any, lake: LakeTable, batch: TableBatch) -> tuple[Any, ...]:
@@ -94,20 +94,24 @@ class DeltaOnRead:
         new: Any,
         app_id: str,
         batch: TableBatch,
+        index: KeyIndex,
     ) -> None:
-        """One version: the positions deleted, the rows `new` in one new data file."""
+        """One version: the positions deleted, the rows `new` in one new data file; the
+        files' new vectors entered in the table's key index."""
         adds = [data_file(store, new)] if new.num_rows else []
         if not positions and not adds:
             return
-        version = delta_log.delete_commit(
-            store,
-            current,
-            positions,
-            adds,
-            app_id=app_id,
-            batch_id=batch.batch_id,
-            metadata={"walstream.batch": batch.marker},
-        )
+        with index.lock:
+            version = delta_log.delete_commit(
+                store,
+                current,
+                positions,
+                adds,
+                app_id=app_id,
+                batch_id=batch.batch_id,
+                metadata={"walstream.batch": batch.marker},
+                known=index.deleted,
+            )
         self.snapshots[lake.location] = current  # the next batch replays from here
         # delta-rs checkpoints after its own commits only: walstream does after its own, so
         # readers (and the next batch's snapshot) do not replay an ever longer log
