@@ -85,6 +85,8 @@ def test_the_live_files_kept_between_batches_are_what_pyiceberg_plans(
     assert len(read) == 2  # two manifests, one per append
     same()
     assert read == []  # the same snapshot: nothing read
+    written = iceberg_deletes.write_deletes(catalog.load_table("c.t"), {first[0].name: [0]})
+    assert written.file_path in iceberg_deletes._DELETE_FILES  # not read back by the next batch
     a, b = sorted(
         (f.name for f in first), key=lambda n: pq.read_table(n[len("file://") :])["id"][0].as_py()
     )

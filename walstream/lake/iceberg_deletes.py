@@ -193,11 +193,15 @@ def _delete_file(table: Any, name: str) -> Any:
     if data is None:
         with table.io.new_input(name).open() as f:
             data = pq.read_table(f, columns=["file_path", "pos"])
-        with _DELETE_FILES_LOCK:
-            _DELETE_FILES[name] = data
-            while len(_DELETE_FILES) > DELETE_FILES_KEPT:
-                _DELETE_FILES.pop(next(iter(_DELETE_FILES)))
+        _keep(name, data)
     return data
+
+
+def _keep(name: str, data: Any) -> None:
+    with _DELETE_FILES_LOCK:
+        _DELETE_FILES[name] = data.select(["file_path", "pos"])
+        while len(_DELETE_FILES) > DELETE_FILES_KEPT:
+            _DELETE_FILES.pop(next(iter(_DELETE_FILES)))
 
 
 def write_deletes(table: Any, positions: Mapping[str, Sequence[int]]) -> Any:
@@ -233,6 +237,7 @@ def write_deletes(table: Any, positions: Mapping[str, Sequence[int]]) -> Any:
     output = table.io.new_output(location)
     with output.create(overwrite=False) as f:
         pq.write_table(data, f)
+    _keep(location, data)  # the next batch finds what it names without reading it back
     size = len(table.io.new_input(location))
     delete = IcebergFile.from_args(
         content=DataFileContent.POSITION_DELETES,
