@@ -102,12 +102,12 @@ def test_every_table_sink_equals_a_real_table_backfilled_while_it_changes(
     from walstream.lake import key_index
 
     key_reads: dict[str, int] = {}
+    read_keys = key_index.read_keys
 
     def counted(fs, file, *args):
         key_reads[file.path] = key_reads.get(file.path, 0) + 1
         return read_keys(fs, file, *args)
 
-    read_keys = key_index.read_keys
     monkeypatch.setattr(key_index, "read_keys", counted)
     runtime = Runtime(cfg, spark=spark).start()
     try:

@@ -127,6 +127,7 @@ class LiveFiles:
             for m in listed
         }
         if not all(m.plain for m in manifests.values()):
+            known.manifests = manifests  # not read again by the next batch
             return data_files(table, key)
         named: dict[str, list[tuple[str, int]]] = {}
         names = {}

@@ -100,6 +100,7 @@ class KeyIndex:
         """The live positions of `keys` (a pyarrow Table of the key columns; None: every
         key), by file name."""
         import numpy as np
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         if not self.files or (keys is not None and keys.num_rows == 0):
@@ -108,8 +109,6 @@ class KeyIndex:
             file = np.concatenate([r.file for r in self._runs])
             pos = np.concatenate([r.pos for r in self._runs])
         else:
-            import pyarrow as pa
-
             typed = keys.select(self.key).cast(pa.schema(self.schema or []))
             needles = pc.drop_null(pc.unique(sortable(typed, self.key)))
             found = [_search(r, needles) for r in self._runs]

@@ -260,6 +260,19 @@ class Pipeline:
                 )
         return out
 
+    def _sink(self, sink: SinkConfig) -> Any:
+        """The sink of `sink` for this batch: a table sink is kept from batch to batch (see
+        `_table_sinks`), any other made anew."""
+        with self.lock:
+            kept = self._table_sinks.get(sink.name)
+        if kept is not None:
+            return kept
+        made = sink_for(sink.destination)
+        if isinstance(made, TableSink):
+            with self.lock:
+                made = self._table_sinks.setdefault(sink.name, made)
+        return made
+
     def _deliver(
         self,
         df: Any,
@@ -274,14 +287,10 @@ class Pipeline:
         `empty`: the batch is known to hold no changes. `streamed`: `df` carries the
         message sinks' columns (then `reads` is None)."""
         t0 = time.monotonic()
-        with self.lock:
-            kept = self._table_sinks.get(sink.name)
-        driver_sink = kept or sink_for(sink.destination)
+        driver_sink = self._sink(sink)
         caps = driver_sink.capabilities
         if caps.kind is Kind.TABLES:
             assert isinstance(driver_sink, TableSink)
-            with self.lock:
-                self._table_sinks.setdefault(sink.name, driver_sink)
             rows = df if streamed is None else streamed.raw(df)
             self._write_tables(rows, sink, driver_sink, batch_id, query_id, reads, empty)
             return
