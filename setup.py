@@ -15,7 +15,7 @@ else:
     extensions = cythonize(
         [
             Extension(
-                "walstream.decode._tuples", ["walstream/decode/_tuples.pyx"], optional=True
+                "walstream.values._tuples", ["walstream/values/_tuples.pyx"], optional=True
             )
         ],
         compiler_directives={"language_level": "3"},

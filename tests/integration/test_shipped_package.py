@@ -10,14 +10,14 @@ import subprocess
 from pathlib import Path
 
 from tests.integration.test_cluster import python_without_walstream
-from walstream.decode import fastpath
 from walstream.engine.session import package_zip
+from walstream.values import rows
 
 PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
 import walstream
-from walstream.decode.fastpath import compiled_module
+from walstream.values.rows import compiled_module
 m = compiled_module()
 print(walstream.__file__)
 print(m.__file__ if m is not None else None)
@@ -29,7 +29,7 @@ def test_executors_load_the_compiled_decoder_shipped_beside_the_zip(tmp_path: Pa
     ship = tmp_path / "userFiles"  # an executor's SparkFiles directory
     ship.mkdir()
     zipped = package_zip(ship)
-    compiled = fastpath.compiled_module()
+    compiled = rows.compiled_module()
     assert compiled is not None, "bin/setup builds the compiled decoder"
 
     def probe() -> tuple[list[str], str]:

@@ -23,6 +23,7 @@ FLOORS: list[set[str]] = [
     {"source", "delivery", "backfill", "streams", "lake", "engine"},
     {"capture", "postgres", "sinks", "formats", "config"},
     {"decode"},
+    {"values"},
     {
         "state",
         "change",

@@ -7,7 +7,7 @@ Python step per row and no JSON. `adbc-driver-postgresql` runs the query as
 
 Columns the lake keeps as text (uuid, enums, json, time, interval, numeric without
 precision, char(n), inet, ...) are selected as their type's output text
-(`formats.json_values.output_text`; `::text` differs for char(n) and inet), so their text is
+(`values.columns.output_text`; `::text` differs for char(n) and inet), so their text is
 Postgres' own — the text the stream's decoder reads from pgoutput, with the same
 session settings (`SESSION_SETTINGS`). Other columns are read in their binary form and cast to the lake
 type; a value that does not fit (numeric NaN into a decimal) fails the read, as it
@@ -25,7 +25,7 @@ from walstream.backfill.adbc import fetch_batches
 from walstream.backfill.read import ChunkResult, ChunkTask, stage_chunk
 from walstream.decode.table_shape import TableShape
 from walstream.errors import SinkError
-from walstream.formats.json_values import output_text
+from walstream.values.columns import output_text
 
 
 def select_list(shape: TableShape) -> list[sql.Composable]:

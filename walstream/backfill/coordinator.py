@@ -40,9 +40,9 @@ from walstream.backfill.typed import lake_shape, read_task
 from walstream.config import Plan, SinkConfig, SourceConfig
 from walstream.decode.types import TypeRegistry
 from walstream.errors import Kind, WalstreamError, error_summary
-from walstream.formats.json_values import select_texts
 from walstream.periodic import Periodic
 from walstream.postgres.replication import connect
+from walstream.values.columns import select_texts
 
 log = logging.getLogger(__name__)
 

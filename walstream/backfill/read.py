@@ -6,8 +6,8 @@ For chunk n of backfill b (attempt a):
    `walstream:backfill`) committed on its own;
 2. `SELECT ... WHERE pk in range` — a snapshot taken after the low watermark
    committed — read as Arrow through ADBC's binary COPY, each column as its Postgres
-   text (`formats.json_values.select_texts`), and turned into the canonical `record` and `pk`
-   column by column (`formats.json_values.records`: the decoder's codecs as Arrow kernels), so a
+   text (`values.columns.select_texts`), and turned into the canonical `record` and `pk`
+   column by column (`values.columns.records`: the decoder's codecs as Arrow kernels), so a
    read row is what the stream would send for the same values; the rows go to a
    Parquet file in the staging directory (written under a temporary name, then
    renamed);
@@ -31,7 +31,7 @@ from walstream.change import parse_lsn
 from walstream.decode.decoder import WATERMARK_PREFIX
 from walstream.decode.table_shape import TableShape
 from walstream.decode.types import PgType, TypeRegistry
-from walstream.formats.json_values import json_nulls, records
+from walstream.values.columns import json_nulls, records
 
 #: How long a chunk read on a standby waits for it to replay the chunk's low watermark
 #: (then the read fails as one that may succeed later, and the chunk is read again).

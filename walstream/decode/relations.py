@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring
 
 from walstream.decode import pgoutput as po
-from walstream.decode.codecs import JSON
-from walstream.decode.fastpath import compile_tuple_encoder
 from walstream.decode.types import TypeRegistry
+from walstream.values.codecs import JSON
+from walstream.values.rows import compile_tuple_encoder
 
 _UNCHANGED = po.UNCHANGED_TOAST
 _U32 = struct.Struct("!I").unpack_from

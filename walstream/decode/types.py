@@ -7,12 +7,11 @@ OID (domains, enums, arrays of them) to a codec.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from walstream.decode.codecs import BUILTIN, BUILTIN_ARRAYS, TEXT, Codec
+from walstream.values.codecs import BUILTIN, BUILTIN_ARRAYS, TEXT, Codec, array_codec
 
 __all__ = [
     "BUILTIN",
@@ -22,9 +21,7 @@ __all__ = [
     "Codec",
     "PgType",
     "TypeRegistry",
-    "array_codec",
     "load_types",
-    "parse_array",
     "session_options",
 ]
 
@@ -41,86 +38,6 @@ SESSION_SETTINGS: dict[str, str] = {
 def session_options() -> str:
     """The libpq `options` value that applies SESSION_SETTINGS at connect time."""
     return " ".join(f"-c {k}={v.replace(' ', '')}" for k, v in SESSION_SETTINGS.items())
-
-
-def parse_array(text: str, delimiter: str = ",") -> list[Any]:
-    """Parse Postgres array text output into nested lists of element texts (None for NULL).
-
-    Handles quoting, backslash escapes, NULL elements, several dimensions and the
-    `[lo:hi]=` bounds decoration printed when a lower bound is not 1.
-    """
-    pos = 0
-    if text.startswith("["):
-        pos = text.index("=") + 1
-    if text[pos] != "{":
-        raise ValueError(f"not an array literal: {text[:40]!r}")
-    result, end = _parse_array_level(text, pos, delimiter)
-    if text[end:].strip():
-        raise ValueError(f"trailing characters after array: {text[end:][:40]!r}")
-    return result
-
-
-def _parse_array_level(s: str, pos: int, delim: str) -> tuple[list[Any], int]:
-    assert s[pos] == "{"
-    pos += 1
-    items: list[Any] = []
-    n = len(s)
-    if s[pos] == "}":
-        return items, pos + 1
-    while pos < n:
-        c = s[pos]
-        if c == "{":
-            sub, pos = _parse_array_level(s, pos, delim)
-            items.append(sub)
-        elif c == '"':
-            pos += 1
-            buf = []
-            while s[pos] != '"':
-                if s[pos] == "\\":
-                    pos += 1
-                buf.append(s[pos])
-                pos += 1
-            pos += 1
-            items.append("".join(buf))
-        else:
-            start = pos
-            while s[pos] != delim and s[pos] != "}":
-                pos += 1
-            token = s[start:pos].strip()
-            items.append(None if token.upper() == "NULL" else token)
-        if s[pos] == delim:
-            pos += 1
-        elif s[pos] == "}":
-            return items, pos + 1
-        else:
-            raise ValueError(f"unexpected {s[pos]!r} at {pos} in array literal")
-    raise ValueError("unterminated array literal")
-
-
-def array_codec(element: Codec, delimiter: str = ",") -> Codec:
-    ev = element.value
-
-    def convert(items: list[Any]) -> list[Any]:
-        return [None if x is None else convert(x) if isinstance(x, list) else ev(x) for x in items]
-
-    def value(s: str) -> list[Any]:
-        return convert(parse_array(s, delimiter))
-
-    ej = element.json
-    dumps = json.dumps
-    sep = delimiter.encode()
-
-    def to_json(raw: bytes) -> str:
-        # Fast path: one dimension, default bounds, no quoted or escaped elements
-        # (Postgres quotes empty strings, "NULL" text, blanks and delimiters).
-        if raw[:1] == b"{" and raw[1:2] != b"{" and b'"' not in raw and b"\\" not in raw:
-            inner = raw[1:-1]
-            if not inner:
-                return "[]"
-            return "[" + ",".join("null" if x == b"NULL" else ej(x) for x in inner.split(sep)) + "]"
-        return dumps(value(raw.decode("utf-8")), ensure_ascii=False)
-
-    return Codec(f"{element.name}[]", value, to_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,7 +230,7 @@ def ship_package(spark: Any) -> Path:
     run the driver's code whatever they have installed. Its dependencies (psycopg,
     pyarrow, the sinks' clients) must be on the executors' Python already. A compiled
     module cannot be loaded from a zip: it goes as a file of its own, beside the zip
-    (`fastpath.beside_the_zip`)."""
+    (`values.rows.beside_the_zip`)."""
     target = package_zip(Path(tempfile.mkdtemp(prefix="walstream-ship-")))
     for compiled in sorted(Path(__file__).resolve().parents[1].rglob("*.so")):
         spark.sparkContext.addFile(str(compiled))

@@ -46,8 +46,8 @@ def pk_json(pk: Any) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from walstream.decode import types as t
-    from walstream.formats.json_values import column_json
+    from walstream.values import codecs as t
+    from walstream.values.columns import column_json
 
     pk = pk.combine_chunks() if isinstance(pk, pa.ChunkedArray) else pk
     flat = column_json(pk.values, t.TEXT)  # the offsets index the unsliced values

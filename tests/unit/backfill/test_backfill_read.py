@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import struct
 
-from walstream.decode import codecs as c
-from walstream.decode.fastpath import compile_fields_encoder, compile_tuple_encoder
-from walstream.decode.types import array_codec
+from walstream.values import codecs as c
+from walstream.values.codecs import array_codec
+from walstream.values.rows import compile_fields_encoder, compile_tuple_encoder
 
 
 def tuple_bytes(values: list[bytes | None]) -> bytes:

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from walstream.decode.types import BUILTIN, TEXT, PgType, TypeRegistry, parse_array
+from walstream.decode.types import BUILTIN, TEXT, PgType, TypeRegistry
+from walstream.values.codecs import parse_array
 
 
 @pytest.mark.parametrize(

@@ -11,15 +11,16 @@ import time
 import pytest
 
 from tests.unit.decode.test_pgoutput import tuple_data
-from walstream.decode import codecs as c
-from walstream.decode import fastpath
-from walstream.decode.types import TypeRegistry, array_codec
+from walstream.decode.types import TypeRegistry
+from walstream.values import codecs as c
+from walstream.values import rows as row_encoders
+from walstream.values.codecs import array_codec
 
 if os.environ.get("CI") == "true":  # CI's setup installs gcc: the build must be there
-    from walstream.decode import _tuples
+    from walstream.values import _tuples
 else:
     _tuples = pytest.importorskip(
-        "walstream.decode._tuples",
+        "walstream.values._tuples",
         reason="the compiled decoder is not built (bin/setup builds it; it needs gcc)",
     )
 
@@ -57,9 +58,9 @@ NAMES = [*CODECS, 'we"ird\nname', "ключ"]
 
 
 def encoders(names, codecs, key_idx):
-    compiled = fastpath.compile_tuple_encoder(names, codecs, key_idx)
+    compiled = row_encoders.compile_tuple_encoder(names, codecs, key_idx)
     assert isinstance(compiled, _tuples.TupleEncoder), "the compiled encoder was not chosen"
-    return compiled, fastpath.python_tuple_encoder(names, codecs, key_idx)
+    return compiled, row_encoders.python_tuple_encoder(names, codecs, key_idx)
 
 
 def rows() -> list[list[bytes | None]]:
@@ -141,24 +142,24 @@ def test_a_codec_that_raises_raises_through_the_compiled_encoder():
         raise ValueError(f"cannot encode {raw!r}")
 
     codec = c.Codec("broken", str, broken)
-    compiled = fastpath.compile_tuple_encoder(["x"], [codec], [])
+    compiled = row_encoders.compile_tuple_encoder(["x"], [codec], [])
     with pytest.raises(ValueError, match="cannot encode b'v'"):
         compiled(tuple_data(b"v"), 0)
 
 
 def test_pure_python_can_be_asked_for(monkeypatch):
     monkeypatch.setenv("WALSTREAM_PURE_PYTHON", "1")
-    assert fastpath.compiled_module() is None
+    assert row_encoders.compiled_module() is None
     monkeypatch.delenv("WALSTREAM_PURE_PYTHON")
-    assert fastpath.compiled_module() is _tuples
+    assert row_encoders.compiled_module() is _tuples
 
 
 def test_a_build_older_than_its_source_is_not_used(monkeypatch, caplog):
-    real = fastpath.os.path.getmtime
+    real = row_encoders.os.path.getmtime
 
     def newer_source(path):  # the source edited after any build: an hour from now
         return time.time() + 3600 if str(path).endswith(".pyx") else real(path)
 
-    monkeypatch.setattr(fastpath.os.path, "getmtime", newer_source)
-    assert fastpath.compiled_module() is None
+    monkeypatch.setattr(row_encoders.os.path, "getmtime", newer_source)
+    assert row_encoders.compiled_module() is None
     assert "Rebuild it with bin/setup" in caplog.text

@@ -7,7 +7,7 @@ as they are; bool `t` → `true`; numeric quoted; float quoted for NaN/±Infinit
 and text-like types quoted when nothing needs escaping; date and timestamp quoted
 with a `T`; timestamptz in UTC with `Z`; bytea's base64 quoted. Any other value (a
 string to escape, a BC date, another offset, an array, a type without a kernel) goes
-through its codec in Python, that value only. `tests/unit/formats/test_json_values.py`
+through its codec in Python, that value only. `tests/unit/values/test_columns.py`
 checks the output equals the codecs'.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from psycopg import sql
 
-from walstream.decode import codecs as t
+from walstream.values import codecs as t
 
 #: Text that JSON must escape (what `encode_basestring` escapes).
 _ESCAPE = r'["\\\x00-\x1f]'
@@ -129,7 +129,7 @@ def records(
     key_idx: Sequence[int],
 ) -> tuple[Any, Any]:
     """(record JSON, pk) of a batch of rows: `columns` as Postgres text, one Arrow array
-    each. The same strings `fastpath.compile_fields_encoder` makes row by row."""
+    each. The same strings `rows.compile_fields_encoder` makes row by row."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -8,10 +8,10 @@ import base64
 import pyarrow as pa
 import pytest
 
-from walstream.decode import codecs as t
-from walstream.decode.fastpath import compile_fields_encoder
-from walstream.decode.types import array_codec
-from walstream.formats.json_values import records
+from walstream.values import codecs as t
+from walstream.values.codecs import array_codec
+from walstream.values.columns import records
+from walstream.values.rows import compile_fields_encoder
 
 #: column -> (codec, Postgres text values, NULL as None)
 COLUMNS: dict[str, tuple[t.Codec, list[str | None]]] = {
@@ -88,7 +88,7 @@ def test_no_columns_and_no_rows():
 def test_json_nulls_lists_the_json_columns_holding_the_json_null() -> None:
     """As the decoder's `json_nulls`: the JSON null is a value (`null` text), SQL NULL is not;
     a text column holding 'null' is text."""
-    from walstream.formats.json_values import json_nulls
+    from walstream.values.columns import json_nulls
 
     doc = pa.array(["null", None, '{"a": null}', "null"], pa.string())
     other = pa.array(["null", "null", None, "1"], pa.string())

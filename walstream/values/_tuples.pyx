@@ -1,11 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""The tuple encoder of `fastpath.compile_tuple_encoder`, compiled.
+"""The tuple encoder of `rows.compile_tuple_encoder`, compiled.
 
 The stream's common message is an Insert (or an Update without an old tuple) whose
 columns are all text or NULL. Turning its TupleData into the record's JSON and the key
 values is the decoder's work per change; in Python it costs ~6 µs for an 8-column row,
 here well under 1 µs. The output is byte-for-byte the Python encoder's:
-`tests/unit/decode/test_tuples.py` compares the two on every codec and on edge values.
+`tests/unit/values/test_tuples.py` compares the two on every codec and on edge values.
 
 Anything unusual returns None and the Python path takes over (which also reports
 malformed input): a column-count mismatch, an unchanged TOAST or binary column, a
@@ -17,7 +17,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.string cimport memcpy
 
-# How each column's text becomes JSON (`KIND_OF` maps the codecs in fastpath.py).
+# How each column's text becomes JSON (`_KINDS` maps the codecs in rows.py).
 cdef enum:
     ASCII = 0        # the text itself, ASCII only (integers)
     UTF8 = 1         # the text itself (json, jsonb)

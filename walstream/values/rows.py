@@ -1,4 +1,5 @@
-"""Generate a per-relation function that parses a tuple and builds its JSON in one pass.
+"""A tuple's values as the `record` JSON and the key, in one pass: a function generated
+per relation, or the same encoder compiled (`_tuples.pyx`).
 
 The decoder is the throughput bottleneck of the whole pipeline (docs/architecture.md
 §3), so each relation gets straight-line code: no loop, no per-column
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring
 from typing import Any
 
-from walstream.decode import codecs as t
+from walstream.values import codecs as t
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def beside_the_zip() -> Any:
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = os.path.join(os.path.dirname(archive), "_tuples" + suffix)
         if os.path.exists(path):
-            name = "walstream.decode._tuples"
+            name = "walstream.values._tuples"
             spec = importlib.util.spec_from_file_location(name, path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
@@ -113,7 +114,7 @@ def compiled_module() -> Any:
     if os.environ.get("WALSTREAM_PURE_PYTHON") == "1":
         return None
     try:
-        from walstream.decode import _tuples  # type: ignore[attr-defined]
+        from walstream.values import _tuples  # type: ignore[attr-defined]
     except ImportError:
         _tuples = beside_the_zip()
         if _tuples is None:
