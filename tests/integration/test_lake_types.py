@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -121,7 +122,7 @@ SHAPE = TableShape("public", "t", (
 ), ("id",), {"n": "numeric", "d": "date", "ts": "timestamptz", "a": "numeric[]"})  # fmt: skip
 
 
-def typed(spark: Any, *records: dict[str, Any]) -> Any:
+def changes(spark: Any, *records: dict[str, Any]) -> Any:
     from walstream.change import spark_schema
 
     rows = [
@@ -129,8 +130,21 @@ def typed(spark: Any, *records: dict[str, Any]) -> Any:
          json.dumps(r), None, None, None, 16384, None)
         for i, r in enumerate(records)
     ]  # fmt: skip
-    df = spark.createDataFrame(rows, spark_schema())
-    return to_batch(typed_rows(df, SHAPE).toArrow(), SHAPE)
+    return spark.createDataFrame(rows, spark_schema())
+
+
+def typed(spark: Any, *records: dict[str, Any]) -> Any:
+    return to_batch(typed_rows(changes(spark, *records), SHAPE).toArrow(), SHAPE)
+
+
+@pytest.mark.spark
+def test_a_change_is_parsed_once_not_once_a_column(spark):
+    """Spark's optimizer makes `from_json(record).col` a parse of its own for each column
+    (`OptimizeJsonExprs`): the plan that runs must parse `record` and `old` once a row."""
+    rows = typed_rows(changes(spark, {"id": 1}), SHAPE)
+    plan = rows._jdf.queryExecution().optimizedPlan().toString()
+    parses = re.findall(r"from_json\(.*?, (record|old)#\d+, ", plan)
+    assert sorted(parses) == ["old", "record"], plan
 
 
 @pytest.mark.spark
