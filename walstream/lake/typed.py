@@ -49,7 +49,7 @@ def _typed(
         if c.type.startswith("ARRAY"):
             typed = F.from_json(raw, c.type)
             texts = F.from_json(raw, "ARRAY<STRING>")
-            count = lambda a: F.size(F.filter(a, lambda x: x.isNotNull()))  # noqa: E731
+            count = lambda a: F.size(F.array_compact(a))  # noqa: E731
             failed = raw.isNotNull() & (typed.isNull() | (count(texts) != count(typed)))
         else:
             typed = raw.try_cast(c.type.lower())  # NULL, not an error, when it does not fit
@@ -120,7 +120,9 @@ def typed_rows(df: Any, shape: TableShape, only: bool = False, whole_before: boo
         lost.append(
             F.when(~same, F.concat(F.lit(OTHER_TABLE), F.col("schema"), F.lit("."), F.col("table")))
         )
-    checks = F.filter(F.array(*lost), lambda x: x.isNotNull()) if lost else F.array()
+    # array_compact, not filter(..., x -> x IS NOT NULL): a lambda is interpreted row by row
+    # (a third of the typing's time on an 8-column table)
+    checks = F.array_compact(F.array(*lost)) if lost else F.array()
     return (parsed if only else parsed.where(same)).select(
         F.col("action").alias("_op"),
         F.col("lsn").alias("_lsn"),
