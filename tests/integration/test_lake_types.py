@@ -148,6 +148,22 @@ def test_a_change_is_parsed_once_not_once_a_column(spark):
 
 
 @pytest.mark.spark
+def test_a_shape_s_typing_is_made_once_and_told_apart_by_postgres_types(spark):
+    """The typing's columns are kept per shape (building them costs a batch a quarter of a
+    second); shapes alike but for a column's Postgres type are typed each their own way."""
+    from walstream.lake.typed import _projection
+
+    as_text = TableShape("public", "t", (Column("id", "INT"), Column("j", "STRING")), ("id",))
+    as_json = TableShape("public", "t", as_text.columns, ("id",), {"id": "integer", "j": "jsonb"})
+    assert _projection(as_text, True, False) is _projection(as_text, True, False)
+    df = changes(spark, {"id": 1, "j": "123"})
+    for _ in range(2):  # either order, each its own typing
+        (text,) = to_batch(typed_rows(df, as_text, only=True).toArrow(), as_text).to_pylist()
+        (json_,) = to_batch(typed_rows(df, as_json, only=True).toArrow(), as_json).to_pylist()
+        assert (text["j"], json_["j"]) == ("123", '"123"')
+
+
+@pytest.mark.spark
 def test_typing_keeps_every_value_and_refuses_what_a_column_cannot_hold(spark):
     good = {"id": 1, "n": "12.30", "d": "2024-02-29", "ts": "2024-01-02T03:04:05.678901Z",
             "l": "2024-01-02T03:04:05", "a": ["1.5", None], "b": "AAEC", "j": {"k": [1]}}  # fmt: skip

@@ -78,16 +78,17 @@ def _json_text(text: Any, name: str, source: str, nulls: str | None) -> Any:
     return F.when(listed, F.lit("null")).otherwise(out)
 
 
-def _parsed(df: Any, parse: str, *sources: str) -> tuple[Any, list[Any]]:
-    """`df` with each of `sources` (JSON text columns) parsed once, as struct columns of its
-    own, and those columns. Fields taken from `from_json(...)` itself are each rewritten by
+def _parses(parse: str, *sources: str) -> tuple[list[Any], list[Any]]:
+    """(the columns that parse each of `sources`, JSON text columns, once, as struct
+    columns of their own; those struct columns), to select in a projection below the one
+    that takes them apart. Fields taken from `from_json(...)` itself are each rewritten by
     Spark's optimizer into a parse of their own (`OptimizeJsonExprs`): the whole `record`
     parsed once a column, four times the work of a row of eight columns."""
     from pyspark.sql import functions as F
 
     names = [f"_parsed_{s}" for s in sources]
     parsed = [F.from_json(F.col(s), parse).alias(n) for s, n in zip(sources, names, strict=True)]
-    return df.select("*", *parsed), [F.col(n) for n in names]
+    return parsed, [F.col(n) for n in names]
 
 
 def _fallible(shape: TableShape) -> list[str]:
@@ -106,9 +107,38 @@ def typed_rows(df: Any, shape: TableShape, only: bool = False, whole_before: boo
     only its key's. `only`: `df` should hold this table's changes only (the publication
     has no other): a change of another name (a table renamed or dropped since) stops the
     batch instead of being left out."""
+    parses, same, columns = _projection(shape, only, whole_before)
+    parsed = df.select("*", *parses)
+    return (parsed if only else parsed.where(same)).select(*columns)
+
+
+#: `_projection`'s columns by table shape and options, in the Spark application they were
+#: made in: building them is some 300 Py4J calls, a quarter of a second a batch.
+_PROJECTIONS: dict[tuple[Any, ...], tuple[list[Any], Any, list[Any]]] = {}
+
+
+def _projection(shape: TableShape, only: bool, whole_before: bool) -> tuple[Any, Any, list[Any]]:
+    """(the parses of `record` and `old`, the test that a change is of the shape's table, the
+    columns of `typed_rows`), made once per shape and options."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    assert context is not None, "typed rows are made in a running SparkSession"
+    key = (context.applicationId, shape, tuple(sorted(shape.pg_types.items())), only, whole_before)
+    made = _PROJECTIONS.get(key)
+    if made is None:
+        if len(_PROJECTIONS) >= 256:  # shapes of tables since changed or gone
+            _PROJECTIONS.clear()
+        made = _PROJECTIONS[key] = _make_projection(shape, only, whole_before)
+    return made
+
+
+def _make_projection(
+    shape: TableShape, only: bool, whole_before: bool
+) -> tuple[list[Any], Any, list[Any]]:
     from pyspark.sql import functions as F
 
-    parsed, (record, before) = _parsed(df, shape.ddl(as_text=_FALLIBLE), "record", "old")
+    parses, (record, before) = _parses(shape.ddl(as_text=_FALLIBLE), "record", "old")
     row, lost = _typed(record, shape, ("record", "json_nulls"))
     # `_before`'s json text is written only by a changelog: no second parse of `old` else
     old, lost_old = _typed(before, shape, ("old", None) if whole_before else None)
@@ -123,15 +153,19 @@ def typed_rows(df: Any, shape: TableShape, only: bool = False, whole_before: boo
     # array_compact, not filter(..., x -> x IS NOT NULL): a lambda is interpreted row by row
     # (a third of the typing's time on an 8-column table)
     checks = F.array_compact(F.array(*lost)) if lost else F.array()
-    return (parsed if only else parsed.where(same)).select(
-        F.col("action").alias("_op"),
-        F.col("lsn").alias("_lsn"),
-        F.col("seq").alias("_seq"),
-        F.col("committed_at").alias("_committed_at"),
-        F.col("unchanged_toast").alias("_toast"),
-        row.alias("_row"),
-        old.alias("_before"),
-        checks.cast("array<string>").alias("_lost"),
+    return (
+        parses,
+        same,
+        [
+            F.col("action").alias("_op"),
+            F.col("lsn").alias("_lsn"),
+            F.col("seq").alias("_seq"),
+            F.col("committed_at").alias("_committed_at"),
+            F.col("unchanged_toast").alias("_toast"),
+            row.alias("_row"),
+            old.alias("_before"),
+            checks.cast("array<string>").alias("_lost"),
+        ],
     )
 
 
@@ -263,7 +297,8 @@ def _window_keys(
         & (F.col("table") == shape.table)
         & F.col("backfill").isin(sorted({c.backfill for c in chunks}))
     )
-    inside, (record, before) = _parsed(inside, key_shape.ddl(as_text=_FALLIBLE), "record", "old")
+    parses, (record, before) = _parses(key_shape.ddl(as_text=_FALLIBLE), "record", "old")
+    inside = inside.select("*", *parses)
     new, _ = _typed(record, key_shape)
     old, _ = _typed(before, key_shape)
     found = inside.select(
