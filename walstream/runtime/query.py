@@ -10,6 +10,8 @@ from typing import Any
 
 from walstream.config import Plan, SourceConfig
 from walstream.pipeline.batches import Pipeline
+from walstream.sinks.base import Kind
+from walstream.sinks.registry import capabilities
 from walstream.source.checkpoint import remove_partial_writes
 from walstream.state.leadership import Leadership
 
@@ -21,19 +23,21 @@ SPREAD_TASK_BYTES = 4 << 20
 WHOLE_BATCH_BYTES = 1 << 30
 
 
-def task_bytes(configured: int | None, master: str, cores: int) -> int:
+def task_bytes(configured: int | None, master: str, cores: int, tables_only: bool = False) -> int:
     """A source's `partition_bytes`: as configured, else one task per batch on a local
-    master with at most 2 cores, else SPREAD_TASK_BYTES.
+    master with at most 2 cores when a sink takes messages, else SPREAD_TASK_BYTES.
 
     With one task, the source's Python worker decodes while the delivery worker sends
     (Spark streams Arrow between them) and no shuffle is needed; spreading a batch over
     tasks pays a shuffle by group key and runs decoding and delivery one stage after the
     other, which only pays off with cores to spare (1M changes into Kafka on 2 cores:
-    45k/s against 39k/s, see docs/performance-log.md).
+    45k/s against 39k/s, see docs/performance-log.md). `tables_only`: every sink of the
+    source is a table sink, whose batch is typed in the JVM and collected to the driver
+    with no shuffle and no delivery worker: one task would leave all but one core idle.
     """
     if configured is not None:
         return configured
-    if master.startswith("local") and cores <= 2:
+    if master.startswith("local") and cores <= 2 and not tables_only:
         return WHOLE_BATCH_BYTES
     return SPREAD_TASK_BYTES
 
@@ -75,7 +79,8 @@ def start_query(
     sq.started.clear()
     remove_partial_writes(checkpoint)  # no query of ours uses it now
     cores = spark.sparkContext.defaultParallelism
-    per_task = task_bytes(s.partition_bytes, config.spark.master, cores)
+    tables_only = all(capabilities(k.destination).kind is Kind.TABLES for k in sq.pipeline.sinks)
+    per_task = task_bytes(s.partition_bytes, config.spark.master, cores, tables_only)
     reader = (
         spark.readStream.format("walstream")
         .option("dsn", s.dsn.get_secret_value())

@@ -26,6 +26,13 @@ def test_cores_to_spare_or_a_cluster_spread_the_batch():
     assert task_bytes(None, "spark://10.0.0.1:7077", 2) == SPREAD_TASK_BYTES
 
 
+def test_a_source_of_table_sinks_only_spreads_the_batch_over_the_cores():
+    """Its batch is typed in the JVM and collected: one task would type on one core."""
+    for master in ("local", "local[2]", "local[*]"):
+        assert task_bytes(None, master, 2, tables_only=True) == SPREAD_TASK_BYTES
+    assert task_bytes(65536, "local[2]", 2, tables_only=True) == 65536
+
+
 def test_the_configured_size_wins():
     assert configured({"partition_bytes": 65536}) == 65536
     assert task_bytes(65536, "local[2]", 2) == 65536
