@@ -155,7 +155,7 @@ def test_a_shape_s_typing_is_made_once_and_told_apart_by_postgres_types(spark):
 
     as_text = TableShape("public", "t", (Column("id", "INT"), Column("j", "STRING")), ("id",))
     as_json = TableShape("public", "t", as_text.columns, ("id",), {"id": "integer", "j": "jsonb"})
-    assert _projection(as_text, True, False) is _projection(as_text, True, False)
+    assert _projection(spark, as_text, True, False) is _projection(spark, as_text, True, False)
     df = changes(spark, {"id": 1, "j": "123"})
     for _ in range(2):  # either order, each its own typing
         (text,) = to_batch(typed_rows(df, as_text, only=True).toArrow(), as_text).to_pylist()
