@@ -136,6 +136,7 @@ def test_a_standby_needs_primary_dsn_and_check_says_what_it_needs(sdb):
 
 def test_the_slot_is_made_on_the_standby_and_the_publication_on_the_primary(sdb):
     sdb.db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    sdb.replayed()  # the check reads the table on the standby (it failed under load without)
     slot, pub = unique("slot"), unique("pub")
     # without the primary's help this waits for a running-transactions record that an
     # idle primary never writes
