@@ -1,8 +1,8 @@
-"""Postgres types as walstream decodes them: session settings, arrays, the type registry.
+"""Postgres types as walstream decodes them: session settings and the type registry.
 
-The codecs of the built-in scalar types are in `codecs.py`; here are the settings
-every decoding connection uses, array parsing, and the registry that maps any type
-OID (domains, enums, arrays of them) to a codec.
+The codecs (built-in scalar types, and arrays of any element) are in `values/codecs.py`;
+here are the settings every decoding connection uses and the registry that maps any
+type OID (domains, enums, arrays of them) to a codec.
 """
 
 from __future__ import annotations

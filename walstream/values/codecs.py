@@ -4,7 +4,8 @@ Values arrive as the text output of each type's output function, produced in
 the walsender with the session settings of `decode.types.SESSION_SETTINGS` (ISO dates, UTC,
 ISO 8601 intervals, hex bytea, round-trip floats). Every codec has two faces:
 `value(text)` gives the Python/JSON value, `json(raw_bytes)` gives the JSON text
-of that value directly (the decoder's fast path, no intermediate objects).
+of that value directly (the decoder's fast path, no intermediate objects). An array
+type's codec is `array_codec` of its element's (`parse_array` reads the array text).
 
 Mapping (docs/architecture.md §2): bool → true/false; integers → numbers; float4/8
 → numbers, NaN/±Infinity → the strings "NaN"/"Infinity"/"-Infinity"; numeric →
