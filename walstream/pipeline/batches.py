@@ -132,9 +132,14 @@ class Pipeline:
         #: a batch cost the batch and not the table.
         self._table_sinks: dict[str, TableSink] = {}
 
+    def message_sinks(self) -> list[SinkConfig]:
+        """The source's sinks that are not table sinks (their messages may be made in the
+        streaming plan, and a batch's decoding overlaps their delivery)."""
+        return [s for s in self.sinks if capabilities(s.destination).kind is not Kind.TABLES]
+
     def stream(self, df: Any) -> Any:
         """The query's streaming DataFrame `df` with its message sinks' columns (streamed.py)."""
-        sinks = [s for s in self.sinks if capabilities(s.destination).kind is not Kind.TABLES]
+        sinks = self.message_sinks()
         self.streamed = None
         if not sinks:
             return df

@@ -10,8 +10,6 @@ from typing import Any
 
 from walstream.config import Plan, SourceConfig
 from walstream.pipeline.batches import Pipeline
-from walstream.sinks.base import Kind
-from walstream.sinks.registry import capabilities
 from walstream.source.checkpoint import remove_partial_writes
 from walstream.state.leadership import Leadership
 
@@ -79,7 +77,7 @@ def start_query(
     sq.started.clear()
     remove_partial_writes(checkpoint)  # no query of ours uses it now
     cores = spark.sparkContext.defaultParallelism
-    tables_only = all(capabilities(k.destination).kind is Kind.TABLES for k in sq.pipeline.sinks)
+    tables_only = not sq.pipeline.message_sinks()
     per_task = task_bytes(s.partition_bytes, config.spark.master, cores, tables_only)
     reader = (
         spark.readStream.format("walstream")
