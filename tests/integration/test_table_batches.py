@@ -236,3 +236,27 @@ def test_optimize_folds_a_merge_on_read_mirrors_deletes_and_batches_go_on(db, pl
     rows[0] = {**rows[0], "note": "after the compaction"}
     sink.write_batch(batch(shape, 6, [("update", rows[0], None), ("delete", rows[1], None)]))
     assert plain(read(db, place, kind)) == plain([rows[0], *rows[2:]])
+
+
+@pytest.mark.parametrize("kind", ["delta", "delta-mor"])
+def test_a_delta_sink_keeps_its_table_between_batches_and_sees_what_changed_it(
+    db, place, shape, kind
+):
+    """A Delta sink keeps each table open from batch to batch (opening it replays the log)
+    and brings it up to date first: a batch another writer committed meanwhile is a replay
+    here, and a table removed between batches is made anew, not written as a stale log."""
+    sink = sink_of(db, place, kind, "mirror")
+    other = sink_of(db, place, kind, "mirror")
+    sink.write_batch(batch(shape, 1, [("insert", A, None), ("insert", B, None)]))
+    second = batch(shape, 2, [("update", A2, None), ("delete", B, None)])
+    assert not other.write_batch(second).replayed
+    assert sink.write_batch(second).replayed  # seen in the log, though the sink held version 1
+    assert plain(read(db, place, kind)) == plain([A2])
+
+    from walstream.lake.storage import open_store
+
+    store = open_store(place.delta("acct"), place.storage_options() or {})
+    store.filesystem.delete_dir(store.root)
+    assert not sink.write_batch(batch(shape, 3, [("insert", C, None)])).replayed
+    assert plain(read(db, place, kind)) == plain([C])
+    assert versions(place, kind) == 2  # created, then the one batch

@@ -92,6 +92,11 @@ class Store:
             if f.type == pafs.FileType.File
         ]
 
+    def exists(self, name: str) -> bool:
+        from pyarrow import fs as pafs
+
+        return bool(self.filesystem.get_file_info(self.path(name)).type != pafs.FileType.NotFound)
+
     def size(self, name: str) -> int:
         return int(self.filesystem.get_file_info(self.path(name)).size)
 
