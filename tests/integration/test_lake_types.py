@@ -194,3 +194,76 @@ def test_the_iceberg_check_works_before_the_state_schema_exists(db, tmp_path):
         "SELECT tablename FROM pg_tables WHERE schemaname = 'fresh_state' ORDER BY 1"
     )
     assert [t[0] for t in tables] == ["iceberg_namespace_properties", "iceberg_tables"]
+
+
+#: A table pyarrow types on the driver (`arrow_typable`): every such type, a composite key.
+TYPABLE = TableShape("public", "t", (
+    Column("id", "BIGINT"), Column("k", "STRING"), Column("i", "INT"), Column("f", "DOUBLE"),
+    Column("b", "BOOLEAN"), Column("d", "DATE"), Column("ts", "TIMESTAMP"),
+    Column("l", "TIMESTAMP_NTZ"), Column("ai", "ARRAY<INT>"), Column("at", "ARRAY<STRING>"),
+), ("id", "k"), {"id": "bigint", "k": "text", "i": "integer", "f": "double precision",
+                 "b": "boolean", "d": "date", "ts": "timestamptz", "l": "timestamp",
+                 "ai": "integer[]", "at": "text[]"})  # fmt: skip
+EDGES = [
+    {"id": 9223372036854775807, "k": "", "i": -2147483648, "f": 1e308, "b": True,
+     "d": "2024-02-29", "ts": "2024-01-02T03:04:05.678901Z", "l": "2024-01-02T03:04:05",
+     "ai": [1, None, 3], "at": ["a", None, ""], "gone": "a column the sink leaves out"},
+    {"id": -9223372036854775808, "k": 'ünï "q" \\ \n\t😀', "i": None, "f": -0.0, "b": False,
+     "d": "0001-01-01", "ts": "1970-01-01T00:00:00Z", "l": "9999-12-31T23:59:59.999999",
+     "ai": [], "at": ["x,y", "{}", "NULL"]},
+    {"id": 3, "k": "c", "i": 7, "f": 5e-324, "b": None, "d": "9999-12-31",
+     "ts": "0001-01-01T00:00:00Z", "l": None, "ai": None, "at": None},
+]  # fmt: skip
+
+
+def change_rows(spark: Any, changes: list[tuple[Any, ...]]) -> Any:
+    """Change rows of (action, table, record, old, unchanged TOAST columns)."""
+    from walstream.change import spark_schema
+
+    rows = [
+        ("app", 10 + i, 0, 1, datetime(2024, 1, 1, tzinfo=UTC), action, "public", table, ["1"],
+         None if record is None else json.dumps(record), None if old is None else json.dumps(old),
+         None, toast, 16384, None)
+        for i, (action, table, record, old, toast) in enumerate(changes)
+    ]  # fmt: skip
+    return spark.createDataFrame(rows, spark_schema())
+
+
+@pytest.mark.spark
+def test_a_table_pyarrow_types_is_typed_on_the_driver_exactly_as_by_the_jvm(spark):
+    """A table of types pyarrow reads as Spark does has its change rows collected as they are
+    and typed on the driver: the batch equals the JVM's typing of it, value for value and
+    type for type: edge values, NULLs, a key change's old key, a TOAST column left out, a
+    delete and a truncate, a column the sink does not keep. A value pyarrow cannot type
+    (NaN, infinity) sends the batch to the JVM's typing, which keeps it or refuses it."""
+    from walstream.lake.typed import _RAW, arrow_typable, arrow_typed, batch_rows
+
+    assert arrow_typable(TYPABLE) and not arrow_typable(SHAPE)
+    moved = {**EDGES[2], "id": 4, "k": "moved"}
+    toasted = {k: v for k, v in EDGES[1].items() if k != "at"}
+    df = change_rows(spark, [
+        *[("insert", "t", r, None, None) for r in EDGES],
+        ("update", "t", moved, {"id": 3, "k": "c"}, None),
+        ("update", "t", toasted, None, ["at"]),
+        ("delete", "t", None, {"id": 9223372036854775807, "k": ""}, None),
+        ("insert", "other", {"id": 1}, None, None),
+        ("truncate", "t", None, None, None),
+    ])  # fmt: skip
+    ours = df.where("`table` = 't'")
+    by_pyarrow = arrow_typed(ours.select(*_RAW).toArrow(), TYPABLE, True)
+    assert by_pyarrow is not None
+    for only, rows in ((False, df), (True, ours)):  # another table's change left out, or none
+        by_jvm = to_batch(typed_rows(rows, TYPABLE, only).toArrow(), TYPABLE)
+        assert by_jvm.num_rows == 7
+        assert batch_rows(rows, TYPABLE, only).equals(by_pyarrow)  # the driver typed it
+        assert to_batch(by_pyarrow, TYPABLE).equals(by_jvm, check_metadata=True)
+    with pytest.raises(SinkError, match=r"change of public\.other .* no longer has"):
+        to_batch(batch_rows(df, TYPABLE, only=True), TYPABLE)
+
+    nan = change_rows(spark, [("insert", "t", {**EDGES[0], "f": "NaN"}, None, None)])
+    assert arrow_typed(nan.select(*_RAW).toArrow(), TYPABLE, True) is None
+    (row,) = to_batch(batch_rows(nan, TYPABLE, True), TYPABLE).to_pylist()
+    assert row["f"] != row["f"] and row["at"] == ["a", None, ""]  # NaN, by the JVM
+    infinite = change_rows(spark, [("insert", "t", {**EDGES[0], "ts": "infinity"}, None, None)])
+    with pytest.raises(SinkError, match=r"cannot hold: ts \(Postgres timestamptz\)"):
+        to_batch(batch_rows(infinite, TYPABLE, True), TYPABLE)

@@ -32,7 +32,7 @@ from walstream.errors import SinkError
 from walstream.lake.contract import FilesBatch, TableBatch, TableSink, Written
 from walstream.lake.files import StagedFiles, discard, stage_changelog
 from walstream.lake.sources import LakeSources
-from walstream.lake.typed import place, to_batch, typed_rows
+from walstream.lake.typed import batch_rows, place, to_batch
 from walstream.sinks.clients import Clients
 from walstream.state.db import once_more
 
@@ -249,7 +249,7 @@ def _write_table(w: _Write, shape: Any) -> None:
         None
         if w.no_rows
         # one table published: its rows are the batch's, and another name stops it
-        else typed_rows(w.rows, shape, not w.several, dest.mode == "changelog").toArrow()
+        else batch_rows(w.rows, shape, not w.several, dest.mode == "changelog")
     )
     if arrow is not None and arrow.num_rows == 0:
         arrow = None
