@@ -201,18 +201,20 @@ TYPABLE = TableShape("public", "t", (
     Column("id", "BIGINT"), Column("k", "STRING"), Column("i", "INT"), Column("f", "DOUBLE"),
     Column("b", "BOOLEAN"), Column("d", "DATE"), Column("ts", "TIMESTAMP"),
     Column("l", "TIMESTAMP_NTZ"), Column("ai", "ARRAY<INT>"), Column("at", "ARRAY<STRING>"),
+    Column("n", "DECIMAL(12,4)"), Column("an", "ARRAY<DECIMAL(5,1)>"),
 ), ("id", "k"), {"id": "bigint", "k": "text", "i": "integer", "f": "double precision",
                  "b": "boolean", "d": "date", "ts": "timestamptz", "l": "timestamp",
-                 "ai": "integer[]", "at": "text[]"})  # fmt: skip
+                 "ai": "integer[]", "at": "text[]", "n": "numeric", "an": "numeric[]"})  # fmt: skip
 EDGES = [
     {"id": 9223372036854775807, "k": "", "i": -2147483648, "f": 1e308, "b": True,
      "d": "2024-02-29", "ts": "2024-01-02T03:04:05.678901Z", "l": "2024-01-02T03:04:05",
-     "ai": [1, None, 3], "at": ["a", None, ""], "gone": "a column the sink leaves out"},
+     "ai": [1, None, 3], "at": ["a", None, ""], "n": "99999999.9999", "an": ["1.5", None],
+     "gone": "a column the sink leaves out"},
     {"id": -9223372036854775808, "k": 'ünï "q" \\ \n\t😀', "i": None, "f": -0.0, "b": False,
      "d": "0001-01-01", "ts": "1970-01-01T00:00:00Z", "l": "9999-12-31T23:59:59.999999",
-     "ai": [], "at": ["x,y", "{}", "NULL"]},
+     "ai": [], "at": ["x,y", "{}", "NULL"], "n": "-0.0001", "an": []},
     {"id": 3, "k": "c", "i": 7, "f": 5e-324, "b": None, "d": "9999-12-31",
-     "ts": "0001-01-01T00:00:00Z", "l": None, "ai": None, "at": None},
+     "ts": "0001-01-01T00:00:00Z", "l": None, "ai": None, "at": None, "n": "12.3", "an": None},
 ]  # fmt: skip
 
 
@@ -264,6 +266,7 @@ def test_a_table_pyarrow_types_is_typed_on_the_driver_exactly_as_by_the_jvm(spar
     assert arrow_typed(nan.select(*_RAW).toArrow(), TYPABLE, True) is None
     (row,) = to_batch(batch_rows(nan, TYPABLE, True), TYPABLE).to_pylist()
     assert row["f"] != row["f"] and row["at"] == ["a", None, ""]  # NaN, by the JVM
-    infinite = change_rows(spark, [("insert", "t", {**EDGES[0], "ts": "infinity"}, None, None)])
-    with pytest.raises(SinkError, match=r"cannot hold: ts \(Postgres timestamptz\)"):
-        to_batch(batch_rows(infinite, TYPABLE, True), TYPABLE)
+    for column, value in (("ts", "infinity"), ("n", "NaN"), ("an", ["1.5", "NaN"])):
+        refused = change_rows(spark, [("insert", "t", {**EDGES[0], column: value}, None, None)])
+        with pytest.raises(SinkError, match=rf"cannot hold: {column} \(Postgres"):
+            to_batch(batch_rows(refused, TYPABLE, True), TYPABLE)

@@ -8,8 +8,8 @@ text and then `try_cast`, and a value present as text but NULL once cast stops t
 batch with an error naming the table, column and change (the sink pauses).
 
 A table whose columns pyarrow's JSON reader types exactly as that (integers, doubles,
-booleans, text, timestamps, dates; arrays of integers, doubles, booleans and text) is
-typed on the driver
+decimals, booleans, text, timestamps, dates; arrays of integers, doubles, decimals,
+booleans and text) is typed on the driver
 instead, from its change rows collected as they are (`batch_rows`, `arrow_typed`): the
 same columns for a fraction of the cost. pyarrow refuses what it cannot type, and then
 the JVM's typing takes the batch, so a value lost is named as above.
@@ -240,9 +240,13 @@ _ARROW_ELEMENTS = frozenset(("INT", "BIGINT", "DOUBLE", "BOOLEAN", "STRING"))
 
 def arrow_typable(shape: TableShape) -> bool:
     """Every column of the shape is typed by pyarrow as by Spark (json/jsonb are not: their
-    text is made from the parsed value, see `_json_text`)."""
+    text is made from the parsed value, see `_json_text`). A DECIMAL too, alone or in an
+    array: pyarrow reads the decoder's exact digits and refuses digits past the column's
+    scale or precision, where Spark's cast would round or fail."""
     for c in shape.columns:
         element = c.type[6:-1] if c.type.startswith("ARRAY<") else None
+        if (element or c.type).startswith("DECIMAL("):
+            continue
         if element is not None and element not in _ARROW_ELEMENTS:
             return False
         if element is None and c.type not in _ARROW_TYPES:
