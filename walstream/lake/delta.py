@@ -200,12 +200,19 @@ class DeltaSink(TableSink):
         application transaction)."""
         if self.config.mode == "history" or self.config.partition_by:
             return None
-        dl = load_deltalake()
         lake = LakeTable(self.config, batch.shape.schema, batch.shape.table)
-        table = self._open(lake.location)
+        table, adopted = self._adopt(lake, self._kept(lake.location), batch)
+        if table is not None:
+            self._tables[lake.location] = table  # for the next batch (`_kept`)
+        return adopted
+
+    def _adopt(self, lake: LakeTable, table: Any, batch: FilesBatch) -> tuple[Any, Written | None]:
+        """`adopt_files` on the table as it is now (None: there is none yet); the table
+        after it, and what was written (None: the files cannot be adopted)."""
+        dl = load_deltalake()
         done = None if table is None else table.transaction_version(self._app_id(batch))
         if done is not None and done >= batch.batch_id:
-            return Written(lake.path_for_messages(), 0, replayed=True)
+            return table, Written(lake.path_for_messages(), 0, replayed=True)
         store = self._store(lake.location)
         targets = [(store.filesystem, store.path(name)) for _, name in batch.files]
         now_at = [
@@ -215,12 +222,12 @@ class DeltaSink(TableSink):
         wanted = lake.files_schema(batch, metas)
         existing = None if table is None else arrow_schema(table)
         if not adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
-            return None
+            return table, None
         key = list(batch.shape.key)
         if table is not None and self.config.mode == "mirror":
             ranged = lambda c, lo, hi: _key_range(table, store, key, c, lo, hi)  # noqa: E731
             if has_any_key(now_at, key, ranged):
-                return None  # a key the table has: the rows are merged
+                return table, None  # a key the table has: the rows are merged
         else:
             table = dl.DeltaTable.create(
                 lake.location,
@@ -237,7 +244,7 @@ class DeltaSink(TableSink):
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(), commit_properties=self._commit(batch)
         )
-        return Written(lake.path_for_messages(), sum(m.num_rows for m in metas))
+        return table, Written(lake.path_for_messages(), sum(m.num_rows for m in metas))
 
     def _app_id(self, batch: TableBatch | FilesBatch) -> str:
         return f"walstream/{batch.sink}/{batch.query_id}"
