@@ -136,7 +136,7 @@ class DeltaSink(TableSink):
     def _kept(self, location: str) -> Any | None:
         """The table at `location` (None: there is none) as the last batch that succeeded
         left it, brought up to date with the commits since: opening it anew replays the
-        log from its last checkpoint, up to 99 commits, which was 40% of the time of a
+        log from its last checkpoint, up to 99 commits, which was a fifth of the time of a
         batch of a thousand changes. Not kept past a failed batch, and opened anew when
         the version it holds has left the log (the table was removed meanwhile)."""
         kept = self._tables.pop(location, None)

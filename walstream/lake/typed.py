@@ -9,10 +9,10 @@ batch with an error naming the table, column and change (the sink pauses).
 
 A table whose columns pyarrow's JSON reader types exactly as that (integers, doubles,
 decimals, booleans, text, timestamps, dates; arrays of integers, doubles, decimals,
-booleans and text) is typed on the driver
-instead, from its change rows collected as they are (`batch_rows`, `arrow_typed`): the
-same columns for a fraction of the cost. pyarrow refuses what it cannot type, and then
-the JVM's typing takes the batch, so a value lost is named as above.
+booleans and text) is typed on the driver instead, from its change rows collected as
+they are (`batch_rows`, `arrow_typed`): the same columns for a fraction of the cost.
+pyarrow refuses what it cannot type, and then the JVM's typing takes the batch, so a
+value lost is named as above.
 
 A lake sink's backfill rows arrive typed already (`backfill/typed.py`): `place` finds
 the keys that changed in the windows of a batch's chunks; `Placed.rows` reads the staged
