@@ -201,8 +201,8 @@ def latency(pg: EmbeddedPostgres, work: Path, rate: int, seconds: float) -> None
     dsn = pg.dsn()
     with connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE lat (id bigint PRIMARY KEY, at timestamptz)")
-        # one table, as the floor's: a publication of several costs a batch one more job
-        # (the tables it holds are found first: see docs/lakehouse.md)
+        # one table, as the floor's (with several, a batch first finds the tables it holds:
+        # docs/lakehouse.md, "Spark jobs a batch")
         conn.execute("CREATE PUBLICATION lat FOR TABLE lat")
         conn.execute(PROBE.format("probe_floor"))
         conn.execute("CREATE PUBLICATION floor FOR TABLE probe_floor")

@@ -238,7 +238,7 @@ def test_a_table_pyarrow_types_is_typed_on_the_driver_exactly_as_by_the_jvm(spar
     type for type: edge values, NULLs, a key change's old key, a TOAST column left out, a
     delete and a truncate, a column the sink does not keep. A value pyarrow cannot type
     (NaN, infinity) sends the batch to the JVM's typing, which keeps it or refuses it."""
-    from walstream.lake.typed import _RAW, arrow_typable, arrow_typed, batch_rows
+    from walstream.lake.typed import RAW_COLUMNS, arrow_typable, arrow_typed, batch_rows
 
     assert arrow_typable(TYPABLE) and not arrow_typable(SHAPE)
     moved = {**EDGES[2], "id": 4, "k": "moved"}
@@ -252,18 +252,22 @@ def test_a_table_pyarrow_types_is_typed_on_the_driver_exactly_as_by_the_jvm(spar
         ("truncate", "t", None, None, None),
     ])  # fmt: skip
     ours = df.where("`table` = 't'")
-    by_pyarrow = arrow_typed(ours.select(*_RAW).toArrow(), TYPABLE, True)
+    by_pyarrow = arrow_typed(ours.select(*RAW_COLUMNS).toArrow(), TYPABLE, True)
     assert by_pyarrow is not None
     for only, rows in ((False, df), (True, ours)):  # another table's change left out, or none
         by_jvm = to_batch(typed_rows(rows, TYPABLE, only).toArrow(), TYPABLE)
         assert by_jvm.num_rows == 7
         assert batch_rows(rows, TYPABLE, only).equals(by_pyarrow)  # the driver typed it
+        every = rows.select(*RAW_COLUMNS).toArrow()  # the batch's rows, collected once
+        assert batch_rows(rows, TYPABLE, only, raw=every).equals(by_pyarrow)
         assert to_batch(by_pyarrow, TYPABLE).equals(by_jvm, check_metadata=True)
+    for only in (True, False):  # a batch without the table's changes (a heartbeat's)
+        assert batch_rows(df.where("false"), TYPABLE, only).num_rows == 0
     with pytest.raises(SinkError, match=r"change of public\.other .* no longer has"):
         to_batch(batch_rows(df, TYPABLE, only=True), TYPABLE)
 
     nan = change_rows(spark, [("insert", "t", {**EDGES[0], "f": "NaN"}, None, None)])
-    assert arrow_typed(nan.select(*_RAW).toArrow(), TYPABLE, True) is None
+    assert arrow_typed(nan.select(*RAW_COLUMNS).toArrow(), TYPABLE, True) is None
     (row,) = to_batch(batch_rows(nan, TYPABLE, True), TYPABLE).to_pylist()
     assert row["f"] != row["f"] and row["at"] == ["a", None, ""]  # NaN, by the JVM
     for column, value in (("ts", "infinity"), ("n", "NaN"), ("an", ["1.5", "NaN"])):

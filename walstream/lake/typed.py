@@ -197,28 +197,41 @@ def _make_projection(
     )
 
 
-def batch_rows(df: Any, shape: TableShape, only: bool = False, whole_before: bool = False) -> Any:
+def batch_rows(
+    df: Any,
+    shape: TableShape,
+    only: bool = False,
+    whole_before: bool = False,
+    raw: Any = None,
+) -> Any:
     """`typed_rows` of `df`, collected as Arrow. A table whose every column pyarrow types
     as Spark would (`arrow_typable`) has its change rows collected as they are and typed
     on the driver (`arrow_typed`): the JVM's typing cost 21 µs of its CPU a change, more
     than all the rest of a mirror's batch. A value pyarrow refuses sends the batch to the
-    JVM's typing, which keeps it or names what its column cannot hold."""
+    JVM's typing, which keeps it or names what its column cannot hold. `raw`: `df`'s rows
+    collected already (`RAW_COLUMNS`, every table's), where this table's are taken from."""
     if arrow_typable(shape):
+        import pyarrow.compute as pc
         from pyspark.sql import functions as F
 
-        rows = (
-            df
-            if only
-            else df.where((F.col("schema") == shape.schema) & (F.col("table") == shape.table))
-        )
-        typed = arrow_typed(rows.select(*_RAW).toArrow(), shape, only)
+        if raw is not None:
+            ours = pc.and_(
+                pc.equal(raw["schema"], shape.schema), pc.equal(raw["table"], shape.table)
+            )
+            rows = raw.filter(ours)
+        elif only:
+            rows = df.select(*RAW_COLUMNS).toArrow()
+        else:
+            same = (F.col("schema") == shape.schema) & (F.col("table") == shape.table)
+            rows = df.where(same).select(*RAW_COLUMNS).toArrow()
+        typed = arrow_typed(rows, shape, only)
         if typed is not None:
             return typed
     return typed_rows(df, shape, only, whole_before).toArrow()
 
 
 #: The change row's columns `arrow_typed` reads.
-_RAW = (
+RAW_COLUMNS = (
     "action",
     "lsn",
     "seq",
@@ -268,7 +281,7 @@ def _arrow_field(name: str, ddl: str) -> Any:
 
 
 def arrow_typed(raw: Any, shape: TableShape, only: bool) -> Any | None:
-    """`typed_rows`' columns from the collected change rows `raw` (`_RAW`), typed by
+    """`typed_rows`' columns from the collected change rows `raw` (`RAW_COLUMNS`), typed by
     pyarrow; None when a value of `record` or `old` does not parse as its column type
     (every value of `old`, where `typed_rows` checks its key's unless `whole_before`).
     `only`: a change of another table is marked in `_lost` as `typed_rows` marks it."""
@@ -282,7 +295,8 @@ def arrow_typed(raw: Any, shape: TableShape, only: bool) -> Any | None:
     except pa.ArrowException as exc:  # the JVM types the batch, and names a value lost
         log.debug("%s.%s: typed by the JVM: %s", shape.schema, shape.table, exc)
         return None
-    lost = pa.repeat(pa.scalar([], pa.list_(pa.string())), raw.num_rows)
+    none: Any = pa.scalar([], pa.list_(pa.string()))
+    lost = pa.repeat(none, raw.num_rows) if raw.num_rows else pa.array([], none.type)
     if only:
         other = pc.invert(
             pc.and_(pc.equal(raw["schema"], shape.schema), pc.equal(raw["table"], shape.table))

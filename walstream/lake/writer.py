@@ -32,7 +32,7 @@ from walstream.errors import SinkError
 from walstream.lake.contract import FilesBatch, TableBatch, TableSink, Written
 from walstream.lake.files import StagedFiles, discard, stage_changelog
 from walstream.lake.sources import LakeSources
-from walstream.lake.typed import batch_rows, place, to_batch
+from walstream.lake.typed import RAW_COLUMNS, batch_rows, place, to_batch
 from walstream.sinks.clients import Clients
 from walstream.state.db import once_more
 
@@ -107,6 +107,9 @@ class _Write:
     no_rows: bool  # no stream rows: only typed backfill rows, and no Spark job
     several: bool  # the batch's tables were found by a job (`rows` is persisted)
     rows: Any
+    #: The batch's change rows collected as they are, when the job that found its tables
+    #: brought them to the driver (`_tables_of`); None: each table's rows are its own job.
+    raw: Any = None
     t_found: float = 0.0
     out: TablesWritten = field(default_factory=TablesWritten)
 
@@ -229,12 +232,24 @@ def _shapes(w: _Write, publication: str | None) -> list[Any]:
             w.several = True
     w.rows = w.rows.persist()
     try:
-        tables = [(r[0], r[1]) for r in w.rows.select("schema", "table").distinct().collect()]
+        tables = _tables_of(w)
         tables += [t for t in placed_tables if t not in tables]
         return shapes_of(tables)
     except BaseException:
         w.rows.unpersist()
         raise
+
+
+def _tables_of(w: _Write) -> list[tuple[str, str]]:
+    """The tables the batch's rows hold, found by a job on `w.rows` (persisted). Where the
+    rows come to the driver (not a changelog's, which the executors write), that job
+    collects them as they are (`w.raw`): a table pyarrow types then costs no job of its
+    own, so a batch of several such tables is one job, as a batch of one table is."""
+    if w.stage is not None and _on_executors(w.table_sink.config):
+        return [(r[0], r[1]) for r in w.rows.select("schema", "table").distinct().collect()]
+    w.raw = w.rows.select(*RAW_COLUMNS).toArrow()
+    pairs = w.raw.select(["schema", "table"]).group_by(["schema", "table"]).aggregate([])
+    return list(zip(pairs["schema"].to_pylist(), pairs["table"].to_pylist(), strict=True))
 
 
 def _write_table(w: _Write, shape: Any) -> None:
@@ -249,7 +264,7 @@ def _write_table(w: _Write, shape: Any) -> None:
         None
         if w.no_rows
         # one table published: its rows are the batch's, and another name stops it
-        else batch_rows(w.rows, shape, not w.several, dest.mode == "changelog")
+        else batch_rows(w.rows, shape, not w.several, dest.mode == "changelog", w.raw)
     )
     if arrow is not None and arrow.num_rows == 0:
         arrow = None
