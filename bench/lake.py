@@ -11,9 +11,11 @@ On an embedded Postgres, with walstream's Runtime (`local[2]`):
    workers); next to `COPY (SELECT * ...) TO STDOUT` of the same table (target 0.5×).
 2. streaming: CHANGES inserts waiting in a slot, applied to a Delta mirror and an Iceberg
    mirror (each its own slot); next to `pg_recvlogical` of the same backlog.
-3. latency: inserts at RATE/s for LATENCY_SECONDS into a Delta mirror; a poller sees
-   each new table version (every 20 ms) and the newest id in it: commit → visible in the
-   table, p50 / p99 over the rows.
+3. latency: inserts at RATE/s (50-row transactions, synchronous_commit on) for
+   LATENCY_SECONDS into a Delta mirror of a table with a publication of its own; each
+   new log entry's time and the newest id its files hold (their statistics): commit →
+   visible in the table, p50 / p99 over the rows; next to Spark's no-op foreachBatch
+   floor on the same source, measured first (target 1.5×).
 4. small files: inserts at 1,000/s for FILES_MINUTES into two Delta mirrors, one with
    `optimize.every: 1m`; the data files each table has at the end.
 5. scale (`--only scale`): for each of SCALE_ROWS (100k, 1M by default; add 10M), a table
