@@ -211,14 +211,10 @@ def batch_rows(
     JVM's typing, which keeps it or names what its column cannot hold. `raw`: `df`'s rows
     collected already (`RAW_COLUMNS`, every table's), where this table's are taken from."""
     if arrow_typable(shape):
-        import pyarrow.compute as pc
         from pyspark.sql import functions as F
 
         if raw is not None:
-            ours = pc.and_(
-                pc.equal(raw["schema"], shape.schema), pc.equal(raw["table"], shape.table)
-            )
-            rows = raw.filter(ours)
+            rows = raw.filter(_of_table(raw, shape))
         elif only:
             rows = df.select(*RAW_COLUMNS).toArrow()
         else:
@@ -298,9 +294,7 @@ def arrow_typed(raw: Any, shape: TableShape, only: bool) -> Any | None:
     none: Any = pa.scalar([], pa.list_(pa.string()))
     lost = pa.repeat(none, raw.num_rows) if raw.num_rows else pa.array([], none.type)
     if only:
-        other = pc.invert(
-            pc.and_(pc.equal(raw["schema"], shape.schema), pc.equal(raw["table"], shape.table))
-        )
+        other = pc.invert(_of_table(raw, shape))
         if pc.any(other).as_py():
             names = pc.binary_join_element_wise(OTHER_TABLE, raw["schema"], ".", raw["table"], "")
             lost = pa.array(
@@ -322,6 +316,13 @@ def arrow_typed(raw: Any, shape: TableShape, only: bool) -> Any | None:
             "_lost": lost,
         }
     )
+
+
+def _of_table(raw: Any, shape: TableShape) -> Any:
+    """Which of the collected change rows `raw` are changes of the shape's table."""
+    import pyarrow.compute as pc
+
+    return pc.and_(pc.equal(raw["schema"], shape.schema), pc.equal(raw["table"], shape.table))
 
 
 def _parsed(texts: Any, fields: list[Any]) -> Any:

@@ -245,7 +245,7 @@ def _tables_of(w: _Write) -> list[tuple[str, str]]:
     rows come to the driver (not a changelog's, which the executors write), that job
     collects them as they are (`w.raw`): a table pyarrow types then costs no job of its
     own, so a batch of several such tables is one job, as a batch of one table is."""
-    if w.stage is not None and _on_executors(w.table_sink.config):
+    if _executors_write(w):
         return [(r[0], r[1]) for r in w.rows.select("schema", "table").distinct().collect()]
     w.raw = w.rows.select(*RAW_COLUMNS).toArrow()
     pairs = w.raw.select(["schema", "table"]).group_by(["schema", "table"]).aggregate([])
@@ -257,7 +257,7 @@ def _write_table(w: _Write, shape: Any) -> None:
     t1 = time.monotonic()
     placed = None if w.typed_reads is None else place(w.typed_reads, shape, w.skip_before)
     dest = w.table_sink.config
-    if w.stage is not None and not w.no_rows and placed is None and _on_executors(dest):
+    if _executors_write(w) and not w.no_rows and placed is None:
         _staged(w, shape)
         return
     arrow = (
@@ -364,6 +364,11 @@ def _typed(w: _Write, shape: Any, arrow: Any, reads_part: Any, t1: float) -> Non
 def _source_rows(dsn: str, shape: Any, keys: list[tuple[Any, ...]]) -> dict[Any, Any]:
     """The source table's rows now of these keys (`TableBatch.source_rows`)."""
     return on_source(dsn, lambda c: rows_by_key(c, shape, keys))
+
+
+def _executors_write(w: _Write) -> bool:
+    """Whether the executors write the sink's table files, where they have a stage."""
+    return w.stage is not None and _on_executors(w.table_sink.config)
 
 
 def _on_executors(dest: Any) -> bool:
