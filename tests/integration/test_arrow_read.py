@@ -22,14 +22,24 @@ from walstream.lake.typed import to_batch, typed_rows
 @pytest.mark.spark
 def test_arrow_rows_equal_the_streams_typed_rows(spark, db):
     db.execute(TYPES)
-    db.execute("ALTER TABLE items ADD COLUMN words text[], ADD COLUMN ids uuid[]")
+    # text types are read as they are (their binary form is their output text): char(n)'s
+    # padding, a domain over it, name, varchar, and "char" (whose binary form is not)
+    db.execute("CREATE DOMAIN code AS char(4)")
+    db.execute("ALTER TABLE items ADD COLUMN words text[], ADD COLUMN ids uuid[], "
+               "ADD COLUMN pad char(6), ADD COLUMN dom code, ADD COLUMN nm name, "
+               "ADD COLUMN short varchar(5), ADD COLUMN one \"char\"")  # fmt: skip
     pub = db.create_publication("items")
     slot = db.create_slot()
     insert(db, range(1, 30))
     db.execute("UPDATE items SET words = ARRAY['a', 'b c'], ids = ARRAY[gen_random_uuid()], "
                "doc = '{\"z\": 1, \"a\": [true, null]}' WHERE id < 5")  # fmt: skip
     db.execute("UPDATE items SET price = NULL, at = NULL, tags = ARRAY[1, NULL] WHERE id = 7")
+    db.execute("UPDATE items SET pad = 'a b', dom = 'é', nm = 'n\"m', short = E'\\t\\n\\x01', "
+               "one = 'q' WHERE id = 8")  # fmt: skip
+    db.execute("UPDATE items SET pad = '', dom = '', nm = '', short = '', one = '' WHERE id = 9")
     shape = load_shape(db.conn, "public", "items")
+    query = select(shape).as_string(db.conn)
+    assert '"pad", "dom", "nm", "short", CASE WHEN "one"' in query, query
     with connect(db.dsn) as conn:
         read = pa.Table.from_batches(
             list(read_batches(conn, shape, select(shape, sql.SQL("id > $1")), [0])),

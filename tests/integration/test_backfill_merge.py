@@ -7,6 +7,7 @@ window drop nothing."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,39 @@ def test_composite_text_keys_holding_the_separator_drop_only_their_own_row(spark
     assert placed is not None
     got = sorted((r.seq, json.loads(r.record)["k1"]) for r in placed[0].collect())
     assert got == [(1, "a\x1fb"), (3, "é")]
+
+
+def test_a_window_over_quiet_batches_reads_only_the_batches_with_changes(spark, tmp_path):
+    """A batch of watermarks only stages its window as a marker (no Spark job); a chunk whose
+    window's batches were all quiet, placed by a quiet batch, needs no job to find what its
+    window holds (nothing), and a change staged by one batch of a longer window still drops
+    its row."""
+    merge = BackfillMerge(None, "app", Staging(str(tmp_path), "app"))  # type: ignore[arg-type]
+    stage(merge, 0, range(1, 5))
+    target = _Target("files", "public", "t", ("id",), 4242)
+    low, high = Mark(7, 0, 1, "low", 100, 0, BATCH - 3), Mark(7, 0, 1, "high", 200, 0, BATCH)
+    emits = [_Emit(target, low, high, committed_us=1_700_000_000_000_000)]
+    for b in range(BATCH - 3, BATCH):
+        merge.staging.mark_quiet(merge.staging.window(QUERY, b))
+    merge.changes = 0  # this batch: watermarks only
+    nothing = spark.createDataFrame([], WINDOW)
+
+    def ids(inside: Any, em: Any) -> list[int]:
+        placed = merge._rows(spark, inside, em, emits)
+        assert placed is not None
+        return sorted(json.loads(r.record)["id"] for r in placed[0].select("record").collect())
+
+    inside, em = merge._inside(spark, nothing, emits, QUERY, BATCH)
+    assert inside is None  # no batch of the window had a change
+    assert ids(inside, em) == [1, 2, 3, 4]
+    # one batch of the window had changes: its window file is Spark's, read with the rest
+    busy = merge.staging.window(QUERY, BATCH - 2)
+    shutil.rmtree(busy)
+    spark.createDataFrame([change(150, "update", 2), change(90, "delete", 3)], WINDOW) \
+        .write.parquet(busy)  # fmt: skip
+    assert not merge.staging.quiet(busy) and merge.staging.quiet(
+        merge.staging.window(QUERY, BATCH - 1)
+    )
+    inside, em = merge._inside(spark, nothing, emits, QUERY, BATCH)
+    assert inside is not None
+    assert ids(inside, em) == [1, 3, 4]  # 2 changed inside the window; 3 before it

@@ -25,16 +25,19 @@ from walstream.backfill.adbc import fetch_batches
 from walstream.backfill.read import ChunkResult, ChunkTask, stage_chunk
 from walstream.decode.table_shape import TableShape
 from walstream.errors import SinkError
-from walstream.values.columns import output_text
+from walstream.values.columns import TEXT_AS_SENT, output_text
 
 
 def select_list(shape: TableShape) -> list[sql.Composable]:
     """The shape's columns as a SELECT list, named as the columns: text ones as their
-    type's output text, arrays of text as `::text[]`, the others as they are."""
+    type's output text (text types as they are: their binary form is that text), arrays
+    of text as `::text[]`, the others as they are."""
     out: list[sql.Composable] = []
     for c in shape.columns:
         col = sql.Identifier(c.name)
-        if c.type == "STRING":  # the type's output text, as the stream has it
+        if c.type == "STRING" and shape.pg_types.get(c.name) in TEXT_AS_SENT:
+            out.append(col)
+        elif c.type == "STRING":  # the type's output text, as the stream has it
             out.append(sql.SQL("{} AS {}").format(output_text(col), col))
         elif c.type == "ARRAY<STRING>":
             out.append(sql.SQL("{}::text[] AS {}").format(col, col))

@@ -172,13 +172,18 @@ def next_boundary(
     """The key `size` rows after `after` (the end of the next chunk), or None when the rest
     of the table fits in one chunk."""
     rng, params = _range(table, KeyRange(after, None))
-    # ORDER BY names the table's columns (_t.x): a bare name would sort by the text output.
-    query = sql.SQL("SELECT {} FROM {} AS _t WHERE true{}{} ORDER BY {} OFFSET %s LIMIT 2").format(
-        sql.SQL(", ").join(sql.SQL("_t.{}::text").format(sql.Identifier(k)) for k in table.pk),
+    # The key as text only for the two rows kept: in the inner SELECT, every skipped row's
+    # key was converted (half the query's time for a bigint key).
+    keys = [sql.Identifier(k) for k in table.pk]
+    query = sql.SQL(
+        "SELECT {} FROM (SELECT {} FROM {} AS _t WHERE true{}{} ORDER BY {} OFFSET %s LIMIT 2) _k"
+    ).format(
+        sql.SQL(", ").join(sql.SQL("_k.{}::text").format(k) for k in keys),
+        sql.SQL(", ").join(sql.SQL("_t.{}").format(k) for k in keys),
         table.ident,
         rng,
         _where(where),
-        sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in table.pk),
+        sql.SQL(", ").join(sql.SQL("_t.{}").format(k) for k in keys),
     )
     with read_only(conn):
         rows = conn.execute(query, [*params, size - 1]).fetchall()

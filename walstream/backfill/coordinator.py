@@ -229,7 +229,7 @@ class Coordinator:
                 columns = (
                     select_list(shape)
                     if shape is not None
-                    else select_texts(prepared.table.columns, codecs)
+                    else select_texts(prepared.table.columns, codecs, prepared.type_oids)
                 )
                 query, params = chunk_query(
                     prepared.table, KeyRange(c.after, c.upto), prepared.where, columns

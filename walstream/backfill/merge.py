@@ -55,6 +55,20 @@ class Staging:
         filesystem, p = pafs.FileSystem.from_uri(path)
         return filesystem.get_file_info(p).type != pafs.FileType.NotFound
 
+    def mark_quiet(self, window: str) -> None:
+        """Stage a window file of a batch without changes: a directory holding only
+        `_QUIET` (no Spark job; `quiet` tells it from a window Spark wrote)."""
+        from pyarrow import fs as pafs
+
+        filesystem, p = pafs.FileSystem.from_uri(window)
+        filesystem.create_dir(p, recursive=True)
+        with filesystem.open_output_stream(f"{p}/{_QUIET}"):
+            pass
+
+    def quiet(self, window: str) -> bool:
+        """Whether a window file was staged by a batch without changes (`mark_quiet`)."""
+        return self.exists(f"{window.rstrip('/')}/{_QUIET}")
+
     def remove_chunk(self, backfill: int, n: int) -> None:
         """Every attempt's file of a chunk (and a partial `.tmp`)."""
         from pyarrow import fs as pafs
@@ -99,6 +113,15 @@ class _Target:
 
 
 @dataclass(frozen=True)
+class _Found:
+    """What quiet windows hold (`_rows`' counts, without a job)."""
+
+    changed: int
+    cut: int
+    moved: int
+
+
+@dataclass(frozen=True)
 class _Emit:
     """A chunk this batch delivers: its backfill's target, its watermarks, commit time."""
 
@@ -108,6 +131,8 @@ class _Emit:
     committed_us: int
 
 
+#: The file of a window staged by a batch without changes (`Staging.mark_quiet`).
+_QUIET = "_QUIET"
 #: A window file's name (and layout: the key columns' JSON for typed reads, in `record`).
 _WINDOW = "keys-"
 _WINDOW_COLUMNS = ("`schema`", "`table`", "pk", "lsn", "seq", "action", "record", "old")
@@ -293,6 +318,9 @@ class BackfillMerge:
         open_lows = self.store.open_lows(list(running))
         if not open_lows:
             return
+        if self.changes == 0:  # watermarks only: a marker, not a Spark job writing nothing
+            self.staging.mark_quiet(self.staging.window(query_id, batch_id))
+            return
         first = min(m.cursor for m in open_lows)
         tables = {(targets[m.backfill].schema, targets[m.backfill].table) for m in open_lows}
         cond = " OR ".join(f"(`schema` = {quote(s)} AND `table` = {quote(t)})" for s, t in tables)
@@ -331,7 +359,8 @@ class BackfillMerge:
         self, spark: Any, keys: Any, emits: list[_Emit], query_id: str, batch_id: int
     ) -> tuple[Any, Any]:
         """(each stream change inside an emitted chunk's window, with the chunk's columns:
-        `backfill`, `chunk`, its target and watermarks; the chunks)"""
+        `backfill`, `chunk`, its target and watermarks, or None when the windows' batches
+        had no change at all (no job then); the chunks)"""
         from pyspark.sql import functions as F
 
         em = spark.createDataFrame(
@@ -357,7 +386,13 @@ class BackfillMerge:
         )
         em = F.broadcast(em)
         first = min(e.low.batch for e in emits)
-        windows = [self.staging.window(query_id, b) for b in range(first, batch_id)]
+        windows = [
+            w
+            for w in (self.staging.window(query_id, b) for b in range(first, batch_id))
+            if not self.staging.quiet(w)
+        ]
+        if not windows and self.changes == 0:
+            return None, em  # no change in any batch of the windows: nothing inside
         window = keys
         if windows:
             stored = spark.read.schema(_WINDOW_DDL).parquet(*windows).selectExpr(*_WINDOW_COLUMNS)
@@ -391,11 +426,15 @@ class BackfillMerge:
         # What the windows hold for these chunks, counted in one small job: a join that
         # can drop nothing (a quiet table's windows are empty) is left out, and with it
         # its per-row work (the key as JSON, a JSON path per key column).
-        found = inside.selectExpr(
-            "count_if(action <> 'truncate') AS changed",
-            "count_if(action = 'truncate') AS cut",
-            "count_if(old IS NOT NULL) AS moved",
-        ).first()
+        found = (
+            _Found(0, 0, 0)
+            if inside is None
+            else inside.selectExpr(
+                "count_if(action <> 'truncate') AS changed",
+                "count_if(action = 'truncate') AS cut",
+                "count_if(old IS NOT NULL) AS moved",
+            ).first()
+        )
         # The window's keys are usually few next to the chunks' rows. Sent to every task
         # (a hash lookup per row) instead of shuffling the rows to join them.
         small = F.broadcast if found.changed + found.cut <= BROADCAST_ROWS else (lambda d: d)

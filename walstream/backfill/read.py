@@ -21,6 +21,8 @@ two are dropped there (DBLog). Memory is one Arrow batch of rows at a time.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -85,9 +87,10 @@ def staged_schema() -> Any:
     )
 
 
-def watermark(conn: Any, task: ChunkTask, mark: str, **extra: Any) -> int:
-    """Emit the chunk's `mark` watermark through `conn`; its LSN."""
-    content = json.dumps(
+def watermark_content(task: ChunkTask, mark: str, **extra: Any) -> str:
+    """The content of the chunk's `mark` watermark (`capture.wal_buffer.is_low_mark` knows
+    a low one by its `"mark": "low"`)."""
+    return json.dumps(
         {
             "source": task.source,
             "backfill": task.backfill,
@@ -97,6 +100,11 @@ def watermark(conn: Any, task: ChunkTask, mark: str, **extra: Any) -> int:
             **extra,
         }
     )
+
+
+def watermark(conn: Any, task: ChunkTask, mark: str, **extra: Any) -> int:
+    """Emit the chunk's `mark` watermark through `conn`; its LSN."""
+    content = watermark_content(task, mark, **extra)
     return parse_lsn(
         conn.execute(
             "SELECT pg_logical_emit_message(true, %s, %s)::text", (WATERMARK_PREFIX, content)
@@ -133,12 +141,58 @@ def stage_chunk(
             filesystem.open_output_stream(tmp) as out,
             pq.ParquetWriter(out, schema, compression="snappy") as writer,
         ):
-            for batch in batches(conn):
+            for batch in read_ahead(batches(conn)):
                 writer.write_batch(batch)
                 rows += batch.num_rows
         filesystem.move(tmp, path)
         watermark(marks, task, "high", rows=rows)
     return ChunkResult(task.backfill, task.n, task.attempt, rows, time.monotonic() - t0)
+
+
+def read_ahead(batches: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """`batches`, read up to `depth` ahead in a thread of their own: ADBC's reader and the
+    Parquet writer both work without the GIL, so the next batch is read (and decoded)
+    while this one is written. An error of the reading is raised here; when the consumer
+    stops early, the reading stops and `batches` is closed (its transaction ends)."""
+    items: queue.Queue[Any] = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+            put(end)
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(exc)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    reader = threading.Thread(target=produce, name="walstream-chunk-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = items.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        reader.join()
 
 
 def read_chunk(task: ChunkTask) -> ChunkResult:

@@ -68,7 +68,8 @@ class TypedReads:
 
     chunks: tuple[TypedChunk, ...]
     #: The stream's changes inside the chunks' windows (a Spark DataFrame, one row per
-    #: change and chunk: `backfill`, `chunk`, `schema`, `table`, `action`, `record`, `old`).
+    #: change and chunk: `backfill`, `chunk`, `schema`, `table`, `action`, `record`, `old`),
+    #: or None when the windows' batches had no change at all.
     inside: Any
 
 
@@ -78,7 +79,8 @@ class ReadRows:
 
     `rows`: a Spark DataFrame of change rows (action `read`, the DBLog filter applied).
     `chunks` and `inside` are what they came from: the staged chunks (whose rows hold
-    `pk`, `record`, `ord`) and the stream's changes inside their windows, for a sink
+    `pk`, `record`, `ord`) and the stream's changes inside their windows (None: there
+    were none, and `changed` and `cut` are 0), for a sink
     that delivers them straight from the files (`pipeline/reads.py`). `changed`, `cut`
     and `moved` count those changes: key changes, truncates, updates that moved a key.
     """

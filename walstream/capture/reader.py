@@ -337,12 +337,14 @@ class Capture:
     def confirm_lsn(self) -> int:
         return self.buffer.confirm_lsn
 
-    def latest(self, start: Cursor, max_rows: int | None = None) -> Cursor:
+    def latest(
+        self, start: Cursor, max_rows: int | None = None, defer_low_marks: bool = False
+    ) -> Cursor:
         """The offset a batch starting after `start` may end at (see WalBuffer.latest).
         Never blocks."""
         self.raise_if_failed()
         with self.cond:
-            end = self.buffer.latest(start, max_rows)
+            end = self.buffer.latest(start, max_rows, defer_low_marks)
             if end == start and self.buffered_bytes >= self.max_buffer_bytes:
                 # Full of changes at or before `start` only: Spark commits them once it
                 # plans the next batch, which needs a change after `start`. Read on past
@@ -360,16 +362,18 @@ class Capture:
                     )
             return end
 
-    def wait_latest(self, start: Cursor, max_rows: int | None, timeout: float) -> Cursor:
+    def wait_latest(
+        self, start: Cursor, max_rows: int | None, timeout: float, defer_low_marks: bool = False
+    ) -> Cursor:
         """`latest`, waiting up to `timeout` seconds for a change after `start` to arrive."""
         deadline = time.monotonic() + timeout
         while True:
-            end = self.latest(start, max_rows)
+            end = self.latest(start, max_rows, defer_low_marks)
             left = deadline - time.monotonic()
             if end != start or left <= 0:
                 return end
             with self.cond:  # woken by each change buffered (and by a failure)
-                if self.buffer.latest(start, max_rows) == start:
+                if self.buffer.latest(start, max_rows, defer_low_marks) == start:
                     self.cond.wait(min(left, 0.1))
 
     def covers(self, end: Cursor) -> bool:

@@ -46,6 +46,8 @@ class Txn:
     rows: int = 0  # rows seen so far, including trimmed ones
     end_lsn: int | None = None  # set by Commit
     nbytes: int = 0
+    #: Whether every message so far is a backfill's low watermark (`is_low_mark`).
+    low_marks_only: bool = True
 
     @property
     def complete(self) -> bool:
@@ -70,6 +72,8 @@ class TxnSlice:
 
 
 _WATERMARK = WATERMARK_PREFIX.encode() + b"\0"
+#: A low watermark's mark, as `backfill.read.watermark_content` writes it.
+_LOW_MARK = b'"mark": "low"'
 
 
 _OID = struct.Struct("!I")
@@ -86,6 +90,12 @@ def row_count(raw: bytes) -> int:
     if kind == 77 and raw[1] & 1 and raw.startswith(_WATERMARK, 10):  # M
         return 1
     return 0
+
+
+def is_low_mark(raw: bytes) -> bool:
+    """Whether a raw message is a backfill chunk's low watermark: it opens the chunk's window
+    and is needed only with what follows it (its high watermark, or a change inside)."""
+    return raw[0] == 77 and bool(raw[1] & 1) and raw.startswith(_WATERMARK, 10) and _LOW_MARK in raw
 
 
 class WalBuffer:
@@ -117,6 +127,8 @@ class WalBuffer:
         """Keep a message of `txn` (unless Spark committed its rows already); its rows."""
         n = row_count(raw)
         txn.rows += n
+        if txn.low_marks_only and not is_low_mark(raw):
+            txn.low_marks_only = False
         if not txn.msgs:
             txn.relations = relations
             if n and (txn.lsn, txn.rows - 1) <= self.floor:
@@ -151,17 +163,24 @@ class WalBuffer:
             return
         self.buffered_bytes -= txn.nbytes
 
-    def latest(self, start: Cursor, max_rows: int | None = None) -> Cursor:
+    def latest(
+        self, start: Cursor, max_rows: int | None = None, defer_low_marks: bool = False
+    ) -> Cursor:
         """The offset a batch starting after `start` may end at: at most `max_rows` rows
-        (but at least one message), at a message boundary."""
+        (but at least one message), at a message boundary.
+
+        `defer_low_marks`: transactions of backfill low watermarks only, with nothing after
+        them, are left to the next batch: alone they cost a batch that does nothing (a
+        backfill's chunk emits its high watermark a second later). Whatever comes next takes
+        them along."""
         budget = max_rows if max_rows is not None else 1 << 62
-        best = start
+        best = firm = start
         for txn in self.txns:
             if txn.lsn < start[0]:
                 continue
             if not txn.row_end or txn.row_end[-1] == txn.first_seq:
                 if txn.complete and txn.rows == 0 and (txn.lsn, -1) > best:
-                    best = (txn.lsn, -1)  # a transaction without rows (heartbeat)
+                    best = firm = (txn.lsn, -1)  # a transaction without rows (heartbeat)
                 continue
             first = max(txn.first_seq, start[1] + 1) if txn.lsn == start[0] else txn.first_seq
             last = txn.row_end[-1]  # rows buffered, as absolute seq + 1
@@ -170,6 +189,8 @@ class WalBuffer:
             if last - first <= budget:
                 budget -= last - first
                 best = (txn.lsn, last - 1)
+                if not (defer_low_marks and txn.low_marks_only):
+                    firm = best
                 continue
             # cut inside this transaction at the last message boundary within budget
             j = bisect.bisect_right(txn.row_end, first + budget) - 1
@@ -178,7 +199,7 @@ class WalBuffer:
                     return best
                 j = bisect.bisect_right(txn.row_end, first)  # at least one message
             return (txn.lsn, txn.row_end[j] - 1)
-        return best
+        return firm if defer_low_marks else best
 
     def covers(self, end: Cursor) -> bool:
         """Whether everything up to `end` has been received."""

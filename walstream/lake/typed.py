@@ -484,6 +484,8 @@ def _window_keys(
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
+    if reads.inside is None:  # the windows' batches had no change at all
+        return set(), {}
     key = list(shape.key)
     key_shape = shape.select(key, None)
     inside = reads.inside.where(

@@ -268,8 +268,11 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 # A backlog: the first batch waits (briefly) for its first changes rather
                 # than run empty, which costs a whole cycle before anything is delivered.
                 self._behind = False
-                return _as_offset(driver.capture.wait_latest(cursor, max_rows, FIRST_CHANGE_WAIT))
-            return _as_offset(driver.capture.latest(cursor, max_rows))
+                return _as_offset(
+                    driver.capture.wait_latest(cursor, max_rows, FIRST_CHANGE_WAIT, True)
+                )
+            # a backfill's low watermark alone waits for what follows it (WalBuffer.latest)
+            return _as_offset(driver.capture.latest(cursor, max_rows, defer_low_marks=True))
         # Trigger.AvailableNow: once the mark is received, up to it and no further
         until = self._available_now(driver, cursor)
         if cursor >= until:

@@ -28,6 +28,15 @@ _PLAIN_DATE = r"^\d{4}-\d\d-\d\d$"
 _PLAIN_TIMESTAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?$"
 
 
+#: Types whose binary form (what ADBC's binary COPY reader gets) is their output text,
+#: byte for byte, padding of char(n) included: read as they are, they cost Postgres no
+#: conversion (≈ 0.25 µs a row for one char(22) column, docs/performance-log.md).
+#: Not `"char"`: its binary form of '' is a NUL byte.
+TEXT_AS_SENT = frozenset({"text", "varchar", "bpchar", "name"})
+#: ...and their OIDs (name 19, text 25, bpchar 1042, varchar 1043).
+TEXT_AS_SENT_OIDS = frozenset({19, 25, 1042, 1043})
+
+
 def output_text(col: sql.Composable) -> sql.Composed:
     """A column as its type's output text, what COPY and pgoutput send (`::text` is not:
     it gives `true` for `t`, trims `char(n)`, adds `/128` to an inet), NULL kept."""
@@ -35,12 +44,18 @@ def output_text(col: sql.Composable) -> sql.Composed:
     return sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE concat({0}) END").format(col)
 
 
-def select_texts(names: Sequence[str], codecs: Sequence[t.Codec]) -> list[sql.Composable]:
+def select_texts(
+    names: Sequence[str], codecs: Sequence[t.Codec], oids: Sequence[int] = ()
+) -> list[sql.Composable]:
     """The SELECT list that reads each column as the text its kernel takes: the type's
-    output text (as COPY gives it), bytea as one-line base64."""
+    output text (as COPY gives it), bytea as one-line base64; a column of a type in
+    `TEXT_AS_SENT_OIDS` (`oids`: the columns' type OIDs) as it is."""
     out: list[sql.Composable] = []
-    for name, codec in zip(names, codecs, strict=True):
+    for i, (name, codec) in enumerate(zip(names, codecs, strict=True)):
         col = sql.Identifier(name)
+        if i < len(oids) and oids[i] in TEXT_AS_SENT_OIDS:
+            out.append(col)
+            continue
         if codec is t.BYTEA:
             expr = sql.SQL("translate(encode({}, 'base64'), E'\\n', '')").format(col)
         else:

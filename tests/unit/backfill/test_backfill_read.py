@@ -41,3 +41,37 @@ def test_the_fields_encoder_builds_what_the_tuple_encoder_builds():
         '{"id":2,"name":null,"ok":null,"amount":null,"doc":null,"raw":null,"tags":null,'
         '"we\\"ird":null}', ["2", None],
     )  # fmt: skip
+
+
+def test_read_ahead_keeps_order_raises_the_readers_error_and_closes_on_an_early_stop():
+    import threading
+
+    import pytest
+
+    from walstream.backfill.read import read_ahead
+
+    assert list(read_ahead(iter(range(50)), depth=2)) == list(range(50))
+
+    closed = threading.Event()
+
+    def rows(fail_at: int | None):
+        try:
+            for i in range(100):
+                if i == fail_at:
+                    raise ValueError("the server went away")
+                yield i
+        finally:  # as fetch_batches ends its transaction
+            closed.set()
+
+    seen = []
+    with pytest.raises(ValueError, match="went away"):
+        for i in read_ahead(rows(fail_at=7)):
+            seen.append(i)
+    assert seen == list(range(7)) and closed.is_set()
+
+    closed.clear()
+    reader = read_ahead(rows(fail_at=None), depth=1)
+    assert [next(reader), next(reader)] == [0, 1]
+    reader.close()  # the writer failed: the reading stops, its generator is closed
+    assert closed.wait(5)
+    assert not any(t.name == "walstream-chunk-read" for t in threading.enumerate())

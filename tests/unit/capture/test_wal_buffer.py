@@ -81,3 +81,42 @@ def test_a_transaction_without_rows_moves_the_offset() -> None:
     assert buf.latest((0, -1)) == (100, -1)
     buf.commit((100, -1))
     assert buf.confirm_lsn == 110
+
+
+def mark(kind: str) -> bytes:
+    """A transactional pgoutput Message of a backfill watermark, as the chunk reader emits it."""
+    from walstream.backfill.read import ChunkTask, watermark_content
+    from walstream.decode.decoder import WATERMARK_PREFIX
+
+    task = ChunkTask("dsn", "src", 7, 3, 0, "", (), (), (), (), "/tmp/x")
+    body = watermark_content(task, kind, rows=5).encode()
+    return (
+        b"M\x01" + struct.pack("!Q", 1) + WATERMARK_PREFIX.encode() + b"\0"
+        + struct.pack("!i", len(body)) + body
+    )  # fmt: skip
+
+
+def test_a_low_watermark_alone_waits_for_what_follows_it() -> None:
+    """A backfill's low watermark with nothing after it is no batch of its own (deferred);
+    its high watermark, a change or a heartbeat after it takes it along; without deferral
+    (Trigger.AvailableNow) it is a batch as any message."""
+    buf = WalBuffer(floor=(0, -1))
+    fill(buf, 100, [INSERT], end=110)
+    fill(buf, 200, [mark("low")], end=210)
+    assert buf.latest((0, -1), defer_low_marks=True) == (100, 0)
+    assert buf.latest((100, 0), defer_low_marks=True) == (100, 0)  # nothing to do yet
+    assert buf.latest((100, 0)) == (200, 0)
+    fill(buf, 300, [mark("low")], end=310)  # another chunk's
+    assert buf.latest((100, 0), defer_low_marks=True) == (100, 0)
+    fill(buf, 400, [mark("high")], end=410)
+    assert buf.latest((100, 0), defer_low_marks=True) == (400, 0)
+    assert [s.lsn for s in buf.slices((100, 0), (400, 0))] == [200, 300, 400]
+    for after in ([INSERT], []):  # a change, a heartbeat
+        b = WalBuffer(floor=(0, -1))
+        fill(b, 200, [mark("low")], end=210)
+        fill(b, 300, after, end=310)
+        assert b.latest((0, -1), defer_low_marks=True) == (300, 0 if after else -1)
+    # a transaction holding a low watermark and a change is no watermark alone
+    b = WalBuffer(floor=(0, -1))
+    fill(b, 200, [mark("low"), INSERT], end=210)
+    assert b.latest((0, -1), defer_low_marks=True) == (200, 1)

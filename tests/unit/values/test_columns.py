@@ -10,7 +10,7 @@ import pytest
 
 from walstream.values import codecs as t
 from walstream.values.codecs import array_codec
-from walstream.values.columns import records
+from walstream.values.columns import records, select_texts
 from walstream.values.rows import compile_fields_encoder
 
 #: column -> (codec, Postgres text values, NULL as None)
@@ -96,3 +96,21 @@ def test_json_nulls_lists_the_json_columns_holding_the_json_null() -> None:
     got = json_nulls([doc, other, note], ["doc", "other", "note"], [t.JSON, t.JSON, t.TEXT])
     assert got.to_pylist() == [["doc", "other"], ["other"], None, ["doc"]]
     assert json_nulls([note], ["note"], [t.TEXT]).to_pylist() == [None] * 4
+
+
+def test_text_types_are_selected_as_they_are_the_others_as_their_output_text() -> None:
+    """text, varchar, char(n) and name come as they are (their binary form is their output
+    text); "char" (whose binary '' is a NUL byte), uuid and bytea are converted."""
+    from psycopg import sql
+
+    names = ["t", "v", "c", "n", "ch", "u", "b"]
+    codecs = [t.TEXT, t.TEXT, t.TEXT, t.TEXT, t.TEXT, t.TEXT, t.BYTEA]
+    rendered = [
+        sql.SQL(", ").join([s]).as_string(None)
+        for s in select_texts(names, codecs, [25, 1043, 1042, 19, 18, 2950, 17])
+    ]
+    assert rendered[:4] == ['"t"', '"v"', '"c"', '"n"']
+    assert rendered[4] == 'CASE WHEN "ch" IS NULL THEN NULL ELSE concat("ch") END AS "ch"'
+    assert rendered[5].startswith('CASE WHEN "u"') and "encode" in rendered[6]
+    # without the OIDs, every column is converted
+    assert all("CASE" in s.as_string(None) for s in select_texts(names[:4], codecs[:4]))
