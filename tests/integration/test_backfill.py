@@ -724,3 +724,28 @@ def test_read_records_are_the_streams_byte_for_byte_nulls_included(spark, db, tm
         assert a == b, (
             f"row {i} differs at {at}: read {a[lo : at + 40]!r} stream {b[lo : at + 40]!r}"
         )
+
+
+def test_an_idle_coordinator_starts_a_requested_backfill_at_once(db, tmp_path, monkeypatch):
+    """An idle coordinator waits for the state database's notice of a new request (not
+    for its next poll): `request` announces it when it commits."""
+    from walstream.backfill import coordinator as module
+
+    db.execute("CREATE TABLE woken (id int PRIMARY KEY)")
+    pub = db.create_publication("woken")
+    cfg = config(db, tmp_path, pub, db.create_slot(), [files("files", tmp_path / "out")])
+    store = BackfillStore(cfg.state_dsn)
+    store.ensure()
+    monkeypatch.setattr(module, "IDLE", 120.0)  # a poll would come after two minutes
+    coordinator = Coordinator(cfg, None, store, parallelism=1)
+    idle = threading.Thread(target=coordinator._step)
+    idle.start()
+    try:
+        wait_until(lambda: coordinator._listener is not None, 30)
+        request(cfg, store, "files")
+        idle.join(30)
+        assert not idle.is_alive(), "the request did not wake the coordinator"
+    finally:
+        coordinator.stopping.set()
+        idle.join(150)
+        coordinator._close_listener()

@@ -47,8 +47,10 @@ from walstream.values.columns import select_texts
 log = logging.getLogger(__name__)
 
 MIN_CHUNK, MAX_CHUNK = 500, 200_000
-MAX_TYPED_CHUNK = 1_000_000  # typed chunks (lake sinks) are read at most of 1M rows/s
+MAX_TYPED_CHUNK = 2_000_000  # typed chunks (lake sinks) are read at up to ~1M rows/s
 MAX_FAILURES = 5
+#: Seconds between steps of an idle coordinator; a new request wakes it at once.
+IDLE = 0.5
 
 
 class Coordinator:
@@ -76,12 +78,15 @@ class Coordinator:
         self.task = Periodic(
             "walstream-backfill",
             self._step,
-            0.5,
+            IDLE,
             first=0.0,
             on_error=5.0,
             what="backfill (trying again in 5s)",
+            cleanup=self._close_listener,
             logger=log,
         )
+        #: The state database connection that hears new requests (`BackfillStore.listener`).
+        self._listener: Any = None
         self.stopping = self.task.stopping
         self._prepared: dict[int, Prepared] = {}
         self._failures: dict[int, int] = {}
@@ -115,7 +120,23 @@ class Coordinator:
         self.task.stop(30)
 
     def _step(self) -> float | None:
-        return 0.0 if self.step() else None
+        if self.step():
+            return 0.0
+        # Idle: the next step comes when a backfill is requested (the store's NOTIFY), or
+        # after IDLE seconds (a backfill's status changed otherwise, a notice was missed).
+        try:
+            if self._listener is None:
+                self._listener = self.store.listener()
+            self.store.requested(self._listener, IDLE)
+        except Exception:
+            self._close_listener()
+            raise
+        return 0.0
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
     def _mine(self) -> list[Backfill]:
         return [

@@ -22,7 +22,7 @@ from walstream.postgres.replication import connect
 DEFAULT_CHUNK_SIZE = 20_000
 DEFAULT_TARGET_SECONDS = 2.0
 #: Typed chunks (lake sinks) are read as Arrow at most of a million rows a second: bigger.
-DEFAULT_TYPED_CHUNK_SIZE = 250_000
+DEFAULT_TYPED_CHUNK_SIZE = 1_000_000
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from walstream.backfill.records import (
 )
 from walstream.errors import ConfigError
 from walstream.state import Store
+from walstream.state.db import dedicated_connection
 
 __all__ = [
     "ACTIVE",
@@ -144,7 +145,25 @@ class BackfillStore(Store):
                VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
             (sink, source, schema, table, where, chunk_size, target_seconds, rows_estimated),
         )
+        # wakes the coordinators listening (`requested`): delivered when the request commits
+        self._run("SELECT pg_notify(%s, %s)", (self.channel, str(rows[0][0])))
         return int(rows[0][0])
+
+    @property
+    def channel(self) -> str:
+        """The channel a new backfill is announced on (one per state schema)."""
+        return f"walstream_backfills_{self.schema}"[:63]  # NAMEDATALEN - 1
+
+    def listener(self) -> Any:
+        """A connection of its own that hears each new backfill (`requested`)."""
+        conn = dedicated_connection(self.dsn)
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        return conn
+
+    @staticmethod
+    def requested(listener: Any, timeout: float) -> bool:
+        """Wait until a backfill is requested or `timeout` seconds pass; whether one was."""
+        return any(True for _ in listener.notifies(timeout=timeout, stop_after=1))
 
     def _select(self, where: str, params: Any) -> list[Backfill]:
         rows = self._run(
