@@ -197,11 +197,14 @@ class Column:
             name = "org.apache.kafka.connect.data.Date" if _connect(s) else "io.debezium.time.Date"
             return _named("int32", name), lambda v, _: _days(v)
         if t == "time":
-            return self._time(mod)
+            names = ("org.apache.kafka.connect.data.Time", "io.debezium.time.Time")
+            return self._clocked(mod, _time_us, "int32", (*names, "io.debezium.time.MicroTime"))
         if t == "timetz":
             return _named("string", "io.debezium.time.ZonedTime"), lambda v, _: _timetz(v)
         if t == "timestamp":
-            return self._timestamp(mod)
+            names = ("org.apache.kafka.connect.data.Timestamp", "io.debezium.time.Timestamp")
+            micro = "io.debezium.time.MicroTimestamp"
+            return self._clocked(mod, _timestamp_us, "int64", (*names, micro))
         if t == "timestamptz":
             digits = 6 if mod < 0 else mod
             return (
@@ -254,27 +257,15 @@ class Column:
             return {"type": "string"}, lambda v, _: v.replace("+", "-").replace("/", "_")
         return {"type": "string"}, lambda v, _: base64.b64decode(v).hex()
 
-    def _time(self, mod: int) -> tuple[dict[str, Any], Any]:
+    def _clocked(self, mod: int, micros: Any, millis_type: str, names: tuple[str, ...]) -> Any:
+        """`time` or `timestamp` by `time.precision.mode`: `names` are the schema names of
+        connect's, adaptive's milliseconds and the microseconds; `micros(v)` the value."""
+        connect, millis, micro = names
         mode = self.settings.time_precision_mode
-        if mode == "connect":
-            return _named(
-                "int32", "org.apache.kafka.connect.data.Time"
-            ), lambda v, _: _time_us(v) // 1000
-        if mode == "adaptive" and 0 <= mod <= 3:
-            return _named("int32", "io.debezium.time.Time"), lambda v, _: _time_us(v) // 1000
-        return _named("int64", "io.debezium.time.MicroTime"), lambda v, _: _time_us(v)
-
-    def _timestamp(self, mod: int) -> tuple[dict[str, Any], Any]:
-        mode = self.settings.time_precision_mode
-        if mode == "connect":
-            return _named(
-                "int64", "org.apache.kafka.connect.data.Timestamp"
-            ), lambda v, _: _timestamp_us(v) // 1000
-        if mode == "adaptive" and 0 <= mod <= 3:
-            return _named(
-                "int64", "io.debezium.time.Timestamp"
-            ), lambda v, _: _timestamp_us(v) // 1000
-        return _named("int64", "io.debezium.time.MicroTimestamp"), lambda v, _: _timestamp_us(v)
+        if mode == "connect" or (mode == "adaptive" and 0 <= mod <= 3):
+            name = connect if mode == "connect" else millis
+            return _named(millis_type, name), lambda v, _: micros(v) // 1000
+        return _named("int64", micro), lambda v, _: micros(v)
 
 
 def _named(type_: str, name: str, params: dict[str, str] | None = None) -> dict[str, Any]:
