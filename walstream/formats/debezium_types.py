@@ -283,24 +283,25 @@ def _same(v: Any, _raw: str | None) -> Any:
     return v
 
 
+def fields(spec: str) -> list[dict[str, Any]]:
+    """A struct's field schemas from "type name, type name?, ..." (`?`: optional)."""
+    out = []
+    for part in spec.split(","):
+        type_, name = part.split()
+        out.append({"type": type_, "optional": name.endswith("?"), "field": name.rstrip("?")})
+    return out
+
+
 _VARIABLE_SCALE = {
     "type": "struct",
-    "fields": [
-        {"type": "int32", "optional": False, "field": "scale"},
-        {"type": "bytes", "optional": False, "field": "value"},
-    ],
+    "fields": fields("int32 scale, bytes value"),
     "name": "io.debezium.data.VariableScaleDecimal",
     "version": 1,
     "doc": "Variable scaled decimal",
 }
 _POINT_SCHEMA = {
     "type": "struct",
-    "fields": [
-        {"type": "double", "optional": False, "field": "x"},
-        {"type": "double", "optional": False, "field": "y"},
-        {"type": "bytes", "optional": True, "field": "wkb"},
-        {"type": "int32", "optional": True, "field": "srid"},
-    ],
+    "fields": fields("double x, double y, bytes wkb?, int32 srid?"),
     "name": "io.debezium.data.geometry.Point",
     "version": 1,
     "doc": "Geometry (POINT)",
