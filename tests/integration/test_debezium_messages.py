@@ -101,3 +101,28 @@ def test_keys_values_and_schemas_are_debeziums(both):
            for _, v in debezium]  # fmt: skip
     assert ops == ["c", "c", "u", "d", None, "c", "d", None,
                    "c", "u", "d", None, "c", "d", None]  # fmt: skip
+
+
+def test_a_debezium_beside_walstream_filters_walstreams_wal_messages_by_prefix(pg, tmp_path):
+    """walstream writes logical messages into the WAL (heartbeats, backfill watermarks,
+    annotations), all prefixed `walstream:`. Another Debezium on the same database sends
+    them as `op: m` events; `message.prefix.exclude.list: walstream:.*` (docs/from-debezium.md)
+    leaves them all out."""
+    from walstream.capture.reader import HEARTBEAT_PREFIX
+    from walstream.decode.decoder import ANNOTATIONS_PREFIX, WATERMARK_PREFIX
+
+    with fresh_database(pg) as db:
+        db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        pub = db.create_publication("t")
+        plain, filtered = db.create_slot(), db.create_slot()
+        prefixes = [HEARTBEAT_PREFIX, WATERMARK_PREFIX, ANNOTATIONS_PREFIX]
+        for prefix in prefixes:
+            db.execute("SELECT pg_logical_emit_message(true, %s, '{}')", (prefix,))
+        db.execute("INSERT INTO t VALUES (1)")
+        bare = {"key.converter.schemas.enable": "false", "value.converter.schemas.enable": "false"}
+        seen = run_debezium(pg, db.name, plain, pub, bare, tmp_path, 4)
+        assert [v["message"]["prefix"] for _, v in seen[:3]] == prefixes
+        assert [v["op"] for _, v in seen] == ["m", "m", "m", "c"]
+        exclude = {**bare, "message.prefix.exclude.list": "walstream:.*"}
+        ((key, value),) = run_debezium(pg, db.name, filtered, pub, exclude, tmp_path, 1)
+        assert (key, value["op"], value["after"]) == ({"id": 1}, "c", {"id": 1})
