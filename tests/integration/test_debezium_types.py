@@ -47,7 +47,13 @@ MORE = [
     ("interval", "'1 mon -2 days 00:00:00.000001'"),
     ("int2[]", "'{-1,NULL}'"),
     ("text[]", "'{}'"),
+    ("hstore", """'a=>1, b=>NULL, "c d"=>"x\\"y"'"""),
+    ("hstore", "''"),
+    ("citext", "'MiXed'"),
+    ("macaddr8", "'08:00:2b:01:02:03:04:05'"),
 ]
+#: Extension types of the matrix (Debian's server has them).
+EXTENSIONS = "CREATE EXTENSION IF NOT EXISTS hstore; CREATE EXTENSION IF NOT EXISTS citext"
 
 PROFILES: dict[str, dict[str, str]] = {
     "defaults": {},
@@ -56,6 +62,7 @@ PROFILES: dict[str, dict[str, str]] = {
         "time.precision.mode": "connect",
         "interval.handling.mode": "string",
         "binary.handling.mode": "hex",
+        "hstore.handling.mode": "map",
     },
 }
 
@@ -96,6 +103,8 @@ def captured(pg: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
     cases = literal_cases()
     with fresh_database(pg) as db:
         db.execute(USER_TYPES)
+        for statement in EXTENSIONS.split(";"):
+            db.execute(statement)
         cols = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(cases))
         db.execute(f"CREATE TABLE alltypes (id int, k text, {cols}, PRIMARY KEY (id, k))")
         pub = db.create_publication("alltypes")

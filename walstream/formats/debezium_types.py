@@ -37,6 +37,7 @@ class Settings:
     time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = "adaptive"
     binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = "bytes"
     interval_handling_mode: Literal["numeric", "string"] = "numeric"
+    hstore_handling_mode: Literal["json", "map"] = "json"
     money_fraction_digits: int = 2
 
     @classmethod
@@ -48,6 +49,7 @@ class Settings:
             "time.precision.mode": ("adaptive", "adaptive_time_microseconds", "connect"),
             "binary.handling.mode": ("bytes", "base64", "base64-url-safe", "hex"),
             "interval.handling.mode": ("numeric", "string"),
+            "hstore.handling.mode": ("json", "map"),
         }
         kw: dict[str, Any] = {}
         for prop, values in allowed.items():
@@ -225,6 +227,12 @@ class Column:
             )
         if t == "point":
             return _POINT_SCHEMA, lambda v, _: _point(v)
+        if t == "hstore":
+            if s.hstore_handling_mode == "map":
+                return _HSTORE_MAP, lambda v, _: _hstore(v)
+            return _named("string", "io.debezium.data.Json"), lambda v, _: json.dumps(
+                _hstore(v), ensure_ascii=False, separators=(",", ":")
+            )
         return None
 
     def _decimal(self) -> tuple[dict[str, Any], Any]:
@@ -305,6 +313,13 @@ _POINT_SCHEMA = {
     "name": "io.debezium.data.geometry.Point",
     "version": 1,
     "doc": "Geometry (POINT)",
+}
+
+
+_HSTORE_MAP = {
+    "type": "map",
+    "keys": {"type": "string", "optional": False},
+    "values": {"type": "string", "optional": True},
 }
 
 
@@ -477,6 +492,20 @@ def _interval_text(v: str) -> str:
         sec = sec.rstrip("0").rstrip(".")
     y, mo, d, h, mi = (int(parts[u]) for u in "YMDHm")
     return f"P{y}Y{mo}M{d}DT{h}H{mi}M{sec}S"
+
+
+_HSTORE_PAIR = re.compile(r'"((?:[^"\\]|\\.)*)"\s*=>\s*(?:NULL|"((?:[^"\\]|\\.)*)")')
+_ESCAPED = re.compile(r"\\(.)")
+
+
+def _hstore(v: str) -> dict[str, str | None]:
+    """hstore's output text (`"a"=>"1", "b"=>NULL`) as a map."""
+    out: dict[str, str | None] = {}
+    for m in _HSTORE_PAIR.finditer(v):
+        value = m.group(2)
+        null = value is None and m.group(0).rstrip().endswith("NULL")
+        out[_ESCAPED.sub(r"\1", m.group(1))] = None if null else _ESCAPED.sub(r"\1", value or "")
+    return out
 
 
 def _bits(v: str) -> str:
