@@ -1,0 +1,41 @@
+"""The pure parts of Debezium's column values (the values themselves are checked against
+Debezium 3.6 in tests/integration/test_debezium_types.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from walstream.errors import ConfigError
+from walstream.formats.debezium_types import Column, PgColumn, Settings, _hstore, object_spans
+
+
+def test_settings_take_debeziums_names_and_refuse_a_value_naming_the_choices():
+    s = Settings.of({"decimal.handling.mode": "string", "money.fraction.digits": "3"})
+    assert (s.decimal_handling_mode, s.money_fraction_digits, s.time_precision_mode) == (
+        "string", 3, "adaptive"
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        Settings.of({"time.precision.mode": "nanos"})
+    assert "time.precision.mode is 'nanos'" in str(err.value)
+    assert "adaptive, adaptive_time_microseconds, connect" in err.value.fix
+
+
+def test_object_spans_give_each_members_json_text_as_written():
+    text = '{"a": {"b": [1, 2.50]}, "c" : "x\\"y", "d":null , "e":[ ]}'
+    assert object_spans(text) == {"a": '{"b": [1, 2.50]}', "c": '"x\\"y"', "d": "null", "e": "[ ]"}
+    assert object_spans("{}") == {} and object_spans(" { } ") == {}
+
+
+def test_hstore_text_becomes_a_map_with_nulls_escapes_and_the_string_null():
+    text = '"a"=>"1", "b"=>NULL, "c d"=>"x\\"y", "e"=>"", "f"=>"NULL", "g\\\\h"=>"\\\\"'
+    assert _hstore(text) == {
+        "a": "1", "b": None, "c d": 'x"y', "e": "", "f": "NULL", "g\\h": "\\"
+    }  # fmt: skip
+    assert _hstore("") == {}
+
+
+def test_a_json_columns_null_is_jsons_not_sqls():
+    col = Column(PgColumn("doc", "jsonb"))
+    assert col.value(None, "null", json_null=True) == "null"
+    assert col.value(None, "null") is None
+    assert col.value({"a": 1}, '{"a": 1}') == '{"a": 1}'
