@@ -10,6 +10,8 @@ mirror's own), each holding every rendering of it side by side, byte for byte al
 - `arrow(columns, sink=, db=)`: a batch's messages in a few Arrow kernels (a
   streaming batch is formatted by the delivery worker), NULL where only Python can.
 
+`debezium_types.py` and `debezium_message.py` make Debezium's own values and messages
+(issue 48; proven against Debezium, not yet used by `debezium`).
 `template.py` derives a fourth rendering from `python` for a backfill chunk's rows,
 `keys.py` holds the idempotency, message and group keys in each rendering, and
 `text.py` the pieces all formats write. `record`, `old` and `annotations` arrive as

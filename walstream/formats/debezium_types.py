@@ -123,7 +123,7 @@ class Column:
             self._element = element._scalar()
             self._unsupported = (
                 col.domain_array
-                or col.type in ("interval",)
+                or col.type == "interval"
                 or col.category in ("G", "C")
                 or self._element is None
             )
