@@ -30,7 +30,7 @@ _PLAIN_TIMESTAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?$"
 
 #: Types whose binary form (what ADBC's binary COPY reader gets) is their output text,
 #: byte for byte, padding of char(n) included: read as they are, they cost Postgres no
-#: conversion (≈ 0.25 µs a row for one char(22) column, docs/performance-log.md).
+#: conversion (0.17-0.28 µs a row for a char(22) and a text column, docs/performance-log.md).
 #: Not `"char"`: its binary form of '' is a NUL byte.
 TEXT_AS_SENT = frozenset({"text", "varchar", "bpchar", "name"})
 #: ...and their OIDs (name 19, text 25, bpchar 1042, varchar 1043).
