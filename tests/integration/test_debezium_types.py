@@ -8,16 +8,13 @@ difference, docs/from-debezium.md): a fixed difference fails the test as a new o
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import fresh_database
+from tests.debezium_engine import run_debezium
 from tests.integration.test_decoder_types import CASES, USER_TYPES
 from tests.integration.test_run import oracle
 from walstream.formats.debezium_types import Column, Settings, load_columns, object_spans
@@ -118,40 +115,6 @@ def captured(pg: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
         oid = db.execute("SELECT 'alltypes'::regclass::oid")[0][0]
         columns = load_columns(db.conn, oid)
         yield {"debezium": debezium, "changes": changes, "columns": columns, "cases": cases}
-
-
-def run_debezium(pg: Any, dbname: str, slot: str, pub: str, props: dict[str, str], work: Path,
-                 count: int) -> list[tuple[Any, Any]]:  # fmt: skip
-    """Debezium's embedded engine on `slot` (tests/debezium_engine.py) until it handed over
-    `count` records: their (key, value) parsed."""
-    settings = {
-        "name": f"compat-{slot}",
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
-        "offset.storage.file.filename": str(work / f"offsets-{slot}.dat"),
-        "database.hostname": "127.0.0.1",
-        "database.port": str(pg.port),
-        "database.user": pg.superuser,
-        "database.password": "unused",  # the test server trusts loopback
-        "database.dbname": dbname,
-        "topic.prefix": "p",
-        "plugin.name": "pgoutput",
-        "slot.name": slot,
-        "publication.name": pub,
-        "publication.autocreate.mode": "disabled",
-        "snapshot.mode": "no_data",
-        **props,
-    }
-    repo = str(Path(__file__).resolve().parents[2])
-    out = work / f"records-{slot}.jsonl"
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.debezium_engine", json.dumps(settings), str(count), str(out)],
-        capture_output=True, text=True, timeout=300, cwd=work,  # its logs go under ./logs
-        env={**os.environ, "PYTHONPATH": repo},
-    )  # fmt: skip
-    assert done.returncode == 0, f"Debezium ({done.returncode}): {done.stdout[-3000:]}"
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    return [(r["key"], r["value"]) for r in records]
 
 
 def differences(captured: dict[str, Any], profile: str) -> dict[tuple[str, str], Any]:

@@ -89,8 +89,9 @@ class TableMessages:
         placeholder: str = PLACEHOLDER,
     ) -> None:
         self.prefix, self.db, self.schema, self.table = prefix, db, schema, table
-        self.columns = [(c.name, Column(c, settings or Settings())) for c in columns]
-        self.sent = [(n, c) for n, c in self.columns if c.schema() is not None]
+        made = [(c.name, Column(c, settings or Settings())) for c in columns]
+        #: The columns Debezium sends (not those it leaves out), by name.
+        self.sent = [(n, c) for n, c in made if c.schema() is not None]
         self.key_names = list(key)
         self.schemas, self.tombstones, self.placeholder = schemas, tombstones, placeholder
         base = f"{prefix}.{schema}.{table}"

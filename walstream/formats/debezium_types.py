@@ -114,21 +114,15 @@ class Column:
     def __init__(self, col: PgColumn, settings: Settings = Settings()) -> None:
         self.col = col
         self.settings = settings
-        self._element = None if col.array else self._scalar()
-        if col.array:
-            element = Column(
-                PgColumn(col.name, col.type, col.typmod, labels=col.labels, category=col.category),
-                settings,
-            )
-            self._element = element._scalar()
-            self._unsupported = (
-                col.domain_array
-                or col.type == "interval"
-                or col.category in ("G", "C")
-                or self._element is None
-            )
+        self._element: tuple[dict[str, Any], Any] | None
+        if col.array:  # by its element, made as a column of the element's type
+            scalar = PgColumn(col.name, col.type, col.typmod, labels=col.labels)
+            self._element = Column(scalar, settings)._element
+            unsendable = col.domain_array or col.type == "interval" or col.category in ("G", "C")
         else:
-            self._unsupported = self._element is None
+            self._element = self._scalar()
+            unsendable = False
+        self._unsupported = unsendable or self._element is None
 
     # -- schema ---------------------------------------------------------------------------
     def schema(self) -> dict[str, Any] | None:

@@ -269,7 +269,9 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 # than run empty, which costs a whole cycle before anything is delivered.
                 self._behind = False
                 return _as_offset(
-                    driver.capture.wait_latest(cursor, max_rows, FIRST_CHANGE_WAIT, True)
+                    driver.capture.wait_latest(
+                        cursor, max_rows, FIRST_CHANGE_WAIT, defer_low_marks=True
+                    )
                 )
             # a backfill's low watermark alone waits for what follows it (WalBuffer.latest)
             return _as_offset(driver.capture.latest(cursor, max_rows, defer_low_marks=True))

@@ -32,9 +32,9 @@ _PLAIN_TIMESTAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?$"
 #: byte for byte, padding of char(n) included: read as they are, they cost Postgres no
 #: conversion (0.17-0.28 µs a row for a char(22) and a text column, docs/performance-log.md).
 #: Not `"char"`: its binary form of '' is a NUL byte.
-TEXT_AS_SENT = frozenset({"text", "varchar", "bpchar", "name"})
-#: ...and their OIDs (name 19, text 25, bpchar 1042, varchar 1043).
-TEXT_AS_SENT_OIDS = frozenset({19, 25, 1042, 1043})
+TEXT_AS_SENT_OIDS = {19: "name", 25: "text", 1042: "bpchar", 1043: "varchar"}
+#: ...by their names.
+TEXT_AS_SENT = frozenset(TEXT_AS_SENT_OIDS.values())
 
 
 def output_text(col: sql.Composable) -> sql.Composed:
