@@ -5,7 +5,7 @@ and cannot be stopped, so not in pytest's): `run_debezium`, which runs
     python -m tests.debezium_engine '<properties as JSON>' COUNT OUT
 
 which writes the first COUNT records it hands over to the file OUT, one JSON line each:
-{"key": ..., "value": ...} (parsed; a tombstone's value is null), then exits; exits 2
+{"topic": ..., "key": ..., "value": ...} (parsed; a tombstone's value is null), then exits; exits 2
 when COUNT did not come within two minutes (Debezium's own log goes to stdout)."""
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
             for r in records:
                 key, value = r.key(), r.value()
                 got.append({
+                    "topic": str(r.destination()),
                     "key": None if key is None else json.loads(str(key)),
                     "value": None if value is None else json.loads(str(value)),
                 })  # fmt: skip
@@ -83,8 +84,21 @@ def run_debezium(pg: Any, dbname: str, slot: str, pub: str, props: dict[str, str
         env={**os.environ, "PYTHONPATH": repo},
     )  # fmt: skip
     assert done.returncode == 0, f"Debezium ({done.returncode}): {done.stdout[-3000:]}"
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    return [(r["key"], r["value"]) for r in records]
+    return [(r["key"], r["value"]) for r in debezium_records(out)]
+
+
+def debezium_records(out: Path) -> list[dict[str, Any]]:
+    """The records a run wrote: {"topic", "key", "value"} each."""
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def run_debezium_topics(pg: Any, dbname: str, slot: str, pub: str, props: dict[str, str],
+                        work: Path, count: int) -> list[tuple[str, Any, Any]]:  # fmt: skip
+    """`run_debezium`, each record with its topic: (topic, key, value)."""
+    run_debezium(pg, dbname, slot, pub, props, work, count)
+    return [
+        (r["topic"], r["key"], r["value"]) for r in debezium_records(work / f"records-{slot}.jsonl")
+    ]
 
 
 if __name__ == "__main__":

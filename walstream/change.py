@@ -74,9 +74,13 @@ class WalCursor:
         return f"{format_lsn(self.lsn)}:{self.seq}"
 
 
-def idempotency_key(lsn: int, seq: int) -> str:
-    """`base64("lsn:seq")` with the LSN as a decimal integer: stable across replays."""
-    return b2a_base64(f"{lsn}:{seq}".encode(), newline=False).decode("ascii")
+def idempotency_key(lsn: int, seq: int, part: int = 0) -> str:
+    """`base64("lsn:seq")` with the LSN as a decimal integer: stable across replays. A
+    change's further records (`part` 1, 2: Debezium's tombstone and create after a
+    primary-key update's delete) have `base64("lsn:seq:part")`, so that a destination
+    dropping repeated keys (NATS' Nats-Msg-Id) keeps each."""
+    text = f"{lsn}:{seq}" if part == 0 else f"{lsn}:{seq}:{part}"
+    return b2a_base64(text.encode(), newline=False).decode("ascii")
 
 
 def read_idempotency_key(backfill: int, pk: list[str | None]) -> str:

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import fresh_database
 from tests.debezium_engine import run_debezium
 from tests.integration.test_run import oracle
-from walstream.formats.debezium_message import TableMessages
+from walstream.formats.debezium_message import JsonConverter, TableMessages
 from walstream.formats.debezium_types import load_columns
 
 #: Debezium's `source` fields walstream does not send as Debezium does yet: `version`
@@ -69,9 +69,10 @@ def both(request: Any, pg: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any
         makers = {}
         for table, key in (("acct", ["region", "id"]), ("fullrow", ["id"])):
             oid = db.execute("SELECT %s::regclass::oid", (table,))[0][0]
+            converter = JsonConverter(schemas == "true")
             makers[table] = TableMessages(
                 "p", db.name, "public", table, load_columns(db.conn, oid), key,
-                schemas=schemas == "true",
+                key_converter=converter, value_converter=converter,
             )  # fmt: skip
         mine = [m for c in changes for m in makers[c.table].messages(c, 0)]
         props = {"key.converter.schemas.enable": schemas, "value.converter.schemas.enable": schemas}

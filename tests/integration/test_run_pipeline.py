@@ -103,7 +103,7 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
                     # batch_size 1: every change is its own ledger chunk, yet a delete and
                     # its tombstone stay together
                     "name": "compacted", "source": "app", "tables": ["public.orders"],
-                    "format": "debezium", "tombstones": True, "batch_size": 1,
+                    "tombstones": True, "batch_size": 1,
                     "destination": {
                         "type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
                         "create_topics": True, "topic": compacted,
@@ -200,12 +200,12 @@ def test_filter_transforms_group_by_and_routing(spark, db, kafka, tmp_path):
             for m in msgs
         ) == [(c.lsn, c.seq) for c in by_cursor(expected)]
         assert all(m.key().decode() == json.loads(m.value())["record"]["customer"] for m in msgs)
-    # Debezium tombstones: after each delete, a null value with the same key and cursor.
+    # Tombstones: after each delete, a null value with the same key and cursor.
     deletes = [c for c in orders if c.action == "delete"]
     msgs = consume(kafka.bootstrap_servers, compacted, len(orders) + len(deletes))
     per_key: dict[bytes, list[tuple[str, bytes]]] = defaultdict(list)
     for m in msgs:
-        kind = "tombstone" if m.value() is None else json.loads(m.value())["op"]
+        kind = "tombstone" if m.value() is None else json.loads(m.value())["action"][0]
         per_key[m.key()].append((kind, dict(m.headers())["idempotency-key"]))
     for key, seq in per_key.items():
         for i, (kind, idem) in enumerate(seq):

@@ -38,6 +38,8 @@ class SinkConfig(Model):
     transform: dict[str, str] | str | None = None  # {field: SQL expression} or "module:function"
     group_by: list[str] | None = None  # default: schema, table, pk
     format: Literal["sequin", "debezium", "record"] = "sequin"
+    #: `format: debezium`'s settings, by Debezium's property names (formats/debezium.py).
+    debezium: dict[str, str | int | bool] | None = None
     batch_size: int = Field(500, ge=1, le=100_000)
     partitions: int | None = Field(None, ge=1, le=1024)  # delivery parallelism
     tombstones: bool = False  # Kafka: a null-value message with the same key after each delete
@@ -98,6 +100,51 @@ class SinkConfig(Model):
                 "one transaction per chunk, so it groups by table; remove group_by"
             )
         return self
+
+    @model_validator(mode="after")
+    def _debezium_rules(self) -> SinkConfig:
+        from walstream.errors import ConfigError
+        from walstream.formats.debezium import DebeziumSettings
+
+        if self.format != "debezium":
+            if self.debezium is not None:
+                raise ValueError("debezium: these settings are format: debezium's; set it")
+            if self.destination.format_routes():
+                raise ValueError(
+                    "destination.topic: name the topic (a name or a Spark SQL expression); "
+                    "only format: debezium names each table's topic itself"
+                )
+            return self
+        if self.destination.pull_stream() is not None:
+            raise ValueError(
+                "format: debezium: a pull stream keeps one message per change, and Debezium "
+                "sends a primary-key update as a delete and a create; use format sequin or "
+                "record for a pull stream, or a kafka destination for Debezium's records"
+            )
+        if self.tombstones:
+            raise ValueError(
+                "tombstones: format: debezium sends a tombstone after each delete as Debezium "
+                "does; remove the setting (debezium: {tombstones.on.delete: false} turns "
+                "them off)"
+            )
+        try:
+            DebeziumSettings.of(self.debezium)
+        except ConfigError as exc:
+            raise ValueError(f"{exc.problem}; {exc.fix}") from None
+        return self
+
+    def debezium_settings(self) -> Any:
+        """The sink's `debezium:` block, read (formats/debezium.py `DebeziumSettings`)."""
+        from walstream.formats.debezium import DebeziumSettings
+
+        return DebeziumSettings.of(self.debezium)
+
+    def taken_actions(self) -> list[str]:
+        """The actions the sink takes: `actions` but Debezium's `skipped.operations`."""
+        if self.format != "debezium":
+            return list(self.actions)
+        skipped = self.debezium_settings().skipped
+        return [a for a in self.actions if a not in skipped]
 
     @model_validator(mode="after")
     def _tombstones_need_kafka(self) -> SinkConfig:

@@ -24,16 +24,21 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import SecretStr
+
 from walstream.backoff import INLINE, Backoff
-from walstream.change import ChangeRow, read_idempotency_key
+from walstream.change import ChangeRow, idempotency_key, read_idempotency_key
 from walstream.delivery.decide import ParkEntry, outcomes, within_room
 from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import DEAD, PARKED, ParkingLot
 from walstream.delivery.route import Route
 from walstream.errors import ConfigError, SinkError
 from walstream.formats import formatter
+from walstream.formats.debezium import DebeziumSettings, Records, UnknownTable
+from walstream.formats.debezium_types import PgColumn, load_columns, load_key
 from walstream.secrets import scrubbed, secret_values
 from walstream.sinks.base import BatchInfo, Message, TaskSink
+from walstream.sinks.clients import on_source
 from walstream.sinks.registry import task_sink_for
 
 log = logging.getLogger(__name__)
@@ -67,6 +72,16 @@ class DeliveryPlan:
     )
     fresh: bool = False  # the ledger holds nothing of this batch: no need to ask it
     unblocked: bool = False  # the sink has nothing parked: no group is blocked
+    #: `format: debezium`: the sink's Debezium settings and where its tables' column
+    #: types are read (the source; formats/debezium.py).
+    debezium: DebeziumSettings | None = None
+    source_dsn: SecretStr | None = None
+    #: The format's record key replaces the sink's default key (Debezium's key struct).
+    format_keys: bool = False
+    #: The format names each record's topic (Debezium's `<prefix>.<schema>.<table>`).
+    format_topics: bool = False
+    #: The destination takes the format's tombstones (Kafka); elsewhere they are left out.
+    format_tombstones: bool = False
 
 
 @dataclass
@@ -105,11 +120,23 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
     """Change rows (with the pipeline's _group/_key/_route/_message columns) as Messages."""
     fmt = formatter(plan.format, sink=plan.sink, db=plan.db)
     fn = load_function(plan.transform_function) if plan.transform_function else None
+    records = _records(plan) if fmt is None else None
     for change, group, key, route, message, sql_key in rows:
+        message_key = key.encode() if key is not None else None
+        table = f"{change.schema}.{change.table}"
+        ikey = (
+            None
+            if change.backfill is None
+            else (sql_key or read_idempotency_key(change.backfill, change.pk))
+        )
+        if records is not None and message is None and fn is None:
+            yield from _records_of(plan, records, change, group or "", message_key, route, ikey)
+            continue
         error = None
         if message is not None:
             value: str | None = message
         else:
+            assert fmt is not None, f"format {plan.format} makes records, not one message"
             value = fmt(change)
             if fn is not None:
                 try:
@@ -118,8 +145,6 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
                     error = (
                         f"transform {plan.transform_function} raised {type(exc).__name__}: {exc}"
                     )
-        message_key = key.encode() if key is not None else None
-        table = f"{change.schema}.{change.table}"
         yield Message(
             change.lsn,
             change.seq,
@@ -130,9 +155,7 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             action=change.action,
             group=group or "",
             error=error,
-            idempotency_override=None
-            if change.backfill is None
-            else (sql_key or read_idempotency_key(change.backfill, change.pk)),
+            idempotency_override=ikey,
         )
         if plan.tombstones and change.action == "delete":
             # Shares the delete's cursor: delivery never splits the pair across chunks.
@@ -145,7 +168,66 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
                 table=table,
                 action="tombstone",
                 group=group or "",
+                part=1,
             )
+
+
+def _records(plan: DeliveryPlan) -> Records:
+    """The records maker of a format made as records, reading the source's catalog."""
+    assert plan.source_dsn is not None, f"format {plan.format} needs the source's catalog"
+    dsn = plan.source_dsn.get_secret_value()
+
+    def catalog(oid: int) -> tuple[list[PgColumn], list[str]]:
+        return on_source(dsn, lambda conn: (load_columns(conn, oid), load_key(conn, oid)))
+
+    return Records(plan.debezium or DebeziumSettings(), plan.db, catalog)
+
+
+def _records_of(
+    plan: DeliveryPlan,
+    records: Records,
+    change: ChangeRow,
+    group: str,
+    key: bytes | None,
+    route: str | None,
+    ikey: str | None,
+) -> Iterator[Message]:
+    """A change's records in a format made as records (debezium): they share its cursor
+    and idempotency key; a table gone from the catalog makes the change a dead letter."""
+    table = f"{change.schema}.{change.table}"
+    try:
+        made = records(change)
+    except UnknownTable as exc:
+        yield Message(
+            change.lsn,
+            change.seq,
+            None,
+            key,
+            route,
+            table=table,
+            action=change.action,
+            group=group,
+            error=f"format {plan.format}: {exc}",
+            idempotency_override=ikey,
+        )
+        return
+    for part, (topic, record) in enumerate(made):
+        if record.value is None and not plan.format_tombstones:
+            continue
+        yield Message(
+            change.lsn,
+            change.seq,
+            record.value,
+            record.key if plan.format_keys else key,
+            route or (topic if plan.format_topics else None),
+            table=table,
+            action=change.action if record.value is not None else "tombstone",
+            group=group,
+            idempotency_override=ikey
+            if part == 0
+            else idempotency_key(change.lsn, change.seq, part),
+            part=part,
+        )
 
 
 def send(sink: TaskSink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:

@@ -63,7 +63,7 @@ class Parked:
 
 _COLUMNS = (
     "id, sink, group_key, lsn, seq, tombstone, status, attempts, next_attempt_at, errors, "
-    "key, value, route, table_name, action, created_at, untransformed, ikey"
+    "key, value, route, table_name, action, created_at, untransformed, ikey, part"
 )
 
 
@@ -87,6 +87,7 @@ def _row(r: Sequence[Any]) -> Parked:
         created,
         untransformed,
         ikey,
+        part,
     ) = r
     msg = Message(
         lsn,
@@ -98,6 +99,7 @@ def _row(r: Sequence[Any]) -> Parked:
         action=action,
         group=group,
         idempotency_override=ikey,
+        part=part,
     )
     return Parked(
         id_,
@@ -139,7 +141,7 @@ class ParkingLot(Store):
                      sink_config jsonb, untransformed boolean NOT NULL DEFAULT false,
                      created_at timestamptz NOT NULL DEFAULT now(),
                      updated_at timestamptz NOT NULL DEFAULT now(),
-                     UNIQUE (sink, lsn, seq, tombstone))"""
+                     part smallint NOT NULL DEFAULT 0)"""
             ).format(self.table),
             sql.SQL(
                 "CREATE INDEX IF NOT EXISTS {} ON {} (sink, status, group_key, lsn, seq)"
@@ -155,6 +157,18 @@ class ParkingLot(Store):
             # tables made before `walstream reset` existed
             sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS skip_before bigint").format(
                 self.state
+            ),
+            # tables made before a change could be several records (`Message.part`): a
+            # tombstone was the one after its delete; the key was (sink, lsn, seq, tombstone)
+            sql.SQL(
+                "ALTER TABLE {} ADD COLUMN IF NOT EXISTS part smallint NOT NULL DEFAULT 0"
+            ).format(self.table),
+            sql.SQL("UPDATE {} SET part = 1 WHERE tombstone AND part = 0").format(self.table),
+            sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} (sink, lsn, seq, part)").format(
+                sql.Identifier("parked_messages_part"), self.table
+            ),
+            sql.SQL("ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}").format(
+                self.table, sql.Identifier("parked_messages_sink_lsn_seq_tombstone_key")
             ),
         ]
 
@@ -204,6 +218,7 @@ class ParkingLot(Store):
                     json.dumps(sink_config) if status == DEAD and sink_config else None,
                     m.error is not None,
                     m.idempotency_override,
+                    m.part,
                 )
             )
         if not rows:
@@ -213,9 +228,10 @@ class ParkingLot(Store):
                 sql.SQL(
                     """INSERT INTO {} (sink, group_key, lsn, seq, tombstone, status, attempts,
                          next_attempt_at, errors, key, value, route, table_name, action, sink_config,
-                         untransformed, ikey)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-                       ON CONFLICT (sink, lsn, seq, tombstone) DO NOTHING"""
+                         untransformed, ikey, part)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+                               %s)
+                       ON CONFLICT (sink, lsn, seq, part) DO NOTHING"""
                 ).format(self.table),
                 rows,
             )
@@ -227,7 +243,7 @@ class ParkingLot(Store):
             sql.SQL(
                 """SELECT group_key FROM (
                      SELECT DISTINCT ON (group_key) group_key, next_attempt_at FROM {}
-                     WHERE sink = %s AND status = 'parked' ORDER BY group_key, lsn, seq, tombstone
+                     WHERE sink = %s AND status = 'parked' ORDER BY group_key, lsn, seq, part
                    ) heads WHERE next_attempt_at IS NULL OR next_attempt_at <= now()
                    ORDER BY next_attempt_at NULLS FIRST LIMIT %s"""
             ).format(self.table),
@@ -239,7 +255,7 @@ class ParkingLot(Store):
         rows = self._exec(
             sql.SQL(
                 f"SELECT {_COLUMNS} FROM {{}} WHERE sink = %s AND group_key = %s AND status = %s "
-                "ORDER BY lsn, seq, tombstone LIMIT %s"
+                "ORDER BY lsn, seq, part LIMIT %s"
             ).format(self.table),
             (sink, group, status, limit),
         )
@@ -333,7 +349,7 @@ class ParkingLot(Store):
             sql.SQL(
                 f"SELECT {_COLUMNS} FROM {{}} WHERE status = %s "
                 "AND (%s::text IS NULL OR sink = %s) AND (%s::text IS NULL OR group_key = %s) "
-                "ORDER BY sink, lsn, seq, tombstone LIMIT %s"
+                "ORDER BY sink, lsn, seq, part LIMIT %s"
             ).format(self.table),
             (status, sink, sink, group, group, limit),
         )

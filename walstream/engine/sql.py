@@ -13,7 +13,8 @@ def quote(s: str) -> str:
 
 
 def selection_expr(sink: SinkConfig) -> str:
-    conds = ["action IN (" + ", ".join(quote(a) for a in sink.actions) + ")"]
+    taken = sink.taken_actions()
+    conds = ["action IN (" + ", ".join(quote(a) for a in taken) + ")" if taken else "FALSE"]
     if sink.tables:
         regexes = [fnmatch.translate(t) for t in sink.tables]
         conds.append(

@@ -1,8 +1,8 @@
 """Message formats: how a change row becomes the bytes a sink sends.
 
-One module per format (`sequin`, `debezium`, `record`; `mirror`, the Postgres
-mirror's own), each holding every rendering of it side by side, byte for byte alike
-(tests/unit/formats/, tests/integration/test_formats_sql.py):
+One module per format (`sequin`, `record`; `mirror`, the Postgres mirror's own), each
+holding every rendering of it side by side, byte for byte alike (tests/unit/formats/,
+tests/integration/test_formats_sql.py):
 
 - `python(sink=, db=)`: a function of one `ChangeRow` (the reference; any row);
 - `sql(sink=, db=, backfill=)`: a Spark SQL expression, NULL for a row only Python
@@ -10,8 +10,9 @@ mirror's own), each holding every rendering of it side by side, byte for byte al
 - `arrow(columns, sink=, db=)`: a batch's messages in a few Arrow kernels (a
   streaming batch is formatted by the delivery worker), NULL where only Python can.
 
-`debezium_types.py` and `debezium_message.py` make Debezium's own values and messages
-(issue 48; proven against Debezium, not yet used by `debezium`).
+`debezium` is made by the delivery task alone, as records (`RECORD_FORMATS`): a change can
+be several, each with its own key, their values by the table's column types
+(`debezium.py`; its values `debezium_types.py`, its records `debezium_message.py`).
 `template.py` derives a fourth rendering from `python` for a backfill chunk's rows,
 `keys.py` holds the idempotency, message and group keys in each rendering, and
 `text.py` the pieces all formats write. `record`, `old` and `annotations` arrive as
@@ -30,7 +31,10 @@ from walstream.formats.base import Formatter
 #: The formats a sink's `format` may name.
 FORMATS = ("sequin", "debezium", "record")
 #: The formats made over Arrow columns (the mirror's is made in Python).
-ARROW_FORMATS = FORMATS
+ARROW_FORMATS = ("sequin", "record")
+#: The formats the delivery task makes as records of its own (`debezium.Records`): no
+#: `python`/`sql`/`arrow` rendering of one message per change.
+RECORD_FORMATS = ("debezium",)
 _MODULES: dict[str, ModuleType] = {
     "sequin": sequin,
     "debezium": debezium,
@@ -46,9 +50,13 @@ def _module(name: str) -> ModuleType:
     return found
 
 
-def formatter(name: str, *, sink: str, db: str) -> Formatter:
-    """Format `name` in Python: a function of one change row."""
-    made: Formatter = _module(name).python(sink=sink, db=db)
+def formatter(name: str, *, sink: str, db: str) -> Formatter | None:
+    """Format `name` in Python: a function of one change row; None for a format made as
+    records (`RECORD_FORMATS`)."""
+    module = _module(name)
+    if name in RECORD_FORMATS:
+        return None
+    made: Formatter = module.python(sink=sink, db=db)
     return made
 
 
@@ -72,4 +80,12 @@ def batch_messages(fmt: str, batch: Any, *, sink: str, db: str) -> Any:
     return _module(fmt).arrow(columns, sink=sink, db=db)
 
 
-__all__ = ["ARROW_FORMATS", "FORMATS", "Formatter", "batch_messages", "formatter", "sql_format"]
+__all__ = [
+    "ARROW_FORMATS",
+    "FORMATS",
+    "RECORD_FORMATS",
+    "Formatter",
+    "batch_messages",
+    "formatter",
+    "sql_format",
+]

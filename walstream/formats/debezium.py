@@ -1,99 +1,189 @@
-"""The `debezium` format: Debezium's envelope, `{"before", "after", "source": {...}, "op",
-"ts_ms"}`. Python, Spark SQL and Arrow make the same bytes."""
+"""The `debezium` format: the Kafka records Debezium's PostgreSQL connector sends, under the
+Debezium properties a sink names in its `debezium:` block (Debezium's names and defaults).
+
+Unlike the other formats, a change can be several records (a delete and its tombstone; a
+primary-key update is a delete, a tombstone and a create, each under its own key), each
+with Debezium's key, and every value depends on its column's Postgres type: a delivery
+task reads each table's columns from the source's catalog once (`Records`, given the
+reader), as the table is when the batch is delivered. So the format is made in Python only, by the delivery
+task (no Spark SQL or Arrow rendering). The values are `debezium_types.py`'s, the
+records `debezium_message.py`'s; docs/from-debezium.md lists what differs from Debezium.
+"""
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from walstream.change import ChangeRow
-from walstream.formats.base import Formatter
-from walstream.formats.text import each, json_string, sql_json_string, sql_lit
+from walstream.errors import ConfigError
+from walstream.formats.debezium_message import (
+    PLACEHOLDER,
+    JsonConverter,
+    Message,
+    TableMessages,
+)
+from walstream.formats.debezium_types import PgColumn, Settings
 
-#: Debezium's `op` of each action.
-DEBEZIUM_OP = {"insert": "c", "update": "u", "delete": "d", "read": "r", "truncate": "t"}
-#: Debezium's marker on incremental-snapshot reads (a backfill's rows).
-SNAPSHOT = ',"snapshot":"incremental"'
+#: Kafka Connect's JSON converter, the one converter walstream writes.
+JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+
+#: The properties a sink's `debezium:` block takes (Debezium's names), with what they do.
+PROPERTIES: dict[str, str] = {
+    "decimal.handling.mode": "precise | double | string (numeric and money)",
+    "time.precision.mode": "adaptive | adaptive_time_microseconds | connect",
+    "binary.handling.mode": "bytes | base64 | base64-url-safe | hex",
+    "interval.handling.mode": "numeric | string",
+    "hstore.handling.mode": "json | map",
+    "money.fraction.digits": "digits of a money value (default 2)",
+    "tombstones.on.delete": "a null-value record after each delete (default true)",
+    "unavailable.value.placeholder": "an unchanged TOAST value (default "
+    "__debezium_unavailable_value)",
+    "skipped.operations": "operations not sent: c, u, d, t or none (default t)",
+    "topic.prefix": "topics <prefix>.<schema>.<table> (default: the source's name)",
+    "key.converter": JSON_CONVERTER,
+    "value.converter": JSON_CONVERTER,
+    "key.converter.schemas.enable": "the key as {schema, payload} (default true)",
+    "value.converter.schemas.enable": "the value as {schema, payload} (default true)",
+}
+#: Debezium's operation letters, as `skipped.operations` names them.
+SKIPPABLE = {"c": "insert", "u": "update", "d": "delete", "t": "truncate"}
+#: Characters a Kafka topic may hold; Debezium replaces any other with `_`.
+_TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]")
 
 
-def python(*, sink: str, db: str) -> Formatter:
-    db_json = json_string(db)
+@dataclass(frozen=True)
+class DebeziumSettings:
+    """A sink's `debezium:` block, read (defaults are Debezium's)."""
 
-    def fmt(c: ChangeRow) -> str:
-        if c.action == "delete":
-            before, after = c.old or c.record or "null", "null"
-        elif c.action == "update":
-            before, after = c.old or "null", c.record or "null"
-        else:
-            before, after = "null", c.record or "null"
-        return (
-            f'{{"before":{before},"after":{after},"source":{{"connector":"walstream",'
-            f'"name":{json_string(c.source)},"db":{db_json},"schema":{json_string(c.schema)},'
-            f'"table":{json_string(c.table)},"lsn":{c.lsn},"txId":{"null" if c.xid is None else c.xid},'
-            f'"ts_ms":{c.committed_at_us // 1000}{SNAPSHOT if c.backfill is not None else ""}}},'
-            f'"op":"{DEBEZIUM_OP[c.action]}",'
-            f'"ts_ms":{time.time_ns() // 1_000_000}}}'
+    values: Settings = field(default_factory=Settings)
+    tombstones: bool = True
+    placeholder: str = PLACEHOLDER
+    #: The actions not sent (`skipped.operations`).
+    skipped: frozenset[str] = frozenset({"truncate"})
+    prefix: str | None = None  # None: the change's source name
+    key_schemas: bool = True
+    value_schemas: bool = True
+
+    @classmethod
+    def of(cls, props: Mapping[str, Any] | None) -> DebeziumSettings:
+        """From Debezium's property names; an unknown property or value is a ConfigError
+        naming it and what it takes."""
+        props = dict(props or {})
+        unknown = sorted(set(props) - set(PROPERTIES))
+        if unknown:
+            raise ConfigError(
+                f"debezium: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a "
+                "message setting walstream takes",
+                f"use {', '.join(PROPERTIES)}; the connection, slot, publication and tables "
+                "are the source's settings (walstream import debezium converts a connector's "
+                "config: docs/from-debezium.md)",
+            )
+        for prop in ("key.converter", "value.converter"):
+            if prop in props and props[prop] != JSON_CONVERTER:
+                raise ConfigError(
+                    f"debezium: {prop} is {props[prop]!r}",
+                    f"use {JSON_CONVERTER}: Avro and other converters need a schema registry "
+                    "walstream does not write to yet (docs/from-debezium.md)",
+                )
+        skipped = str(props.get("skipped.operations", "t")).replace(" ", "")
+        letters = [] if skipped == "none" else [s for s in skipped.split(",") if s]
+        bad = [s for s in letters if s not in SKIPPABLE]
+        if bad:
+            raise ConfigError(
+                f"debezium: skipped.operations has {', '.join(map(repr, bad))}",
+                "list c, u, d, t separated by commas, or none",
+            )
+        prefix = props.get("topic.prefix")
+        if prefix is not None and not str(prefix).strip():
+            raise ConfigError("debezium: topic.prefix is empty", "name the topics' prefix")
+        return cls(
+            values=Settings.of(props),
+            tombstones=_flag(props, "tombstones.on.delete", True),
+            placeholder=str(props.get("unavailable.value.placeholder", PLACEHOLDER)),
+            skipped=frozenset(SKIPPABLE[s] for s in letters),
+            prefix=None if prefix is None else str(prefix),
+            key_schemas=_flag(props, "key.converter.schemas.enable", True),
+            value_schemas=_flag(props, "value.converter.schemas.enable", True),
         )
 
-    return fmt
+
+def _flag(props: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = props.get(name, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise ConfigError(f"debezium: {name} is {value!r}", "write true or false")
+    return text == "true"
 
 
-def sql(*, sink: str, db: str, backfill: bool) -> str:
-    before = (
-        "CASE action WHEN 'delete' THEN coalesce(old, record, 'null') "
-        "WHEN 'update' THEN coalesce(old, 'null') ELSE 'null' END"
-    )
-    after = "CASE WHEN action = 'delete' THEN 'null' ELSE coalesce(record, 'null') END"
-    op = (
-        "CASE action " + " ".join(f"WHEN '{a}' THEN '{o}'" for a, o in DEBEZIUM_OP.items()) + " END"
-    )
-    snapshot = (
-        f"CASE WHEN backfill IS NOT NULL THEN {sql_lit(SNAPSHOT)} ELSE '' END" if backfill else "''"
-    )
-    return (
-        f"concat('{{\"before\":', {before}, ',\"after\":', {after}, "
-        f'\',"source":{{"connector":"walstream","name":\', {sql_json_string("source")}, '
-        f"',\"db\":', {sql_lit(json_string(db))}, ',\"schema\":', {sql_json_string('`schema`')}, "
-        f"',\"table\":', {sql_json_string('`table`')}, ',\"lsn\":', lsn, "
-        f"',\"txId\":', coalesce(CAST(xid AS STRING), 'null'), "
-        f'\',"ts_ms":\', unix_millis(committed_at), {snapshot}, \'}},"op":"\', {op}, '
-        f"'\",\"ts_ms\":', unix_millis(current_timestamp()), '}}')"
-    )
+def topic(prefix: str, schema: str, table: str) -> str:
+    """Debezium's topic of a table: `<prefix>.<schema>.<table>`, any character a topic
+    cannot hold as `_`."""
+    return _TOPIC_UNSAFE.sub("_", f"{prefix}.{schema}.{table}")
 
 
-def arrow(col: dict[str, Any], *, sink: str, db: str) -> Any:
-    """Rows of a streaming batch (no backfill rows: their batches are made in SQL)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+class UnknownTable(Exception):
+    """The change's table is no longer in the source's catalog: its column types, which
+    Debezium's values need, are gone."""
 
-    null = pa.scalar("null")
-    at = col["committed_at"].cast(pa.int64())
-    action, old = col["action"], col["old"]
-    delete, update = pc.equal(action, "delete"), pc.equal(action, "update")
-    before = pc.if_else(
-        delete,
-        pc.coalesce(old, col["record"], null),
-        pc.if_else(update, pc.coalesce(old, null), null),
-    )
-    pieces = [
-        '{"before":',
-        before,
-        ',"after":',
-        pc.if_else(delete, null, pc.coalesce(col["record"], null)),
-        ',"source":{"connector":"walstream","name":',
-        each(col["source"], json_string),
-        f',"db":{json_string(db)},"schema":',
-        each(col["schema"], json_string),
-        ',"table":',
-        each(col["table"], json_string),
-        ',"lsn":',
-        col["lsn"].cast(pa.string()),
-        ',"txId":',
-        pc.coalesce(col["xid"].cast(pa.string()), null),
-        ',"ts_ms":',
-        each(at, lambda us: str(us // 1000)),
-        '},"op":"',
-        each(action, lambda a: DEBEZIUM_OP.get(a)),  # unknown: NULL, left to Python
-        f'","ts_ms":{time.time_ns() // 1_000_000}}}',
-    ]
-    return pc.binary_join_element_wise(*pieces, "")
+
+class Records:
+    """Debezium's records of one delivery task's changes: `records(change)` is a list of
+    (topic, record), none for a skipped operation. Each table's columns and primary key
+    are read from the source's catalog at its first change in the task."""
+
+    def __init__(
+        self,
+        settings: DebeziumSettings,
+        db: str,
+        catalog: Callable[[int], tuple[list[PgColumn], list[str]]],
+    ) -> None:
+        """`catalog(table_oid)`: the table's columns and primary key, as `load_columns`
+        and `load_key` read them from the source (none: the table is gone)."""
+        self.settings, self.db, self.catalog = settings, db, catalog
+        self._tables: dict[tuple[int, str, str, str], TableMessages] = {}
+        self._keys = JsonConverter(settings.key_schemas)
+        self._values = JsonConverter(settings.value_schemas)
+
+    def __call__(self, c: ChangeRow) -> list[tuple[str, Message]]:
+        if c.action in self.settings.skipped:
+            return []
+        prefix = self.settings.prefix or c.source
+        made = self._table(c, prefix).messages(c, time.time_ns() // 1000)
+        name = topic(prefix, c.schema, c.table)
+        return [(name, m) for m in made]
+
+    def _table(self, c: ChangeRow, prefix: str) -> TableMessages:
+        oid = c.table_oid
+        if oid is None:
+            raise UnknownTable(f"{c.schema}.{c.table}: the change has no table OID")
+        at = (oid, c.schema, c.table, prefix)  # a renamed table keeps its OID
+        found = self._tables.get(at)
+        if found is None:
+            columns, key = self.catalog(oid)
+            if not columns:
+                raise UnknownTable(
+                    f"{c.schema}.{c.table} (OID {oid}) is no longer in the source's catalog: "
+                    "Debezium's values need its column types"
+                )
+            s = self.settings
+            found = TableMessages(
+                prefix,
+                self.db,
+                c.schema,
+                c.table,
+                columns,
+                key,
+                s.values,
+                key_converter=self._keys,
+                value_converter=self._values,
+                tombstones=s.tombstones,
+                placeholder=s.placeholder,
+            )
+            self._tables[at] = found
+        return found

@@ -3,12 +3,13 @@ Kafka Connect's JsonConverter make them (`{"schema", "payload"}` with schemas on
 payload alone with them off), from a change row and its table's columns
 (`debezium_types.load_columns`).
 
-The reference (Python) maker of `format: debezium` (issue 48): one change is one message,
-but a primary-key update is three (a delete of the old key, its tombstone, a create) and
-a delete is followed by its tombstone (`tombstones.on.delete`). A REPLICA IDENTITY
-DEFAULT delete's `before` holds every column (null but the key's), an unchanged TOAST
-value is `unavailable.value.placeholder`. Checked against Debezium 3.6 itself
-(tests/integration/test_debezium_messages.py); docs/from-debezium.md lists what differs.
+The records of `format: debezium` (`debezium.py`): one change is one record, but a
+primary-key update is three (a delete of the old key, its tombstone, a create) and a
+delete is followed by its tombstone (`tombstones.on.delete`; none without a key). A
+REPLICA IDENTITY DEFAULT delete's `before` holds every column (null but the key's), an
+unchanged TOAST value is `unavailable.value.placeholder`. Checked against Debezium 3.6
+itself (tests/integration/test_debezium_messages.py, test_debezium_run.py);
+docs/from-debezium.md lists what differs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from walstream.change import ChangeRow
 from walstream.formats.debezium_types import Column, PgColumn, Settings, fields, object_spans
@@ -66,10 +67,31 @@ _TRANSACTION_SCHEMA = {
 
 @dataclass(frozen=True)
 class Message:
-    """One Kafka record: key and value JSON (None: a tombstone's value)."""
+    """One Kafka record: its key and value as the converter made them (None: no key, as
+    of a table with no primary key or a truncate; a tombstone's value)."""
 
-    key: str
-    value: str | None
+    key: bytes | None
+    value: bytes | None
+
+
+class JsonConverter:
+    """Kafka Connect's JsonConverter: `{"schema", "payload"}` when `schemas_enable` (its
+    `schemas.enable`, on by default), else the payload alone; compact JSON, UTF-8.
+
+    The converter seam: a record is made as (schema, payload) and encoded here, so a
+    converter with another wire format (Avro with a schema registry's id, not available
+    here: docs/from-debezium.md) is a class with this `encode`."""
+
+    def __init__(self, schemas_enable: bool = True) -> None:
+        self.schemas_enable = schemas_enable
+
+    def encode(self, schema: dict[str, Any], payload: Any) -> bytes:
+        body = {"schema": schema, "payload": payload} if self.schemas_enable else payload
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class Converter(Protocol):
+    def encode(self, schema: dict[str, Any], payload: Any) -> bytes: ...
 
 
 class TableMessages:
@@ -84,7 +106,8 @@ class TableMessages:
         columns: Sequence[PgColumn],
         key: Sequence[str],
         settings: Settings | None = None,
-        schemas: bool = True,
+        key_converter: Converter | None = None,
+        value_converter: Converter | None = None,
         tombstones: bool = True,
         placeholder: str = PLACEHOLDER,
     ) -> None:
@@ -93,12 +116,16 @@ class TableMessages:
         #: The columns Debezium sends (not those it leaves out), by name.
         self.sent = [(n, c) for n, c in made if c.schema() is not None]
         self.key_names = list(key)
-        self.schemas, self.tombstones, self.placeholder = schemas, tombstones, placeholder
+        self._sent_names = {n for n, _ in self.sent}
+        self.keys = key_converter or JsonConverter()
+        self.values = value_converter or JsonConverter()
+        self.tombstones, self.placeholder = tombstones, placeholder
         base = f"{prefix}.{schema}.{table}"
+        sent = dict(self.sent)
         columns_schema = [c.schema() for _, c in self.sent]
         self.key_schema = {
             "type": "struct",
-            "fields": [c.schema() for n, c in self.sent if n in self.key_names],
+            "fields": [sent[n].schema() for n in self.key_names if n in sent],
             "optional": False,
             "name": f"{base}.Key",
         }
@@ -156,14 +183,18 @@ class TableMessages:
             return base64.b64encode(raw).decode()
         return self.placeholder if schema["type"] == "string" else None
 
-    def key_of(self, row: dict[str, Any]) -> dict[str, Any]:
-        return {n: row.get(n) for n, _ in self.sent if n in self.key_names}
+    def key_of(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The record key's payload: the primary key's columns in the key's order; None
+        for a table with no primary key (Debezium's key is then null)."""
+        if not self.key_names:
+            return None
+        return {n: row.get(n) for n in self.key_names if n in self._sent_names}
 
     # -- messages ------------------------------------------------------------------------
     def messages(self, c: ChangeRow, now_us: int) -> list[Message]:
         """The Kafka records of one change (`now_us`: the envelope's processing time)."""
         if c.action == "truncate":
-            return [self._message(None, None, c, "t", now_us, {})]
+            return [self._message(None, None, c, "t", now_us, None)]
         after = self.row(c.record, c.json_nulls or (), c.unchanged_toast or ())
         if c.action in ("insert", "read"):
             assert after is not None
@@ -173,14 +204,14 @@ class TableMessages:
             assert before is not None
             key = self.key_of(before)
             out = [self._message(before, None, c, "d", now_us, key)]
-            return out + ([self._tombstone(key)] if self.tombstones else [])
+            return out + self._tombstones(key)
         before = self.row(c.old)
         assert after is not None
         key = self.key_of(after)
         if before is not None and self.key_of(before) != key:  # the key moved
             old_key = self.key_of(before)
             out = [self._message(before, None, c, "d", now_us, old_key)]
-            out += [self._tombstone(old_key)] if self.tombstones else []
+            out += self._tombstones(old_key)
             return [*out, self._message(None, after, c, "c", now_us, key)]
         return [self._message(before, after, c, "u", now_us, key)]
 
@@ -191,7 +222,7 @@ class TableMessages:
         c: ChangeRow,
         op: str,
         now_us: int,
-        key: dict[str, Any],
+        key: dict[str, Any] | None,
     ) -> Message:
         payload = {
             "before": before,
@@ -203,14 +234,15 @@ class TableMessages:
             "ts_us": now_us,
             "ts_ns": now_us * 1000,
         }
-        return Message(self._wrap(self.key_schema, key), self._wrap(self.value_schema, payload))
+        return Message(self._key(key), self.values.encode(self.value_schema, payload))
 
-    def _tombstone(self, key: dict[str, Any]) -> Message:
-        return Message(self._wrap(self.key_schema, key), None)
+    def _tombstones(self, key: dict[str, Any] | None) -> list[Message]:
+        """The tombstone after a delete: none when they are off, or the table has no key
+        (a null key compacts nothing: Debezium sends none)."""
+        return [Message(self._key(key), None)] if self.tombstones and key is not None else []
 
-    def _wrap(self, schema: dict[str, Any], payload: Any) -> str:
-        body = {"schema": schema, "payload": payload} if self.schemas else payload
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    def _key(self, key: dict[str, Any] | None) -> bytes | None:
+        return None if key is None else self.keys.encode(self.key_schema, key)
 
     def source(self, c: ChangeRow) -> dict[str, Any]:
         """Debezium's `source` block. `lsn` is the commit's (Debezium's is each change's own

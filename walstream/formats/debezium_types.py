@@ -611,3 +611,17 @@ def load_columns(conn: Any, table_oid: int) -> list[PgColumn]:
             )
         )
     return out
+
+
+_PRIMARY_KEY = """
+SELECT a.attname FROM pg_index i
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = %s AND i.indisprimary
+ORDER BY array_position(i.indkey::int2[], a.attnum)
+"""
+
+
+def load_key(conn: Any, table_oid: int) -> list[str]:
+    """The table's primary key columns (Debezium's record key; none without one: a
+    replica identity index is not Debezium's key)."""
+    return [str(r[0]) for r in conn.execute(_PRIMARY_KEY, (table_oid,)).fetchall()]

@@ -71,7 +71,10 @@ class ReadTemplate:
             None,
             backfill=backfill,
         )
-        text = formatter(fmt, sink=sink, db=db)(row)
+        made = formatter(fmt, sink=sink, db=db)
+        if made is None:  # a format made as records (debezium)
+            return None
+        text = made(row)
         markers = {
             "record": _RECORD,
             "seq": str(_SEQ),

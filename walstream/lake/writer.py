@@ -33,8 +33,7 @@ from walstream.lake.contract import FilesBatch, TableBatch, TableSink, Written
 from walstream.lake.files import StagedFiles, discard, stage_changelog
 from walstream.lake.sources import LakeSources
 from walstream.lake.typed import RAW_COLUMNS, batch_rows, place, to_batch
-from walstream.sinks.clients import Clients
-from walstream.state.db import once_more
+from walstream.sinks.clients import on_source
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,25 +68,6 @@ class TablesWritten:
         self.replayed += int(written.replayed)
         self.written.add(table)
         self.max_committed_us = max(self.max_committed_us, newest)
-
-
-#: One autocommit connection per source and thread, for the catalog reads of each batch.
-_SOURCES: Clients[Any] = Clients(per_thread=True)
-
-
-def on_source(dsn: str, fn: Callable[[Any], T]) -> T:
-    """`fn(conn)` on this thread's catalog connection to the source, with the state
-    database's retry policy (a connection the server dropped is replaced once)."""
-    import psycopg
-
-    def connect() -> Any:
-        return _SOURCES.get(
-            dsn,
-            lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=10),
-            lambda c: not c.closed and not c.broken,
-        )
-
-    return once_more(connect, fn)
 
 
 @dataclass

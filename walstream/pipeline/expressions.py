@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from walstream.change import CHANGE_COLUMNS
 from walstream.config import SinkConfig
 from walstream.engine.sql import quote, selection_expr
-from walstream.formats import ARROW_FORMATS, sql_format
+from walstream.formats import ARROW_FORMATS, RECORD_FORMATS, sql_format
 from walstream.formats.keys import GROUP_KEY_SQL, MESSAGE_KEY_SQL, sql_idempotency_key
 from walstream.sinks.base import DestinationSettings
 
@@ -56,8 +56,8 @@ TRIMMED = ("record", "old", "annotations")
 class Projection:
     where: str  # the rows the sink takes
     keep: list[str]  # the change columns delivery reads
-    # _group, _key, and _route, _message, _ikey when the sink has them (the mirror: also
-    # unchanged_toast, see NO_NULL_ARRAY)
+    # _group, _key, and _route, _message, _ikey when the sink has them (unchanged_toast
+    # and json_nulls when delivery reads them, see NO_NULL_ARRAY)
     columns: list[str]
     sql_message: bool  # SQL makes the message (its format), not Python
     #: The format the delivery worker makes each Arrow batch's messages in (formats/: each format's `arrow`),
@@ -90,9 +90,10 @@ def projection(
     if formatted is not None or worker is not None or isinstance(sink.transform, dict):
         cols.append(f"{sql_idempotency_key(backfill)} AS _ikey")
     keep = [f"`{c}`" for c in delivery_columns(sink)]
-    if "`unchanged_toast`" in keep:  # the mirror's: an empty array where it is NULL
-        keep.remove("`unchanged_toast`")
-        cols.append(f"{NO_NULL_ARRAY.format('unchanged_toast')} AS unchanged_toast")
+    for array in ("unchanged_toast", "json_nulls"):  # an empty array where it is NULL
+        if f"`{array}`" in keep:
+            keep.remove(f"`{array}`")
+            cols.append(f"{NO_NULL_ARRAY.format(array)} AS {array}")
     if backfill:  # a read row's idempotency key is its backfill id and pk
         keep += ["backfill"] + ([] if "`pk`" in keep else ["`pk`"])
     where = selection_expr(sink)
@@ -125,11 +126,13 @@ def delivery_columns(sink: SinkConfig) -> list[str]:
 
     `pk` and `unchanged_toast` are never in a message (the key and group are computed
     before); a SQL transform's `_message` replaces the formatted row entirely.
-    `table_oid` and `json_nulls` are in no format's message: only the mirror and Python
-    transforms read them.
+    `table_oid` and `json_nulls` are in no format's message: only the mirror, Python
+    transforms and Debezium's records (their table's types, unchanged TOAST) read them.
     """
     if sink.destination.message_format() == "mirror":
         return [c for c in CHANGE_COLUMNS if c not in ("annotations", "xid")]
+    if sink.format in RECORD_FORMATS and sink.transform is None:  # debezium: by type
+        return [c for c in CHANGE_COLUMNS if c not in ("pk", "annotations")]
     skip = {"pk", "unchanged_toast"}
     if isinstance(sink.transform, dict):
         skip |= {"xid", "record", "old", "annotations"}

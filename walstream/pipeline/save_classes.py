@@ -104,7 +104,7 @@ def _job(target: Path) -> None:
         "CAST(NULL AS STRING) AS old",
         "CAST(NULL AS STRING) AS annotations",
     )
-    for name in ("sequin", "debezium"):
+    for name in ("sequin", "record"):
         message = sql_format(name, sink="out", db="app", backfill=False)
         ikey = sql_idempotency_key(False)
         out = rows.selectExpr("*", f"{message} AS _message", f"{ikey} AS _ikey").repartition(2)

@@ -63,6 +63,11 @@ class DestinationSettings(Model):
         """A format this destination needs whatever the sink's `format` says (or None)."""
         return None
 
+    def format_routes(self) -> bool:
+        """Each message goes where its format names (`format: debezium`: Debezium's topic
+        of its table), the settings naming no place (Kafka with no `topic`)."""
+        return False
+
     def group_by(self) -> list[str] | None:
         """The grouping this destination needs (None: the sink's `group_by`, default per row)."""
         return None
@@ -155,8 +160,12 @@ class Message(NamedTuple):
     #: Set when the message could not be built (a Python transform raised): it is never
     #: sent; the delivery layer makes it a dead letter with this reason.
     error: str | None = None
-    #: The idempotency key when it is not the cursor's (backfill rows: backfill id + pk).
+    #: The idempotency key when it is not the cursor's (backfill rows: backfill id + pk;
+    #: a change's further records).
     idempotency_override: str | None = None
+    #: Which of its change's records (0 the first): a tombstone after its delete is 1, as
+    #: are Debezium's further records of one change (`formats/debezium.py`).
+    part: int = 0
 
     @property
     def cursor(self) -> tuple[int, int]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from walstream.state.db import once_more
 
 T = TypeVar("T")
 
@@ -65,3 +67,23 @@ class Clients(Generic[T]):
             for client in dropped:
                 with contextlib.suppress(Exception):
                     close(client)
+
+
+#: One autocommit connection per source and thread: a task's catalog reads on the source
+#: (a lake batch's table shapes and rows by key, Debezium's column types).
+_SOURCES: Clients[Any] = Clients(per_thread=True)
+
+
+def on_source(dsn: str, fn: Callable[[Any], T]) -> T:
+    """`fn(conn)` on this thread's catalog connection to the source, with the state
+    database's retry policy (a connection the server dropped is replaced once)."""
+    import psycopg
+
+    def connect() -> Any:
+        return _SOURCES.get(
+            dsn,
+            lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=10),
+            lambda c: not c.closed and not c.broken,
+        )
+
+    return once_more(connect, fn)

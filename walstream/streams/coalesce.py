@@ -79,17 +79,13 @@ def net(first: str, last: str) -> str | None:
 
 def rewrite(message: str, fmt: str, action: str, original: str) -> str:
     """A message whose net action differs from its own action, in the net action's form
-    (sequin's `action`, Debezium's `op`); other formats carry no action and stay as they are."""
-    if action == original or fmt not in ("sequin", "debezium"):
+    (sequin's `action`); other formats carry no action and stay as they are (a pull
+    stream takes no `format: debezium`: one change can be several of its records)."""
+    if action == original or fmt != "sequin":
         return message
     body = json.loads(message)
     if not isinstance(body, dict):
         return message
-    if fmt == "sequin":
-        body["action"] = action
-        body["changes"] = None  # what changed across the coalesced changes is not known
-    else:
-        body["op"] = {"insert": "c", "read": "r", "update": "u", "delete": "d"}[action]
-        if action in ("insert", "read"):
-            body["before"] = None
+    body["action"] = action
+    body["changes"] = None  # what changed across the coalesced changes is not known
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))

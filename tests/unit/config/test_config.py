@@ -102,8 +102,10 @@ def test_missing_source_reference() -> None:
 
 
 def test_missing_required_key() -> None:
-    msg = error_of(with_change("sinks.0.destination.topic", _DELETE))
-    assert "sinks[0].destination.topic: required key is missing" in msg
+    msg = error_of(with_change("sinks.0.destination.bootstrap_servers", _DELETE))
+    assert "sinks[0].destination.bootstrap_servers: required key is missing" in msg
+    msg = error_of(with_change("sinks.0.destination.topic", _DELETE))  # only debezium's is named
+    assert "destination.topic: name the topic" in msg and "only format: debezium" in msg
 
 
 def test_bad_dsn_is_named_but_never_echoed() -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from tests.changes import TS, TS_MS, row
+from tests.changes import TS, row
 from walstream.change import ChangeRow, change_key
 from walstream.formats import ARROW_FORMATS, batch_messages, formatter
 
@@ -51,17 +50,11 @@ def batch(rows: list[ChangeRow]) -> Any:
 @pytest.mark.parametrize("name", ARROW_FORMATS)
 def test_arrow_messages_equal_the_python_formatter(name: str) -> None:
     sink, db = 'sink "one"\x01', "app\\db"
-    before = time.time_ns() // 1_000_000
     got = batch_messages(name, batch(ROWS), sink=sink, db=db).to_pylist()
-    after = time.time_ns() // 1_000_000
     fmt = formatter(name, sink=sink, db=db)
+    assert fmt is not None
     for r, made in zip(ROWS, got, strict=True):
-        python = fmt(r)
-        if name == "debezium":  # the envelope's ts_ms is the time it was formatted
-            m = TS_MS.search(made)
-            assert m and before <= int(m.group(1)) <= after
-            python, made = TS_MS.sub("}", python), TS_MS.sub("}", made)
-        assert made == python, r
+        assert made == fmt(r), r
         json.loads(made)
 
 
@@ -75,8 +68,7 @@ def test_a_batch_of_one_transaction_and_a_slice_are_formatted_alike() -> None:
     ]
 
 
-def test_an_action_a_format_does_not_know_gets_no_message() -> None:
-    got = batch_messages("debezium", batch([row("insert"), row("merge")]), sink="s", db="d")
-    assert got[0].as_py() is not None and got[1].as_py() is None
-    with pytest.raises(ValueError, match="not made in Arrow"):
-        batch_messages("mirror", batch([row("insert")]), sink="s", db="d")
+def test_a_format_not_made_in_arrow_is_refused() -> None:
+    for name in ("mirror", "debezium"):
+        with pytest.raises(ValueError, match="not made in Arrow"):
+            batch_messages(name, batch([row("insert")]), sink="s", db="d")

@@ -4,7 +4,6 @@ with their idempotency keys, message keys and places in the batch."""
 from __future__ import annotations
 
 import json
-import re
 
 import pyarrow as pa
 import pytest
@@ -27,7 +26,7 @@ def staged(pks: list[list[str | None]]) -> pa.Table:
     })  # fmt: skip
 
 
-@pytest.mark.parametrize("fmt", ["sequin", "debezium", "record"])
+@pytest.mark.parametrize("fmt", ["sequin", "record"])
 @pytest.mark.parametrize("names", [("public", "t"), ('we"ird', "tä\\ble")])
 def test_messages_equal_the_format_functions(fmt, names):
     schema, table = names
@@ -40,10 +39,8 @@ def test_messages_equal_the_format_functions(fmt, names):
     for i, pk in enumerate(PKS):
         row = ChangeRow("src", 900, 4 + 2 * i, None, 1_700_000_000_123_456, "read", schema, table,
                         pk, RECORDS[i], None, None, None, backfill=7)  # fmt: skip
-        got, expected = out["_message"][i], want(row)
-        if fmt == "debezium":  # the envelope's ts_ms is the time it was formatted
-            got, expected = (re.sub(r',"ts_ms":\d+}$', "", m) for m in (got, expected))
-        assert got == expected
+        assert want is not None
+        assert out["_message"][i] == want(row)
         assert out["_ikey"][i] == read_idempotency_key(7, pk)
         assert out["_key"][i] == ",".join(pk)
         assert (out["lsn"][i], out["seq"][i], out["action"][i]) == (900, 4 + 2 * i, "read")
@@ -64,3 +61,9 @@ def test_the_group_is_the_pipelines_default_group():
     assert group_keys("public", "t", pa.array([["1", "x"]], pa.list_(pa.string()))).to_pylist() == [
         "public\x1ft\x1f1,x"
     ]
+
+
+def test_a_format_made_as_records_has_no_template():
+    """Debezium's records depend on the table's column types: Spark places their rows."""
+    assert ReadTemplate.of("debezium", sink="s", db="d", source="src", schema="public",
+                           table="t", backfill=1, lsn=5, committed_us=0) is None  # fmt: skip

@@ -85,7 +85,21 @@ def test_a_python_transform_needs_the_row_and_no_sql_message() -> None:
     s = sink(transform="myapp.cdc:shape")
     p = projection(s)
     assert not p.sql_message and not any("_message" in c for c in p.columns)
-    assert delivery_columns(s) == [c.strip("`") for c in p.keep]
+    # every column it reads travels on; json_nulls as an empty array where NULL
+    assert delivery_columns(s) == [c.strip("`") for c in p.keep] + ["json_nulls"]
+    assert p.names[-1] == "json_nulls" and "coalesce(`json_nulls`" in p.columns[-1]
+
+
+def test_debezium_reads_the_columns_its_records_need_and_skips_truncates_by_default() -> None:
+    s = sink(format="debezium")
+    p = projection(s)
+    assert not p.sql_message and p.worker_format is None  # made by the task, as records
+    assert {"table_oid", "json_nulls", "unchanged_toast", "old", "record", "xid"} <= set(p.names)
+    assert "action IN ('insert', 'update', 'delete', 'read')" in p.where  # skipped.operations: t
+    every = sink(format="debezium", debezium={"skipped.operations": "none"})
+    assert "'truncate'" in projection(every).where
+    none = sink(format="debezium", debezium={"skipped.operations": "c,u,d,t"}, actions=["insert"])
+    assert projection(none).where.startswith("FALSE")
 
 
 def test_the_expressions_a_user_wrote_are_the_ones_validated() -> None:

@@ -41,7 +41,9 @@ from walstream.sinks.registry import register
 class KafkaDestination(MessageDestination):
     type: Literal["kafka"]
     bootstrap_servers: str = Field(min_length=1)
-    topic: str = Field(min_length=1)  # a topic name, or a Spark SQL expression
+    #: A topic name, or a Spark SQL expression; none: the format's topic of each table
+    #: (`format: debezium`: `<topic.prefix>.<schema>.<table>`, as Debezium names them).
+    topic: str | None = Field(None, min_length=1)
     key: str = "pk"  # "pk" (key values joined by ','), or a Spark SQL expression
     producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
     create_topics: bool = False
@@ -54,7 +56,10 @@ class KafkaDestination(MessageDestination):
         return super().key_expression() if self.key == "pk" else self.key
 
     def route_expression(self) -> str | None:
-        return None if is_name(self.topic) else self.topic
+        return None if self.topic is None or is_name(self.topic) else self.topic
+
+    def format_routes(self) -> bool:
+        return self.topic is None
 
 
 #: Our defaults under the user's `producer` settings (which win).
@@ -152,14 +157,21 @@ class KafkaSink(MessageSink):
         if not messages:
             return
         default = self.config.topic
+        if default is None and not all(m.route for m in messages):
+            raise SinkError(
+                "Kafka: a message has no topic (no destination.topic, no topic of its format)",
+                "set destination.topic",
+                retryable=False,
+            )
         ikeys = [m.idempotency_key for m in messages]
         self._send(
-            [m.route or default for m in messages],
+            [m.route or default or "" for m in messages],
             [m.value for m in messages],
             [m.key for m in messages],
             (ikeys, [m.lsn for m in messages], [m.table for m in messages]),
             lambda failed: _failed_indices(
-                [(i, m.value is None) for i, m in zip(ikeys, messages, strict=True)], failed
+                [(i, m.value is None, m.key) for i, m in zip(ikeys, messages, strict=True)],
+                failed,
             ),
         )
 
@@ -173,19 +185,26 @@ class KafkaSink(MessageSink):
         if n == 0:
             return
         col = dict(zip(batch.schema.names, batch.columns, strict=True))
-        default = self.config.topic
+        default = self.config.topic or ""  # no topic: only with format debezium (not here)
         routes = col["_route"].to_pylist() if "_route" in col else None
         topics = [r or default for r in routes] if routes else [default] * n
         ikeys = col["_ikey"].to_pylist()
         with no_pandas():  # "." is converted from Python (see nopandas.py)
             tables = pc.binary_join_element_wise(col["schema"], col["table"], ".").to_pylist()
         lsns = col["lsn"].to_pylist()
+        keys = col["_key"].to_pylist()
         self._send(
             topics,
             col["_message"].to_pylist(),
-            col["_key"].to_pylist(),
+            keys,
             (ikeys, lsns, tables),
-            lambda failed: _failed_indices([(i, False) for i in ikeys], failed),
+            lambda failed: _failed_indices(
+                [
+                    (i, False, None if k is None else k.encode())
+                    for i, k in zip(ikeys, keys, strict=True)
+                ],
+                failed,
+            ),
         )
 
     def _send(
@@ -282,7 +301,12 @@ class KafkaSink(MessageSink):
                 retryable=True,
             ) from exc
         topic = self.config.topic
-        if is_name(topic) and topic not in meta.topics and not self.config.create_topics:
+        if (
+            topic is not None
+            and is_name(topic)
+            and topic not in meta.topics
+            and not self.config.create_topics
+        ):
             raise SinkError(
                 f"Kafka: topic {topic!r} does not exist on {self.config.bootstrap_servers}",
                 "create it, or set destination.create_topics: true",
@@ -314,22 +338,23 @@ def _reset_codes() -> set[int]:
 
 
 def _failed_indices(
-    sent: Sequence[tuple[str, bool]], failed: list[tuple[Any, Any]]
+    sent: Sequence[tuple[str, bool, bytes | None]], failed: list[tuple[Any, Any]]
 ) -> dict[int, Any]:
     """Indices of the messages whose delivery report carried an error.
 
-    `sent`: each message's idempotency key and whether it is a tombstone (a delete and
-    its tombstone share the key), in order. A report that cannot be matched (no headers:
-    it should not happen) marks every message of the chunk failed, so a retry resends
-    rather than loses.
+    `sent`: each message's idempotency key, whether it is a tombstone and its key, in
+    order (the records of one change share its idempotency key: a delete and its
+    tombstone; Debezium's delete and create of a primary-key update, under two keys). A
+    report that cannot be matched (no headers: it should not happen) marks every message
+    of the chunk failed, so a retry resends rather than loses.
     """
-    index: dict[tuple[str, bool], list[int]] = {}
+    index: dict[tuple[str, bool, bytes | None], list[int]] = {}
     for i, k in enumerate(sent):
         index.setdefault(k, []).append(i)
     out: dict[int, Any] = {}
     for err, msg in failed:
         ik = next((v for k, v in msg.headers() or () if k == "idempotency-key"), None)
-        found = index.get((ik.decode() if ik else "", msg.value() is None))
+        found = index.get((ik.decode() if ik else "", msg.value() is None, msg.key()))
         for i in found if found else range(len(sent)):
             out.setdefault(i, err)
     return out
