@@ -116,6 +116,10 @@ class ChangeRow(NamedTuple):
     for them, as for SQL NULL), None when there are none. `backfill` is
     the backfill's id on rows a backfill read (action `read`), else None; it is not
     a column of the stream's schema (the pipeline adds it where backfill rows join).
+    `change_lsn` is the LSN of the change's own WAL record (`lsn` is its commit's) and
+    `last_commit_lsn` the end of the commit before its transaction in the slot's stream
+    (Debezium's `source.sequence`: None for the first transaction a new slot sends), both
+    None on a backfill's rows.
     """
 
     source: str
@@ -133,6 +137,8 @@ class ChangeRow(NamedTuple):
     unchanged_toast: list[str] | None
     table_oid: int | None = None
     json_nulls: list[str] | None = None
+    change_lsn: int | None = None
+    last_commit_lsn: int | None = None
     backfill: int | None = None
 
     @property
@@ -175,6 +181,8 @@ CHANGE_SCHEMA: tuple[Column, ...] = (
     Column("unchanged_toast", "array<string>"),
     Column("table_oid", "bigint"),
     Column("json_nulls", "array<string>"),
+    Column("change_lsn", "bigint"),
+    Column("last_commit_lsn", "bigint"),
 )
 
 #: The canonical change schema as a Spark DDL string.

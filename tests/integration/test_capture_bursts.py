@@ -52,11 +52,14 @@ def test_bursts_are_bounded_and_together_hold_every_message_in_order(db, monkeyp
         deadline = time.monotonic() + 60
         while len(got) < len(expected):
             assert time.monotonic() < deadline, f"only {len(got)} of {len(expected)} arrived"
-            burst, received = read_burst(cur)
+            burst, at, received = read_burst(cur)
             if not burst:
                 wait_for_messages(cur, 0.5)
                 continue
-            assert received >= highest
+            assert received >= highest and received == max(at) and len(at) == len(burst)
+            # each message's own WAL position, in order (a Relation message has none: 0)
+            placed = [a for a, m in zip(at, burst, strict=True) if m[:1] != b"R"]
+            assert placed == sorted(placed) and all(placed)
             highest = received
             sizes.append((len(burst), sum(map(len, burst))))
             got += burst

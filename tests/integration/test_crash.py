@@ -69,7 +69,7 @@ def oracle(db, slot, pub):
             c = parser.parse(m.payload)
             assert isinstance(c, po.Commit)
             ends[c.commit_lsn] = c.end_lsn
-        for r in decoder.decode(m.payload):
+        for r in decoder.decode(m.payload, m.data_start):
             changes.append(
                 (r.lsn, r.seq, json.dumps(r.action), json.dumps(r.pk), json.dumps(r.record))
             )

@@ -25,7 +25,9 @@ STREAM = "-c logical_decoding_work_mem=64kB"  # forces protocol-2 streaming of b
 def decode_all(db, slot, pub, on_message=None, **kw) -> list[ChangeRow]:
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder("src", meta.types, meta.primary_keys, on_message=on_message)
-    return [row for m in db.read(slot, pub, **kw) for row in decoder.decode(m.payload)]
+    return [
+        row for m in db.read(slot, pub, **kw) for row in decoder.decode(m.payload, m.data_start)
+    ]
 
 
 def J(text):
@@ -190,7 +192,7 @@ def test_hundred_thousand_row_transaction(db, mode):
     assert (b"S" in kinds) == (mode != "proto1")  # the big transaction really was streamed
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder("src", meta.types, meta.primary_keys)
-    rows = [r for m in raw for r in decoder.decode(m.payload)]
+    rows = [r for m in raw for r in decoder.decode(m.payload, m.data_start)]
     assert len(rows) == 100_001
     assert [r.seq for r in rows[:100_000]] == list(range(100_000))
     assert {r.lsn for r in rows[:100_000]} == {rows[0].lsn}
@@ -221,7 +223,7 @@ def test_streamed_transaction_with_rolled_back_savepoint_and_aborted_transaction
     assert b"A" in {m.payload[:1] for m in raw}  # Postgres sent stream aborts
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder("src", meta.types, meta.primary_keys)
-    rows = [r for m in raw for r in decoder.decode(m.payload)]
+    rows = [r for m in raw for r in decoder.decode(m.payload, m.data_start)]
     ids = [int(r.pk[0]) for r in rows]
     assert ids == list(range(1, 3001)) + list(range(6001, 9001))
     assert [r.seq for r in rows] == list(range(6000))

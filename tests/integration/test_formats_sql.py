@@ -48,7 +48,7 @@ def frame(spark: Any, rows: list[ChangeRow]) -> Any:
         "source STRING, lsn BIGINT, seq INT, xid BIGINT, us BIGINT, action STRING, "
         "schema STRING, table STRING, pk ARRAY<STRING>, record STRING, old STRING, "
         "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT, "
-        "json_nulls ARRAY<STRING>, backfill BIGINT"
+        "json_nulls ARRAY<STRING>, change_lsn BIGINT, last_commit_lsn BIGINT, backfill BIGINT"
     )
     return (
         spark.createDataFrame(data, ddl)

@@ -92,7 +92,7 @@ def test_decoded_rows_fit_the_canonical_spark_schema(spark, db):
     db.execute("DELETE FROM t WHERE id = 1")
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder("app", meta.types, meta.primary_keys)
-    rows = [r for m in db.read(slot, pub) for r in decoder.decode(m.payload)]
+    rows = [r for m in db.read(slot, pub) for r in decoder.decode(m.payload, m.data_start)]
     spark_rows = [(*r[:4], r.committed_at, *r[5 : len(CHANGE_COLUMNS)]) for r in rows]
     df = spark.createDataFrame(spark_rows, spark_schema())
     assert tuple(df.columns) == CHANGE_COLUMNS

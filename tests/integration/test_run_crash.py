@@ -76,7 +76,7 @@ def oracle(db: Any, slot: str, pub: str) -> tuple[list[Any], dict[int, int]]:
             c = parser.parse(m.payload)
             assert isinstance(c, po.Commit)
             ends[c.commit_lsn] = c.end_lsn
-        changes.extend(decoder.decode(m.payload))
+        changes.extend(decoder.decode(m.payload, m.data_start))
     return changes, ends
 
 

@@ -38,7 +38,7 @@ def oracle(db, slot, pub, source):
     """The same changes decoded directly from a second slot (the decoder oracle)."""
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder(source, meta.types, meta.primary_keys)
-    return [r for m in db.read(slot, pub) for r in decoder.decode(m.payload)]
+    return [r for m in db.read(slot, pub) for r in decoder.decode(m.payload, m.data_start)]
 
 
 def test_every_action_end_to_end_equals_the_decoder(spark, db, tmp_path):

@@ -120,4 +120,10 @@ def test_streamed_transactions_arrive_whole_at_their_commit_and_aborted_ones_nev
     again = rows[3002:-1]
     assert len({r.lsn for r in again}) == 1 and [r.seq for r in again] == list(range(3000))
     assert rows[0].lsn < committed[0].lsn < again[0].lsn < rows[-1].lsn
+    # each spooled change keeps its own WAL position (before its commit), and its
+    # transaction the end of the commit before it
+    for txn in (committed, again):
+        at = [r.change_lsn for r in txn]
+        assert all(at) and at == sorted(at) and len(set(at)) == len(at) and at[-1] < txn[0].lsn
+    assert committed[0].last_commit_lsn is not None and again[0].last_commit_lsn is not None
     assert list(spill.iterdir()) == []  # the spool's files have no name: nothing is left

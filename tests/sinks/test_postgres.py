@@ -29,7 +29,7 @@ ON_EVERY_SERVER = True
 def changes(db: TestDatabase, slot: str, pub: str) -> list[ChangeRow]:
     meta = load_metadata(db.conn)
     decoder = ChangeDecoder("app", meta.types, meta.primary_keys)
-    return [r for m in db.read(slot, pub) for r in decoder.decode(m.payload)]
+    return [r for m in db.read(slot, pub) for r in decoder.decode(m.payload, m.data_start)]
 
 
 def messages(rows: list[ChangeRow]) -> list[Message]:

@@ -77,7 +77,8 @@ def test_the_change_schema_is_one_definition_in_ddl_spark_and_arrow() -> None:
     assert CHANGE_SCHEMA_DDL == (  # the contract: a source's schema, column order included
         "source STRING, lsn BIGINT, seq INT, xid BIGINT, committed_at TIMESTAMP, action STRING, "
         "schema STRING, table STRING, pk ARRAY<STRING>, record STRING, old STRING, "
-        "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT, json_nulls ARRAY<STRING>"
+        "annotations STRING, unchanged_toast ARRAY<STRING>, table_oid BIGINT, json_nulls ARRAY<STRING>, "
+        "change_lsn BIGINT, last_commit_lsn BIGINT"
     )
     spark = spark_schema()
     assert tuple(spark.names) == tuple(arrow_schema().names) == CHANGE_COLUMNS
@@ -88,7 +89,7 @@ def test_the_change_schema_is_one_definition_in_ddl_spark_and_arrow() -> None:
     )
     nullable = {f.name for f in spark.fields if f.nullable}
     assert nullable == {"xid", "record", "old", "annotations", "unchanged_toast", "table_oid",
-                        "json_nulls"}  # fmt: skip
+                        "json_nulls", "change_lsn", "last_commit_lsn"}  # fmt: skip
     assert spark["pk"].dataType == T.ArrayType(T.StringType(), True)  # a key part may be NULL
     assert spark["json_nulls"].dataType == T.ArrayType(T.StringType(), False)
     arrow = arrow_schema()

@@ -463,6 +463,8 @@ class BackfillMerge:
             "CAST(NULL AS ARRAY<STRING>) AS unchanged_toast",
             "`_oid` AS table_oid",
             "json_nulls",
+            "CAST(NULL AS BIGINT) AS change_lsn",
+            "CAST(NULL AS BIGINT) AS last_commit_lsn",
             "backfill",
             "_sink",
         ), found

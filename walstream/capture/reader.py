@@ -108,7 +108,7 @@ class Capture:
         self.spools = Spools(max_buffer_bytes // 4, spill_dir) if streaming else None
         self._replay: Replay | None = None
         #: Messages of a burst read after a Stream Commit, ingested once it is fed in.
-        self._pending: list[bytes] = []
+        self._pending: tuple[list[bytes], list[int]] = ([], [])  # the rest of a burst, at
         self.thread = threading.Thread(
             target=self._run, name=f"walstream-capture-{slot}", daemon=True
         )
@@ -169,6 +169,13 @@ class Capture:
             self.cond.notify_all()
 
     def _stream(self) -> None:
+        if self.buffer.last_end is None:  # the first connection: where the stream starts
+            from walstream.postgres.slots import confirmed_position
+
+            start = confirmed_position(self.dsn, self.slot)
+            with self.cond:
+                if self.buffer.last_end is None:
+                    self.buffer.last_end = start
         conn = replication_connection(self.dsn)
         try:
             cur = conn.cursor()
@@ -193,7 +200,7 @@ class Capture:
                 self.buffer.drop_partial()
             self._current = None
             self._skipping = False
-            self._pending = []
+            self._pending = ([], [])
             self._end_replay()
             if self.spools is not None:
                 self.spools.clear()
@@ -233,9 +240,9 @@ class Capture:
             if self._replay is not None:  # a streamed transaction committed: feed it in first
                 self._feed_replay()
                 continue
-            burst, self._pending = self._pending, []
+            (burst, at), self._pending = self._pending, ([], [])
             if not burst:
-                burst, received = read_burst(cur)
+                burst, at, received = read_burst(cur)
                 if not burst:
                     wait_for_messages(cur, 0.2)
                     continue
@@ -245,23 +252,24 @@ class Capture:
             # of the lock, with one wake-up, not a lock and a notify per message.
             with self.cond:
                 for i, raw in enumerate(burst):
-                    self._ingest(raw)
+                    self._ingest(raw, at[i])
                     if self._replay is not None:  # fed in before the rest of the burst
-                        self._pending = burst[i + 1 :]
+                        self._pending = (burst[i + 1 :], at[i + 1 :])
                         break
                 self.cond.notify_all()
             if self._changed:
                 self.last_change_at, self._changed = self.last_message_at, False
 
     # -- ingest ----------------------------------------------------------------------------------
-    def _ingest(self, raw: bytes) -> None:
-        """Take one message into the buffer; the caller holds `cond` and notifies it."""
+    def _ingest(self, raw: bytes, lsn: int) -> None:
+        """Take one message (at WAL position `lsn`) into the buffer; the caller holds
+        `cond` and notifies it."""
         kind = raw[:1]
         if self.spools is not None:  # in-progress transactions (protocol 2)
             if kind == b"c":
-                self._replay = self.spools.commit(raw)  # fed in before the next message
+                self._replay = self.spools.commit(raw, lsn)  # fed in before the next message
                 return
-            if self.spools.receive(raw):
+            if self.spools.receive(raw, lsn):
                 return
         if kind == b"B":
             lsn, ts, xid = po.BEGIN_BODY.unpack_from(raw, 1)
@@ -295,7 +303,7 @@ class Capture:
                 txn.annotations = annotations_text(msg.content)  # context of the first piece
                 return
         self._changed = True
-        self.buffer.add(txn, raw, self.relations)
+        self.buffer.add(txn, raw, self.relations, lsn)
 
     def _feed_replay(self) -> None:
         """Feed the committed streamed transaction into the buffer, a step at a time, until
@@ -304,8 +312,8 @@ class Capture:
         self.last_message_at = time.monotonic()
         with self.cond:
             try:
-                for raw in islice(self._replay, _REPLAY_STEP):
-                    self._ingest(raw)
+                for raw, lsn in islice(self._replay, _REPLAY_STEP):
+                    self._ingest(raw, lsn)
                     if self.buffered_bytes >= self.max_buffer_bytes and not self._overdraw:
                         return
             finally:

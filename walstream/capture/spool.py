@@ -11,8 +11,9 @@ first change was, as Postgres's own apply worker does: what came after it belong
 to it or to its children.
 
 The messages are kept in the form of a transaction that is not streamed (the 4-byte
-xid after the message kind removed), so that at the commit they go through exactly
-the path an ordinary transaction takes.
+xid after the message kind removed), each with its WAL position (the change's own
+LSN), so that at the commit they go through exactly the path an ordinary transaction
+takes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from walstream.decode.pgoutput import BEGIN_BODY, COMMIT_BODY, STREAM_COMMIT_BOD
 from walstream.errors import SetupError
 
 _LEN = struct.Struct("!I")
+#: A spooled message's frame in the file: its length and its WAL position.
+_FRAME = struct.Struct("!IQ")
 _STREAM_START = struct.Struct("!Ib")
 _STREAM_ABORT = struct.Struct("!II")
 #: Message kinds that carry the (sub)transaction's xid inside a streamed block.
@@ -39,7 +42,7 @@ class Spool:
     def __init__(self, xid: int, directory: str | None) -> None:
         self.xid = xid
         self._directory = directory
-        self._memory: list[bytes] = []
+        self._memory: list[tuple[bytes, int]] = []
         self._memory_bytes = 0
         self._file: IO[bytes] | None = None
         self.count = 0  # messages held
@@ -54,16 +57,16 @@ class Spool:
     def memory_bytes(self) -> int:
         return self._memory_bytes
 
-    def append(self, subxid: int, raw: bytes) -> None:
+    def append(self, subxid: int, raw: bytes, lsn: int) -> None:
         if subxid != self.xid and subxid not in self._first:
             self._first[subxid] = (self.count, self.size)
         self.count += 1
-        self.size += _LEN.size + len(raw)
+        self.size += _FRAME.size + len(raw)
         if self._file is None:
-            self._memory.append(raw)
+            self._memory.append((raw, lsn))
             self._memory_bytes += len(raw)
         else:
-            self._file.write(_LEN.pack(len(raw)))
+            self._file.write(_FRAME.pack(len(raw), lsn))
             self._file.write(raw)
 
     def spill(self) -> None:
@@ -72,8 +75,8 @@ class Spool:
             return
         # open until the spool is closed (its owner closes it), so no `with`
         self._file = tempfile.TemporaryFile(dir=self._directory, prefix="walstream-txn-")  # noqa: SIM115
-        for raw in self._memory:
-            self._file.write(_LEN.pack(len(raw)))
+        for raw, lsn in self._memory:
+            self._file.write(_FRAME.pack(len(raw), lsn))
             self._file.write(raw)
         self._memory = []
         self._memory_bytes = 0
@@ -86,15 +89,16 @@ class Spool:
         count, size = first
         self._first = {x: at for x, at in self._first.items() if at[0] < count}
         if self._file is None:
-            self._memory_bytes -= sum(len(m) for m in self._memory[count:])
+            self._memory_bytes -= sum(len(m) for m, _ in self._memory[count:])
             del self._memory[count:]
         else:
             self._file.truncate(size)
             self._file.seek(size)
         self.count, self.size = count, size
 
-    def __iter__(self) -> Iterator[bytes]:
-        """The messages, in order (once: the spool is closed after the commit)."""
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        """The messages with their WAL positions, in order (once: the spool is closed
+        after the commit)."""
         if self._file is None:
             yield from self._memory
             return
@@ -103,8 +107,8 @@ class Spool:
         f.seek(0)
         read = f.read
         for _ in range(self.count):
-            (n,) = _LEN.unpack(read(_LEN.size))
-            yield read(n)
+            n, lsn = _FRAME.unpack(read(_FRAME.size))
+            yield read(n), lsn
 
     def close(self) -> None:
         self._memory = []
@@ -115,18 +119,19 @@ class Spool:
 
 
 class Replay:
-    """A committed streamed transaction as the messages of an ordinary one: its Begin,
-    what the spool holds, its Commit. Iterate it (in steps); `close` frees the spool."""
+    """A committed streamed transaction as the messages of an ordinary one, each with its
+    WAL position: its Begin, what the spool holds, its Commit (both at the Stream
+    Commit's). Iterate it (in steps); `close` frees the spool."""
 
-    def __init__(self, begin: bytes, spool: Spool | None, commit: bytes) -> None:
+    def __init__(self, begin: bytes, spool: Spool | None, commit: bytes, lsn: int) -> None:
         self._spool = spool
-        self._it = chain((begin,), spool if spool is not None else (), (commit,))
+        self._it = chain(((begin, lsn),), spool if spool is not None else (), ((commit, lsn),))
         self.done = False
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
         return self
 
-    def __next__(self) -> bytes:
+    def __next__(self) -> tuple[bytes, int]:
         try:
             return next(self._it)
         except StopIteration:
@@ -166,9 +171,9 @@ class Spools:
                 "largest transaction's changes, or set streaming: false",
             ) from exc
 
-    def receive(self, raw: bytes) -> bool:
-        """Take a Stream Start, Stop or Abort, or a message inside a streamed block; False
-        for any other message (Stream Commit is `commit`)."""
+    def receive(self, raw: bytes, lsn: int) -> bool:
+        """Take a Stream Start, Stop or Abort, or a message inside a streamed block (at WAL
+        position `lsn`); False for any other message (Stream Commit is `commit`)."""
         kind = raw[:1]
         if kind == b"S":
             xid, first = _STREAM_START.unpack_from(raw, 1)
@@ -176,7 +181,7 @@ class Spools:
         elif kind == b"E":
             self.xid = None
         elif self.xid is not None:
-            self.add(raw)
+            self.add(raw, lsn)
         elif kind == b"A":
             self.abort(*_STREAM_ABORT.unpack_from(raw, 1))
         else:
@@ -191,7 +196,7 @@ class Spools:
         if xid not in self.open:
             self.open[xid] = Spool(xid, self.directory)
 
-    def add(self, raw: bytes) -> None:
+    def add(self, raw: bytes, lsn: int) -> None:
         """A message inside the current streamed block, as Postgres sent it."""
         assert self.xid is not None
         spool = self.open[self.xid]
@@ -201,10 +206,10 @@ class Spools:
         else:  # Origin: no xid, nothing the commit needs
             return
         before = spool.memory_bytes
-        spool.append(subxid, plain)
+        spool.append(subxid, plain, lsn)
         self._memory += spool.memory_bytes - before
         if spool.spilled:
-            self.spilled_bytes += _LEN.size + len(plain)
+            self.spilled_bytes += _FRAME.size + len(plain)
         elif self._memory > self.memory_budget:
             self._memory -= spool.memory_bytes
             self.spilled_bytes += spool.size
@@ -222,14 +227,15 @@ class Spools:
         spool.abort(subxid)
         self._memory += spool.memory_bytes - before
 
-    def commit(self, raw: bytes) -> Replay:
+    def commit(self, raw: bytes, lsn: int) -> Replay:
         """Stream Commit: the transaction, as Begin, its messages and Commit."""
         xid, flags, commit_lsn, end_lsn, ts = STREAM_COMMIT_BODY.unpack_from(raw, 1)
         spool = self.open.pop(xid, None)
         if spool is not None:
             self._memory -= spool.memory_bytes
         begin = b"B" + BEGIN_BODY.pack(commit_lsn, ts, xid)
-        return Replay(begin, spool, b"C" + COMMIT_BODY.pack(flags, commit_lsn, end_lsn, ts))
+        commit = b"C" + COMMIT_BODY.pack(flags, commit_lsn, end_lsn, ts)
+        return Replay(begin, spool, commit, lsn)
 
     def _discard(self, xid: int) -> None:
         spool = self.open.pop(xid)

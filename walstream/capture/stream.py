@@ -119,21 +119,25 @@ BURST_BYTES = 1 << 20
 COALESCE = 0.002
 
 
-def read_burst(cur: Any) -> tuple[list[bytes], int]:
+def read_burst(cur: Any) -> tuple[list[bytes], list[int], int]:
     """The messages a replication cursor holds now (up to BURST or BURST_BYTES; none:
-    nothing arrived) and the highest WAL position among them."""
+    nothing arrived), each one's WAL position (its XLogData's start: a change's own
+    record LSN) and the highest of them."""
     out: list[bytes] = []
+    at: list[int] = []
     read = cur.read_message
     received = size = 0
     while len(out) < BURST and size < BURST_BYTES:
         msg = read()
         if msg is None:
             break
-        received = max(received, msg.data_start)
+        start = msg.data_start
+        received = max(received, start)
+        at.append(start)
         payload = msg.payload
         size += len(payload)
         out.append(payload)
-    return out, received
+    return out, at, received
 
 
 def wait_for_messages(cur: Any, timeout: float) -> None:

@@ -42,12 +42,15 @@ class Txn:
     annotations: str | None  # as of msgs[0]
     first_seq: int  # seq of the first row at or after msgs[0]
     msgs: list[bytes] = field(default_factory=list)
+    at: list[int] = field(default_factory=list)  # msgs[i]'s WAL position (its own LSN)
     row_end: list[int] = field(default_factory=list)  # rows through msgs[i] (absolute seq + 1)
     rows: int = 0  # rows seen so far, including trimmed ones
     end_lsn: int | None = None  # set by Commit
     nbytes: int = 0
     #: Whether every message so far is a backfill's low watermark (`is_low_mark`).
     low_marks_only: bool = True
+    #: The end LSN of the commit before this transaction in the stream (None: not known).
+    last_commit_lsn: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -69,6 +72,8 @@ class TxnSlice:
     relations: tuple[RelationInfo, ...]
     msgs: list[bytes]
     nbytes: int
+    at: list[int]  # each message's WAL position (a change's own LSN)
+    last_commit_lsn: int | None = None  # the end of the commit before this transaction
 
 
 _WATERMARK = WATERMARK_PREFIX.encode() + b"\0"
@@ -111,6 +116,9 @@ class WalBuffer:
         self.buffered_bytes = 0
         self.confirm_lsn = 0  # what Postgres may be told is safe
         self.last_complete_lsn = 0
+        #: The end LSN of the last commit received: the next transaction's
+        #: `last_commit_lsn` (the reader starts it at the slot's confirmed position).
+        self.last_end: int | None = None
 
     def begin(
         self, lsn: int, xid: int, commit_ts: int, relations: Mapping[int, RelationInfo]
@@ -119,12 +127,13 @@ class WalBuffer:
         whole transactions after the confirmed position)."""
         if lsn <= self.last_complete_lsn:
             return None
-        txn = Txn(lsn, xid, commit_ts, relations, None, 0)
+        txn = Txn(lsn, xid, commit_ts, relations, None, 0, last_commit_lsn=self.last_end)
         self.txns.append(txn)
         return txn
 
-    def add(self, txn: Txn, raw: bytes, relations: Mapping[int, RelationInfo]) -> int:
-        """Keep a message of `txn` (unless Spark committed its rows already); its rows."""
+    def add(self, txn: Txn, raw: bytes, relations: Mapping[int, RelationInfo], lsn: int) -> int:
+        """Keep a message of `txn` at WAL position `lsn` (unless Spark committed its rows
+        already); its rows."""
         n = row_count(raw)
         txn.rows += n
         if txn.low_marks_only and not is_low_mark(raw):
@@ -136,6 +145,7 @@ class WalBuffer:
                 return 0
             txn.first_seq = txn.rows - n
         txn.msgs.append(raw)
+        txn.at.append(lsn)
         txn.row_end.append(txn.rows)
         size = len(raw) + _MSG_OVERHEAD
         txn.nbytes += size
@@ -146,6 +156,7 @@ class WalBuffer:
         """`txn`'s Commit arrived (its end LSN is what Postgres may be told once it is in)."""
         txn.end_lsn = end_lsn
         self.last_complete_lsn = txn.lsn
+        self.last_end = end_lsn
         self.ends.append((txn.lsn, end_lsn, txn.rows))
         if txn.last_cursor() <= self.floor:
             self._drop(txn)
@@ -230,6 +241,8 @@ class WalBuffer:
                     tuple(relations.values()),
                     msgs,
                     sum(len(m) for m in msgs),
+                    txn.at[i0:i1],
+                    txn.last_commit_lsn,
                 )
             )
         return out
@@ -258,6 +271,7 @@ class WalBuffer:
         dropped = sum(len(m) + _MSG_OVERHEAD for m in txn.msgs[:i])
         txn.first_seq = txn.row_end[i - 1]
         del txn.msgs[:i]
+        del txn.at[:i]
         del txn.row_end[:i]
         txn.nbytes -= dropped
         self.buffered_bytes -= dropped

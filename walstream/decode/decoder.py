@@ -53,13 +53,15 @@ class TxnContext:
     committed_at_us: int  # Unix epoch microseconds
     seq: int = 0
     annotations: str | None = None
+    #: The end LSN of the commit before this transaction in the stream (None: not known).
+    last_commit_lsn: int | None = None
 
 
 @dataclass(slots=True)
 class _Stream:
     """An in-progress transaction streamed before its commit (protocol >= 2)."""
 
-    messages: list[tuple[int | None, bytes]] = field(default_factory=list)
+    messages: list[tuple[int | None, bytes, int | None]] = field(default_factory=list)
 
 
 MessageHook = Callable[[po.Message, TxnContext | None], None]
@@ -91,6 +93,12 @@ class ChangeDecoder:
         self.txn: TxnContext | None = None
         self.streams: dict[int, _Stream] = {}
         self.type_names: dict[int, tuple[str, str]] = {}
+        #: The WAL position of the message being decoded (its XLogData's start, which
+        #: for a change is its own record's LSN): each row's `change_lsn` (`decode`'s
+        #: `at`; None where it is not known).
+        self.at: int | None = None
+        #: The end LSN of the last Commit decoded (the next transaction's `last_commit_lsn`).
+        self.last_commit_lsn: int | None = None
 
     # -- state ---------------------------------------------------------------------------
     def add_relation(self, info: RelationInfo) -> None:
@@ -118,8 +126,10 @@ class ChangeDecoder:
         return rel
 
     # -- decoding ------------------------------------------------------------------------
-    def decode(self, raw: bytes) -> list[ChangeRow]:
-        """Decode one raw message; return the change rows it completes (often 0 or 1)."""
+    def decode(self, raw: bytes, at: int | None = None) -> list[ChangeRow]:
+        """Decode one raw message (`at`: its WAL position, the XLogData's start); return the
+        change rows it completes (often 0 or 1)."""
+        self.at = at
         if self.parser.in_stream:
             if raw[:1] not in (b"S", b"E"):
                 return self._buffer_streamed(raw)
@@ -214,13 +224,20 @@ class ChangeDecoder:
             omitted,
             info.oid,
             nulls,
+            self.at,
+            txn.last_commit_lsn,
         )
 
     def apply(self, msg: po.PgOutputMessage) -> list[ChangeRow]:
         if isinstance(msg, po.Insert | po.Update | po.Delete | po.Truncate):
             return self._change(msg)
         if isinstance(msg, po.Begin):
-            self.txn = TxnContext(msg.final_lsn, msg.xid, msg.commit_ts + PG_EPOCH_UNIX_US)
+            self.txn = TxnContext(
+                msg.final_lsn,
+                msg.xid,
+                msg.commit_ts + PG_EPOCH_UNIX_US,
+                last_commit_lsn=self.last_commit_lsn,
+            )
             return []
         if isinstance(msg, po.Commit):
             if self.txn is not None and self.txn.lsn != msg.commit_lsn:
@@ -229,6 +246,7 @@ class ChangeDecoder:
                     "the message stream is corrupted or out of order; restart from the slot",
                 )
             self.txn = None
+            self.last_commit_lsn = msg.end_lsn
             return []
         if isinstance(msg, po.Relation):
             pk = self.primary_keys.get((msg.schema, msg.name))
@@ -271,6 +289,10 @@ class ChangeDecoder:
                 None,
                 None,
                 None,
+                None,
+                None,
+                self.at,
+                txn.last_commit_lsn,
             )
             return [row]
         elif self.on_message is not None:
@@ -343,6 +365,8 @@ class ChangeDecoder:
             omitted,
             info.oid,
             nulls,
+            self.at,
+            txn.last_commit_lsn,
         )
 
     # -- protocol 2 streaming ------------------------------------------------------------------
@@ -355,7 +379,7 @@ class ChangeDecoder:
             self._message(_parse_streamed(raw))  # type: ignore[arg-type]
             return []
         subxid = int.from_bytes(raw[1:5], "big") if kind in b"IUDTRYM" else None
-        self.streams.setdefault(top, _Stream()).messages.append((subxid, raw))
+        self.streams.setdefault(top, _Stream()).messages.append((subxid, raw, self.at))
         return []
 
     def _stream_abort(self, msg: po.StreamAbort) -> None:
@@ -369,16 +393,22 @@ class ChangeDecoder:
 
     def _stream_commit(self, msg: po.StreamCommit) -> list[ChangeRow]:
         stream = self.streams.pop(msg.xid, _Stream())
-        saved = self.txn
-        self.txn = TxnContext(msg.commit_lsn, msg.xid, msg.commit_ts + PG_EPOCH_UNIX_US)
+        saved, at = self.txn, self.at
+        self.txn = TxnContext(
+            msg.commit_lsn,
+            msg.xid,
+            msg.commit_ts + PG_EPOCH_UNIX_US,
+            last_commit_lsn=self.last_commit_lsn,
+        )
         replay = po.PgOutputParser(in_stream=True, stream_xid=msg.xid)
         rows: list[ChangeRow] = []
         try:
-            for _, raw in stream.messages:
+            for _, raw, self.at in stream.messages:
                 fast = self._fast_change(raw, 4)
                 rows.extend(fast if fast is not None else self.apply(replay.parse(raw)))
         finally:
-            self.txn = saved
+            self.txn, self.at = saved, at
+        self.last_commit_lsn = msg.end_lsn
         return rows
 
 

@@ -84,10 +84,18 @@ class JsonConverter:
 
     def __init__(self, schemas_enable: bool = True) -> None:
         self.schemas_enable = schemas_enable
+        #: Each schema's JSON, made once (a table's schemas are the same dict every time).
+        self._schemas: dict[int, tuple[dict[str, Any], str]] = {}
 
     def encode(self, schema: dict[str, Any], payload: Any) -> bytes:
-        body = {"schema": schema, "payload": payload} if self.schemas_enable else payload
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        if not self.schemas_enable:
+            return text.encode()
+        made = self._schemas.get(id(schema))
+        if made is None or made[0] is not schema:
+            made = (schema, json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+            self._schemas[id(schema)] = made
+        return f'{{"schema":{made[1]},"payload":{text}}}'.encode()
 
 
 class Converter(Protocol):
@@ -245,8 +253,9 @@ class TableMessages:
         return None if key is None else self.keys.encode(self.key_schema, key)
 
     def source(self, c: ChangeRow) -> dict[str, Any]:
-        """Debezium's `source` block. `lsn` is the commit's (Debezium's is each change's own
-        LSN, which the change row does not carry yet) and `sequence` is null."""
+        """Debezium's `source` block: `lsn` the change's own (its commit's on a backfill's
+        rows, which have none); `sequence` `["<the commit before's end>", "<lsn>"]`, a
+        JSON text (null on a backfill's rows)."""
         us = c.committed_at_us
         return {
             "version": "walstream",
@@ -255,14 +264,19 @@ class TableMessages:
             "ts_ms": us // 1000,
             "snapshot": "incremental" if c.backfill is not None else "false",
             "db": self.db,
-            "sequence": None,
+            "sequence": None if c.change_lsn is None else _sequence(c),
             "ts_us": us,
             "ts_ns": us * 1000,
             "schema": c.schema,
             "table": c.table,
             "txId": c.xid,
-            "lsn": c.lsn,
+            "lsn": c.lsn if c.change_lsn is None else c.change_lsn,
             "xmin": None,
             "origin": None,
             "origin_lsn": None,
         }
+
+
+def _sequence(c: ChangeRow) -> str:
+    last = None if c.last_commit_lsn is None else str(c.last_commit_lsn)
+    return json.dumps([last, str(c.change_lsn)], separators=(",", ":"))

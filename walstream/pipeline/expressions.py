@@ -127,13 +127,15 @@ def delivery_columns(sink: SinkConfig) -> list[str]:
     `pk` and `unchanged_toast` are never in a message (the key and group are computed
     before); a SQL transform's `_message` replaces the formatted row entirely.
     `table_oid` and `json_nulls` are in no format's message: only the mirror, Python
-    transforms and Debezium's records (their table's types, unchanged TOAST) read them.
+    transforms and Debezium's records (their table's types, unchanged TOAST) read them;
+    `change_lsn` and `last_commit_lsn` only Debezium's (`source.lsn`, `source.sequence`).
     """
     if sink.destination.message_format() == "mirror":
-        return [c for c in CHANGE_COLUMNS if c not in ("annotations", "xid")]
+        skipped = ("annotations", "xid", "change_lsn", "last_commit_lsn")
+        return [c for c in CHANGE_COLUMNS if c not in skipped]
     if sink.format in RECORD_FORMATS and sink.transform is None:  # debezium: by type
         return [c for c in CHANGE_COLUMNS if c not in ("pk", "annotations")]
-    skip = {"pk", "unchanged_toast"}
+    skip = {"pk", "unchanged_toast", "change_lsn", "last_commit_lsn"}
     if isinstance(sink.transform, dict):
         skip |= {"xid", "record", "old", "annotations"}
     if not isinstance(sink.transform, str):

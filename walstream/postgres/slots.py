@@ -152,6 +152,24 @@ def check_slot_at(
         )
 
 
+def confirmed_position(dsn: str, slot: str) -> int | None:
+    """The slot's `confirmed_flush_lsn` (where a new stream starts: the end of the last
+    transaction confirmed), on a connection of its own; None when it cannot be read."""
+    import psycopg
+
+    from walstream.postgres.replication import connect
+
+    try:
+        with connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
+            ).fetchone()
+    except (WalstreamError, psycopg.Error):
+        return None
+    return parse_lsn(row[0]) if row and row[0] else None
+
+
 # -- what `walstream check` says of slots --------------------------------------------------
 def capacity_findings(conn: Any, slot: str | None) -> list[Finding]:
     out: list[Finding] = []

@@ -36,6 +36,8 @@ class PackedSlice:
     relations: tuple[RelationInfo, ...]
     blob: bytes
     ends: bytes  # array('I') of message end offsets, from `offset`
+    at: bytes  # array('Q') of each message's WAL position (a change's own LSN)
+    last_commit_lsn: int | None = None  # the end of the commit before this transaction
     offset: int = 0  # where the messages begin in `blob` (an unpickled partition's share one)
 
     @classmethod
@@ -54,6 +56,8 @@ class PackedSlice:
             piece.relations,
             b"".join(piece.msgs),
             ends.tobytes(),
+            array("Q", piece.at).tobytes(),
+            piece.last_commit_lsn,
         )
 
     @property
@@ -76,6 +80,12 @@ class PackedSlice:
             end += offset
             yield blob[start:end]
             start = end
+
+    def positions(self) -> array[int]:
+        """Each message's WAL position, in the order of `messages`."""
+        at = array("Q")
+        at.frombytes(self.at)
+        return at
 
 
 #: A partition's messages travel compressed (zstd, its fastest level): Spark holds a task's
@@ -112,7 +122,17 @@ class ChangePartition(InputPartition):
         joined = b"".join(p.region() for p in self.pieces)
         packed = pa.Codec(CODEC, CODEC_LEVEL).compress(joined, asbytes=True)
         pieces = [
-            (p.lsn, p.xid, p.commit_ts, p.seq, p.annotations, p.relations, p.ends)
+            (
+                p.lsn,
+                p.xid,
+                p.commit_ts,
+                p.seq,
+                p.annotations,
+                p.relations,
+                p.ends,
+                p.at,
+                p.last_commit_lsn,
+            )
             for p in self.pieces
         ]
         return (
@@ -137,8 +157,10 @@ def _unpickled(
 
     blob = pa.Codec(CODEC).decompress(packed, decompressed_size=size, asbytes=True)
     out, offset = [], 0
-    for lsn, xid, commit_ts, seq, notes, relations, ends in pieces:
-        piece = PackedSlice(lsn, xid, commit_ts, seq, notes, relations, blob, ends, offset)
+    for lsn, xid, commit_ts, seq, notes, relations, ends, at, last in pieces:
+        piece = PackedSlice(
+            lsn, xid, commit_ts, seq, notes, relations, blob, ends, at, last, offset
+        )
         out.append(piece)
         offset += piece.nbytes
     return ChangePartition(source, out, types, primary_keys)
@@ -169,23 +191,43 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
     from walstream.capture.wal_buffer import context_after, row_count
 
     msgs: list[bytes] = []
+    at: list[int] = []
     size = 0
     seq = piece.seq
     relations, annotations = piece.relations, piece.annotations
     start_seq = seq
-    for m in piece.msgs:
+    for m, lsn in zip(piece.msgs, piece.at, strict=True):
         if msgs and size + len(m) > target_bytes:
             yield TxnSlice(
-                piece.lsn, piece.xid, piece.commit_ts, start_seq, annotations, relations, msgs, size
+                piece.lsn,
+                piece.xid,
+                piece.commit_ts,
+                start_seq,
+                annotations,
+                relations,
+                msgs,
+                size,
+                at,
+                piece.last_commit_lsn,
             )
             relations, annotations = context_after(msgs, relations, annotations)
-            msgs, size, start_seq = [], 0, seq
+            msgs, at, size, start_seq = [], [], 0, seq
         msgs.append(m)
+        at.append(lsn)
         size += len(m)
         seq += row_count(m)
     if msgs:
         yield TxnSlice(
-            piece.lsn, piece.xid, piece.commit_ts, start_seq, annotations, relations, msgs, size
+            piece.lsn,
+            piece.xid,
+            piece.commit_ts,
+            start_seq,
+            annotations,
+            relations,
+            msgs,
+            size,
+            at,
+            piece.last_commit_lsn,
         )
 
 
@@ -200,9 +242,14 @@ def _decoded(partition: ChangePartition) -> Iterator[list[ChangeRow]]:
     for piece in partition.pieces:
         decoder.set_relations(piece.relations)
         decoder.txn = TxnContext(
-            piece.lsn, piece.xid, piece.commit_ts + PG_EPOCH_UNIX_US, piece.seq, piece.annotations
+            piece.lsn,
+            piece.xid,
+            piece.commit_ts + PG_EPOCH_UNIX_US,
+            piece.seq,
+            piece.annotations,
+            piece.last_commit_lsn,
         )
-        yield from map(decoder.decode, piece.messages())
+        yield from map(decoder.decode, piece.messages(), piece.positions())
 
 
 def arrow_batches(

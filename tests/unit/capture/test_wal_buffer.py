@@ -16,8 +16,8 @@ def truncate(tables: int) -> bytes:
 def fill(buf: WalBuffer, lsn: int, msgs: list[bytes], end: int | None = None) -> None:
     txn = buf.begin(lsn, xid=lsn, commit_ts=0, relations={})
     assert txn is not None
-    for m in msgs:
-        buf.add(txn, m, {})
+    for i, m in enumerate(msgs):
+        buf.add(txn, m, {}, lsn - 50 + i)  # each message's own WAL position, before the commit
     if end is not None:
         buf.complete(txn, end)
 
@@ -41,6 +41,7 @@ def test_slices_hold_the_changes_after_start_up_to_end_with_their_first_seq() ->
     fill(buf, 200, [INSERT, INSERT], end=210)
     slices = buf.slices((100, 0), (200, 0))
     assert [(s.lsn, s.seq, len(s.msgs)) for s in slices] == [(100, 1, 2), (200, 0, 1)]
+    assert [s.at for s in slices] == [[51, 52], [150]]  # each message's own WAL position
     assert buf.covers((200, 1)) and not buf.covers((300, 0))
 
 
@@ -52,7 +53,7 @@ def test_commit_trims_and_confirms_only_whole_transactions() -> None:
     buf.commit((200, 0))  # half of the second transaction
     assert buf.confirm_lsn == 110  # only the first is confirmed to Postgres
     assert [t.lsn for t in buf.txns] == [200] and 0 < buf.buffered_bytes < total
-    assert [(s.seq, len(s.msgs)) for s in buf.slices((200, 0), (200, 1))] == [(1, 1)]
+    assert [(s.seq, s.at) for s in buf.slices((200, 0), (200, 1))] == [(1, [151])]  # trimmed
     buf.commit((200, 1))
     assert buf.confirm_lsn == 210 and buf.buffered_bytes == 0 and not buf.txns
 
@@ -60,7 +61,7 @@ def test_commit_trims_and_confirms_only_whole_transactions() -> None:
 def test_what_spark_committed_before_a_restart_is_not_buffered_again() -> None:
     buf = WalBuffer(floor=(100, 1))
     fill(buf, 100, [INSERT, INSERT, INSERT], end=110)
-    assert [(s.seq, len(s.msgs)) for s in buf.slices((100, 1), (100, 2))] == [(2, 1)]
+    assert [(s.seq, s.at) for s in buf.slices((100, 1), (100, 2))] == [(2, [52])]
     assert buf.latest((100, 1)) == (100, 2)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from walstream.change import CHANGE_COLUMNS
 from walstream.config import parse_config
 from walstream.engine.sql import quote, selection_expr
 from walstream.pipeline.expressions import delivery_columns, expressions, group_expr, projection
@@ -86,7 +87,8 @@ def test_a_python_transform_needs_the_row_and_no_sql_message() -> None:
     p = projection(s)
     assert not p.sql_message and not any("_message" in c for c in p.columns)
     # every column it reads travels on; json_nulls as an empty array where NULL
-    assert delivery_columns(s) == [c.strip("`") for c in p.keep] + ["json_nulls"]
+    kept = [c.strip("`") for c in p.keep]
+    assert delivery_columns(s) == [c for c in CHANGE_COLUMNS if c in {*kept, "json_nulls"}]
     assert p.names[-1] == "json_nulls" and "coalesce(`json_nulls`" in p.columns[-1]
 
 
