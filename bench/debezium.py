@@ -46,7 +46,8 @@ change scenarios' together (the target), the snapshot's on its own line.
 Settings, both sides: acks=all, idempotent producer, linger.ms 5, batch.size 1 MB;
 Debezium: max.batch.size 2048 and max.queue.size 8192 (its defaults),
 poll.interval.ms 10 (its default is 500: 10 is Debezium tuned for latency),
-snapshot.mode no_data, JSON without schemas; walstream: its defaults.
+snapshot.mode no_data, JSON without schemas; walstream: its defaults, and the same
+Debezium settings in the sink's `debezium:` block (its records are Debezium's).
 """
 
 from __future__ import annotations
@@ -252,9 +253,11 @@ def start(system: str, pg: EmbeddedPostgres, broker: TansuBroker, slot: str, pre
                 # and `backfill: on_create` backfills only a sink it has not seen
                 "name": f"kafka_{slot}", "source": "bench", "format": "debezium", **SINK,
                 **({"backfill": "on_create"} if snapshot else {}),
+                # Debezium's settings here: its topics under the prefix, JSON without schemas
+                "debezium": {"topic.prefix": prefix, "key.converter.schemas.enable": False,
+                             "value.converter.schemas.enable": False},
                 "destination": {
                     "type": "kafka", "bootstrap_servers": broker.bootstrap_servers,
-                    "topic": f"concat('{prefix}.', `schema`, '.', `table`)",
                     "create_topics": True,
                     "producer": {"linger.ms": 5, "batch.size": 1_000_000},
                 },

@@ -146,7 +146,7 @@ class Records:
         """`catalog(table_oid)`: the table's columns and primary key, as `load_columns`
         and `load_key` read them from the source (none: the table is gone)."""
         self.settings, self.db, self.catalog = settings, db, catalog
-        self._tables: dict[tuple[int, str, str, str], TableMessages] = {}
+        self._tables: dict[tuple[int, str, str, str], tuple[TableMessages, str]] = {}
         self._keys = JsonConverter(settings.key_schemas)
         self._values = JsonConverter(settings.value_schemas)
 
@@ -154,11 +154,11 @@ class Records:
         if c.action in self.settings.skipped:
             return []
         prefix = self.settings.prefix or c.source
-        made = self._table(c, prefix).messages(c, time.time_ns() // 1000)
-        name = topic(prefix, c.schema, c.table)
-        return [(name, m) for m in made]
+        table, name = self._table(c, prefix)
+        return [(name, m) for m in table.messages(c, time.time_ns() // 1000)]
 
-    def _table(self, c: ChangeRow, prefix: str) -> TableMessages:
+    def _table(self, c: ChangeRow, prefix: str) -> tuple[TableMessages, str]:
+        """The table's record maker and its topic."""
         oid = c.table_oid
         if oid is None:
             raise UnknownTable(f"{c.schema}.{c.table}: the change has no table OID")
@@ -172,7 +172,7 @@ class Records:
                     "Debezium's values need its column types"
                 )
             s = self.settings
-            found = TableMessages(
+            maker = TableMessages(
                 prefix,
                 self.db,
                 c.schema,
@@ -185,5 +185,5 @@ class Records:
                 tombstones=s.tombstones,
                 placeholder=s.placeholder,
             )
-            self._tables[at] = found
+            found = self._tables[at] = (maker, topic(prefix, c.schema, c.table))
         return found

@@ -139,6 +139,16 @@ class Column:
             out = {**schema, "optional": not self.col.not_null}
         return {**out, "field": self.col.name}
 
+    @property
+    def as_is(self) -> bool:
+        """Debezium's value is the record's value itself (integers, booleans, text ...)."""
+        return not self.col.array and self._element is not None and self._element[1] is _same
+
+    @property
+    def needs_text(self) -> bool:
+        """The value is made from its JSON text in the record (json, jsonb: `value`'s `raw`)."""
+        return self.col.type in ("json", "jsonb")
+
     # -- value ----------------------------------------------------------------------------
     def value(self, v: Any, raw: str | None = None, json_null: bool = False) -> Any:
         """Debezium's value of `v` (the record's JSON value of the column; `raw`: its JSON
