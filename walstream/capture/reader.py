@@ -70,7 +70,11 @@ class Capture:
         source: str | None = None,
         streaming: bool = False,
         spill_dir: str | None = None,
+        handed_over: tuple[int, int] | None = None,
     ) -> None:
+        """`handed_over`: (commit end, processed) where another tool left the slot in the
+        middle of a transaction: of the first transaction committed at or after the
+        commit end, the changes up to `processed` were delivered (`WalBuffer`)."""
         self.dsn = dsn
         self.source = source or slot  # for errors
         #: Tables of this schema but `events` are walstream's state: their changes are
@@ -83,7 +87,7 @@ class Capture:
         self.max_buffer_bytes = max_buffer_bytes
         self.status_interval = status_interval
         self.connect_retries = connect_retries
-        self.buffer = WalBuffer(floor, primary_keys)  # guarded by `cond`
+        self.buffer = WalBuffer(floor, primary_keys, handed_over)  # guarded by `cond`
         self.relations: dict[int, RelationInfo] = {}
         self.cond = threading.Condition()
         self._sent_lsn = 0

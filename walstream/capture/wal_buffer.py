@@ -51,6 +51,9 @@ class Txn:
     low_marks_only: bool = True
     #: The end LSN of the commit before this transaction in the stream (None: not known).
     last_commit_lsn: int | None = None
+    #: Its changes at or before this WAL position were delivered by the tool walstream
+    #: took the slot over from (`WalBuffer`'s `handed_over`): decoded, never sent.
+    delivered_through: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -74,6 +77,7 @@ class TxnSlice:
     nbytes: int
     at: list[int]  # each message's WAL position (a change's own LSN)
     last_commit_lsn: int | None = None  # the end of the commit before this transaction
+    delivered_through: int | None = None  # its changes up to here were delivered (Txn)
 
 
 _WATERMARK = WATERMARK_PREFIX.encode() + b"\0"
@@ -107,8 +111,15 @@ class WalBuffer:
     """The transactions in the buffer, in WAL order (see the module docstring)."""
 
     def __init__(
-        self, floor: Cursor, primary_keys: Mapping[tuple[str, str], Sequence[str]] | None = None
+        self,
+        floor: Cursor,
+        primary_keys: Mapping[tuple[str, str], Sequence[str]] | None = None,
+        handed_over: tuple[int, int] | None = None,
     ) -> None:
+        """`handed_over`: (commit end, processed): the first transaction committed at or
+        after the commit end had its changes up to `processed` delivered by the tool
+        walstream took the slot over from (the ones before it are below `floor`)."""
+        self._handed_over = handed_over
         self.floor: Cursor = floor  # everything <= floor is committed by Spark: never buffered
         self.primary_keys = dict(primary_keys or {})
         self.txns: deque[Txn] = deque()
@@ -128,6 +139,8 @@ class WalBuffer:
         if lsn <= self.last_complete_lsn:
             return None
         txn = Txn(lsn, xid, commit_ts, relations, None, 0, last_commit_lsn=self.last_end)
+        if self._handed_over is not None and lsn >= self._handed_over[0]:
+            txn.delivered_through, self._handed_over = self._handed_over[1], None
         self.txns.append(txn)
         return txn
 
@@ -243,6 +256,7 @@ class WalBuffer:
                     sum(len(m) for m in msgs),
                     txn.at[i0:i1],
                     txn.last_commit_lsn,
+                    txn.delivered_through,
                 )
             )
         return out

@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from walstream.cli import backfill, check, demo, lake, operations, recover, run, status
+from walstream.cli import (
+    backfill,
+    check,
+    demo,
+    imports,
+    lake,
+    operations,
+    recover,
+    run,
+    status,
+)
 from walstream.cli.output import err_console
 from walstream.errors import WalstreamError
 
@@ -26,7 +36,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for part in (check, demo, run, status, operations, backfill, recover, lake):  # --help lists them so
+for part in (
+    check,
+    demo,
+    run,
+    status,
+    operations,
+    backfill,
+    recover,
+    lake,
+    imports,
+):  # --help lists them so
     part.register(app)
 
 

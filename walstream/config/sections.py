@@ -97,6 +97,36 @@ class SparkConfig(Model):
         )
 
 
+class Handover(Model):
+    """Where another tool left the slot (`walstream import debezium` writes it from
+    Debezium's offset): every transaction that committed before `commit_end` was delivered
+    by it, and of the next one the changes up to `processed`. A query that starts afresh
+    on the slot delivers only what comes after; once it committed a batch, this is moot."""
+
+    commit_end: str  # an LSN as Postgres prints it (Debezium's `lsn_commit`)
+    processed: str | None = None  # Debezium's `lsn_proc`; None: commit_end
+
+    @field_validator("commit_end", "processed")
+    @classmethod
+    def _lsn(cls, v: str | None) -> str | None:
+        from walstream.change import parse_lsn
+        from walstream.errors import WalstreamError
+
+        if v is not None:
+            try:
+                parse_lsn(v)
+            except WalstreamError as exc:
+                raise ValueError(f"{exc.problem}; {exc.fix}") from None
+        return v
+
+    def positions(self) -> tuple[int, int]:
+        """(commit end, processed) as numbers."""
+        from walstream.change import parse_lsn
+
+        end = parse_lsn(self.commit_end)
+        return end, max(end, parse_lsn(self.processed)) if self.processed else end
+
+
 class SourceConfig(Model):
     name: Name
     dsn: Dsn
@@ -127,6 +157,8 @@ class SourceConfig(Model):
     #: Split the source into slot/publication pairs by table, each its own query: the
     #: source runs as `<name>-1` ... `<name>-N` (see plan.py).
     shards: list[Annotated[list[str], Field(min_length=1)]] | None = Field(None, min_length=2)
+    #: Taking over a slot another tool read (Debezium): where it left off (`Handover`).
+    handover: Handover | None = None
 
     @model_validator(mode="after")
     def _tables_or_shards(self) -> SourceConfig:

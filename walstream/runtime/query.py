@@ -92,6 +92,8 @@ def start_query(
     )
     if s.tables:
         reader = reader.option("tables", ",".join(s.tables))
+    if s.handover is not None:
+        reader = reader.option("handover", "{}:{}".format(*s.handover.positions()))
     if s.publish_via_partition_root:
         reader = reader.option("publishViaPartitionRoot", "true")
     if s.publish_generated_columns:

@@ -201,6 +201,9 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             meta = load_metadata(conn)
             wal = server_wal_lsn(conn)
         self._behind = wal is not None and parse_lsn(wal) > floor[0]
+        partial = None  # a transaction the other tool delivered a part of (`handover`)
+        if o.handover is not None and floor == (o.handover[0], -1) and o.handover[1] > floor[0]:
+            partial = o.handover
         capture = Capture(
             o.dsn,
             o.slot,
@@ -212,6 +215,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             source=o.name,
             streaming=o.streaming,
             spill_dir=o.spill_dir,
+            handed_over=partial,
         ).start()
         heartbeat = (
             Heartbeat(
@@ -245,7 +249,12 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     # -- offsets -------------------------------------------------------------------------
     def initialOffset(self) -> dict[str, int]:
-        return _as_offset((self._setup(), -1))
+        """Where a new query starts: the slot's confirmed position, or where the tool it
+        takes the slot over from left it (`handover`), whichever is later."""
+        start = self._setup()
+        if self.options.handover is not None:
+            start = max(start, self.options.handover[0])
+        return _as_offset((start, -1))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.options.max_changes_per_batch)

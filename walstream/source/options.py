@@ -36,6 +36,8 @@ class SourceOptions:
     #: under `spill_dir` (None: the system's temporary directory) until they commit.
     streaming: bool = False
     spill_dir: str | None = None
+    #: Where another tool left the slot (config.sections.Handover): (commit end, processed).
+    handover: tuple[int, int] | None = None
 
     @property
     def writes_dsn(self) -> str:
@@ -77,7 +79,22 @@ class SourceOptions:
             ),
             streaming=_flag(opts, "streaming"),
             spill_dir=opts.get("spilldir", "").strip() or None,
+            handover=_handover(opts.get("handover", "")),
         )
+
+
+def _handover(raw: str) -> tuple[int, int] | None:
+    """`"<commit end>:<processed>"` (two decimal LSNs), or None."""
+    if not raw.strip():
+        return None
+    end, _, processed = raw.partition(":")
+    try:
+        return int(end), max(int(end), int(processed or end))
+    except ValueError:
+        raise ConfigError(
+            f'option "handover" is {raw!r}',
+            'two LSNs as decimal numbers, e.g. .option("handover", "23851240:23851352")',
+        ) from None
 
 
 _NAMES = {

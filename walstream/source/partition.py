@@ -38,6 +38,7 @@ class PackedSlice:
     ends: bytes  # array('I') of message end offsets, from `offset`
     at: bytes  # array('Q') of each message's WAL position (a change's own LSN)
     last_commit_lsn: int | None = None  # the end of the commit before this transaction
+    delivered_through: int | None = None  # its changes up to here were delivered (TxnSlice)
     offset: int = 0  # where the messages begin in `blob` (an unpickled partition's share one)
 
     @classmethod
@@ -58,6 +59,7 @@ class PackedSlice:
             ends.tobytes(),
             array("Q", piece.at).tobytes(),
             piece.last_commit_lsn,
+            piece.delivered_through,
         )
 
     @property
@@ -132,6 +134,7 @@ class ChangePartition(InputPartition):
                 p.ends,
                 p.at,
                 p.last_commit_lsn,
+                p.delivered_through,
             )
             for p in self.pieces
         ]
@@ -157,9 +160,9 @@ def _unpickled(
 
     blob = pa.Codec(CODEC).decompress(packed, decompressed_size=size, asbytes=True)
     out, offset = [], 0
-    for lsn, xid, commit_ts, seq, notes, relations, ends, at, last in pieces:
+    for lsn, xid, commit_ts, seq, notes, relations, ends, at, last, through in pieces:
         piece = PackedSlice(
-            lsn, xid, commit_ts, seq, notes, relations, blob, ends, at, last, offset
+            lsn, xid, commit_ts, seq, notes, relations, blob, ends, at, last, through, offset
         )
         out.append(piece)
         offset += piece.nbytes
@@ -209,6 +212,7 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
                 size,
                 at,
                 piece.last_commit_lsn,
+                piece.delivered_through,
             )
             relations, annotations = context_after(msgs, relations, annotations)
             msgs, at, size, start_seq = [], [], 0, seq
@@ -228,6 +232,7 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
             size,
             at,
             piece.last_commit_lsn,
+            piece.delivered_through,
         )
 
 
@@ -249,7 +254,11 @@ def _decoded(partition: ChangePartition) -> Iterator[list[ChangeRow]]:
             piece.annotations,
             piece.last_commit_lsn,
         )
-        yield from map(decoder.decode, piece.messages(), piece.positions())
+        through = piece.delivered_through
+        for raw, at in zip(piece.messages(), piece.positions(), strict=True):
+            rows = decoder.decode(raw, at)  # decoded all the same: the seq counts them
+            if through is None or at > through or not rows:
+                yield rows
 
 
 def arrow_batches(

@@ -121,3 +121,16 @@ def test_a_low_watermark_alone_waits_for_what_follows_it() -> None:
     b = WalBuffer(floor=(0, -1))
     fill(b, 200, [mark("low"), INSERT], end=210)
     assert b.latest((0, -1), defer_low_marks=True) == (200, 1)
+
+
+def test_a_handover_marks_the_first_transaction_at_or_after_its_commit_end() -> None:
+    """Another tool (Debezium) left the slot after the commit ending at 150 and in the middle
+    of the next transaction, its changes through 205 delivered: that transaction carries
+    the mark; the ones before are below the floor, the ones after carry none."""
+    buf = WalBuffer(floor=(150, -1), handed_over=(150, 205))
+    fill(buf, 100, [INSERT, INSERT], end=110)  # committed before: below the floor
+    fill(buf, 250, [INSERT, INSERT, INSERT], end=260)  # changes at 200, 201, 202
+    fill(buf, 300, [INSERT], end=310)
+    assert buf.latest((150, -1)) == (300, 0)
+    slices = buf.slices((150, -1), (300, 0))
+    assert [(s.lsn, s.delivered_through) for s in slices] == [(250, 205), (300, None)]

@@ -91,3 +91,17 @@ def test_a_piece_cut_in_parts_keeps_each_messages_position():
     assert [m for p in parts for m in p.msgs] == rows
     assert [a for p in parts for a in p.at] == piece.at
     assert all(len(p.at) == len(p.msgs) for p in parts)
+
+
+def test_changes_another_tool_delivered_are_decoded_but_not_sent():
+    """A handover's transaction: its changes at or before `delivered_through` count for the
+    seq (the cursor stays the WAL's) but are not rows of the batch."""
+    rows = [insert(16384, str(i).encode(), b"x") for i in range(5)]
+    piece = TxnSlice(1000, 1, 5_000_000, 0, None, (REL,), rows, sum(map(len, rows)),
+                     [900, 910, 920, 930, 940], delivered_through=920)  # fmt: skip
+    partition = ChangePartition("app", [PackedSlice.pack(piece)], [], {})
+    back = cloudpickle.loads(cloudpickle.dumps(partition))
+    got = [
+        (r["seq"], r["pk"], r["change_lsn"]) for b in partition_batches(back) for r in b.to_pylist()
+    ]
+    assert got == [(3, ["3"], 930), (4, ["4"], 940)]
