@@ -3,6 +3,7 @@ with a line for every setting saying where it went or why it could not be carrie
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -64,6 +65,26 @@ def debezium(
     write(import_debezium(connector, offsets, bootstrap_servers), out, force)
 
 
+@importer.command("sequin")
+def sequin(
+    config: Annotated[
+        Path, typer.Argument(help="Sequin's sequin.yaml.", exists=True, dir_okay=False)
+    ],
+    out: OutOption = Path("walstream.yaml"),
+    force: ForceOption = False,
+) -> None:
+    """Turn a Sequin sequin.yaml into walstream.yaml.
+
+    Databases become sources on the same slots and publications, sinks keep Sequin's
+    message format (walstream's default) and what walstream has of their settings
+    (tables, actions, column filters, group columns, backfills, destinations). Sequin's
+    Elixir functions are reported, not carried (docs/from-sequin.md).
+    """
+    from walstream.importers.sequin import import_sequin
+
+    write(import_sequin(config), out, force)
+
+
 def write(imported: Imported, out: Path, force: bool) -> None:
     """Check the config, write it (or print it) and report every setting."""
     import yaml
@@ -71,9 +92,7 @@ def write(imported: Imported, out: Path, force: bool) -> None:
     from walstream.config import parse_config
 
     text = yaml.safe_dump(imported.config, sort_keys=False, allow_unicode=True)
-    checked = text
-    for name in imported.variables:  # the variables the user exports, as stand-ins
-        checked = checked.replace("${" + name + "}", "stand-in")
+    checked = re.sub(r"\$\{[^}]*\}", "stand-in", text)  # the variables, not exported yet
     parse_config(yaml.safe_load(checked), origin="the imported config")  # valid as written
     if str(out) == "-":
         console.print(text, markup=False, highlight=False, end="")
