@@ -13,7 +13,6 @@ from walstream.errors import ConfigError
 from walstream.importers.sequin import import_sequin
 
 
-
 def imported(tmp_path: Path, text: str):
     path = tmp_path / "sequin.yaml"
     path.write_text(text)

@@ -97,8 +97,8 @@ class _Import:
             self.out.carried(
                 f"{at}.slot",
                 f"sources: {name}.slot (walstream continues on it; "
-                "what Sequin sent after its last confirmation comes again, with "
-                "the same idempotency keys)",
+                "what Sequin sent after its last confirmation comes again: "
+                "docs/from-sequin.md)",
             )
         if publication:
             source["publication"] = name_of(publication, "sequin_pub").replace("-", "_")
