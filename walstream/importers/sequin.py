@@ -251,118 +251,137 @@ class _Import:
     def destination(
         self, at: str, sink: str, d: Mapping[str, Any], database: str
     ) -> dict[str, Any] | None:
-        kind = d.get("type")
-        #: Sequin's subject and routing key of a change: sequin.changes.<db>.<schema>.<table>.<action>
-        per_change = (
-            f"concat({quote('sequin.changes.' + database + '.')}, `schema`, '.', `table`, '.', "
-            "action)"
-        )
-        var = sink.upper().replace("-", "_")
-        if kind == "kafka":
-            out: dict[str, Any] = {
-                "type": "kafka",
-                "bootstrap_servers": d.get("hosts"),
-                "topic": d.get("topic"),
-                "create_topics": True,
-            }
-            producer: dict[str, Any] = {}
-            if d.get("username"):
-                producer["security.protocol"] = "SASL_SSL" if d.get("tls") else "SASL_PLAINTEXT"
-                producer["sasl.mechanism"] = (
-                    str(d.get("sasl_mechanism", "plain")).upper().replace("_", "-")
-                )
-                producer["sasl.username"] = d["username"]
-                producer["sasl.password"] = self.secret(
-                    d.get("password", ""),
-                    f"{var}_KAFKA_PASSWORD",
-                    f"the Kafka password of sink {sink}",
-                )
-            elif d.get("tls"):
-                producer["security.protocol"] = "SSL"
-            if producer:
-                out["producer"] = producer
-        elif kind == "webhook":
-            endpoint = self.endpoints.get(d.get("http_endpoint")) or {}
-            if not endpoint.get("url"):
-                self.out.left(
-                    at,
-                    f"http_endpoint {d.get('http_endpoint')!r}: no url (a local or "
-                    "webhook.site endpoint): give the sink a url",
-                )
-                return None
-            out = {
-                "type": "webhook",
-                "url": endpoint["url"].rstrip("/") + (d.get("http_endpoint_path") or ""),
-            }
-            headers = {h["key"]: h["value"] for h in endpoint.get("headers") or []}
-            for j, h in enumerate(endpoint.get("encrypted_headers") or []):
-                headers[h["key"]] = self.secret(
-                    h["value"], f"{var}_HEADER_{j}", f"header {h['key']} of sink {sink}"
-                )
-            if headers:
-                out["headers"] = headers
-            if d.get("batch"):
-                out["batch"] = True
-        elif kind in ("redis_stream", "redis"):
-            auth = ""
-            if d.get("password"):
-                secret = self.secret(
-                    d["password"], f"{var}_REDIS_PASSWORD", f"the Redis password of sink {sink}"
-                )
-                auth = f"{d.get('username', '')}:{secret}@"
-            scheme = "rediss" if d.get("tls") else "redis"
-            url = f"{scheme}://{auth}{d.get('host')}:{d.get('port', 6379)}/{d.get('database', 0)}"
-            out = {"type": "redis_stream", "url": url, "stream": d.get("stream_key")}
-        elif kind == "rabbitmq":
-            secret = self.secret(
-                d.get("password", "guest"),
-                f"{var}_RABBITMQ_PASSWORD",
-                f"the RabbitMQ password of sink {sink}",
-            )
-            vhost = str(d.get("virtual_host", "/")).replace("/", "%2F")
-            scheme = "amqps" if d.get("tls") else "amqp"
-            out = {
-                "type": "rabbitmq",
-                "exchange": d.get("exchange", ""),
-                "url": f"{scheme}://{d.get('username', 'guest')}:{secret}@{d.get('host')}:{d.get('port', 5672)}/{vhost}",
-                "routing_key": per_change,
-            }
-            self.out.carried(f"{at}.exchange", "routing keys as Sequin's (sequin.changes....)")
-        elif kind == "nats":
-            scheme = "tls" if d.get("tls") else "nats"
-            out = {
-                "type": "nats",
-                "servers": f"{scheme}://{d.get('host')}:{d.get('port', 4222)}",
-                "subject": per_change,
-            }
-            if d.get("username"):
-                out["user"] = d["username"]
-                out["password"] = self.secret(
-                    d.get("password", ""),
-                    f"{var}_NATS_PASSWORD",
-                    f"the NATS password of sink {sink}",
-                )
-            for key in ("jwt", "nkey_seed"):
-                if d.get(key):
-                    self.out.left(
-                        f"{at}.{key}", "walstream's NATS sink takes a user and password or a token"
-                    )
-        elif kind == "sequin_stream":
-            out = {
-                "type": "stream",
-                "stream": sink.replace("-", "_") if sink[0].isalpha() else "changes",
-            }
+        """The sink's destination (None: walstream has no such sink; reported)."""
+        kind = str(d.get("type"))
+        make = {
+            "kafka": self._kafka,
+            "webhook": self._webhook,
+            "redis_stream": self._redis,
+            "redis": self._redis,
+            "rabbitmq": self._rabbitmq,
+            "nats": self._nats,
+        }.get(kind)
+        if kind == "sequin_stream":
             self.out.carried(
                 at,
-                "a pull stream (docs/pull-subscriptions.md): consumers read it "
-                "over HTTP or gRPC with WALSTREAM_STREAMS_TOKEN",
+                "a pull stream (docs/pull-subscriptions.md): consumers read it over HTTP or "
+                "gRPC with WALSTREAM_STREAMS_TOKEN",
             )
-            return out
-        else:
+            return {"type": "stream", "stream": sink.replace("-", "_")}
+        if make is None:
             why = "walstream has no such sink" if kind in _MISSING else "unknown destination type"
             self.out.left(at, f"{kind}: {why}; the sink is left out")
             return None
-        self.out.carried(at, f"sinks: {sink}.destination ({out['type']})")
+        out = make(at, sink, d, sink.upper().replace("-", "_"), database)
+        if out is not None:
+            self.out.carried(at, f"sinks: {sink}.destination ({out['type']})")
+        return out
+
+    @staticmethod
+    def _per_change(database: str) -> str:
+        """Sequin's subject and routing key of a change: sequin.changes.<db>.<schema>.<table>.<action>."""
+        prefix = quote("sequin.changes." + database + ".")
+        return f"concat({prefix}, `schema`, '.', `table`, '.', action)"
+
+    def _kafka(
+        self, at: str, sink: str, d: Mapping[str, Any], var: str, _db: str
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": "kafka",
+            "bootstrap_servers": d.get("hosts"),
+            "topic": d.get("topic"),
+            "create_topics": True,
+        }
+        producer: dict[str, Any] = {}
+        if d.get("username"):
+            producer["security.protocol"] = "SASL_SSL" if d.get("tls") else "SASL_PLAINTEXT"
+            mechanism = str(d.get("sasl_mechanism", "plain"))
+            producer["sasl.mechanism"] = mechanism.upper().replace("_", "-")
+            producer["sasl.username"] = d["username"]
+            producer["sasl.password"] = self.secret(
+                d.get("password", ""), f"{var}_KAFKA_PASSWORD", f"the Kafka password of sink {sink}"
+            )
+        elif d.get("tls"):
+            producer["security.protocol"] = "SSL"
+        if producer:
+            out["producer"] = producer
+        return out
+
+    def _webhook(
+        self, at: str, sink: str, d: Mapping[str, Any], var: str, _db: str
+    ) -> dict[str, Any] | None:
+        endpoint = self.endpoints.get(d.get("http_endpoint")) or {}
+        if not endpoint.get("url"):
+            self.out.left(
+                at,
+                f"http_endpoint {d.get('http_endpoint')!r}: no url (a local or webhook.site "
+                "endpoint): give the sink a url",
+            )
+            return None
+        url = endpoint["url"].rstrip("/") + (d.get("http_endpoint_path") or "")
+        out: dict[str, Any] = {"type": "webhook", "url": url}
+        headers = {h["key"]: h["value"] for h in endpoint.get("headers") or []}
+        for j, h in enumerate(endpoint.get("encrypted_headers") or []):
+            headers[h["key"]] = self.secret(
+                h["value"], f"{var}_HEADER_{j}", f"header {h['key']} of sink {sink}"
+            )
+        if headers:
+            out["headers"] = headers
+        if d.get("batch"):
+            out["batch"] = True
+        return out
+
+    def _redis(
+        self, at: str, sink: str, d: Mapping[str, Any], var: str, _db: str
+    ) -> dict[str, Any]:
+        auth = ""
+        if d.get("password"):
+            secret = self.secret(
+                d["password"], f"{var}_REDIS_PASSWORD", f"the Redis password of sink {sink}"
+            )
+            auth = f"{d.get('username', '')}:{secret}@"
+        scheme = "rediss" if d.get("tls") else "redis"
+        url = f"{scheme}://{auth}{d.get('host')}:{d.get('port', 6379)}/{d.get('database', 0)}"
+        return {"type": "redis_stream", "url": url, "stream": d.get("stream_key")}
+
+    def _rabbitmq(
+        self, at: str, sink: str, d: Mapping[str, Any], var: str, database: str
+    ) -> dict[str, Any]:
+        secret = self.secret(
+            d.get("password", "guest"),
+            f"{var}_RABBITMQ_PASSWORD",
+            f"the RabbitMQ password of sink {sink}",
+        )
+        vhost = str(d.get("virtual_host", "/")).replace("/", "%2F")
+        scheme = "amqps" if d.get("tls") else "amqp"
+        where = f"{d.get('host')}:{d.get('port', 5672)}/{vhost}"
+        self.out.carried(f"{at}.exchange", "routing keys as Sequin's (sequin.changes....)")
+        return {
+            "type": "rabbitmq",
+            "exchange": d.get("exchange", ""),
+            "url": f"{scheme}://{d.get('username', 'guest')}:{secret}@{where}",
+            "routing_key": self._per_change(database),
+        }
+
+    def _nats(
+        self, at: str, sink: str, d: Mapping[str, Any], var: str, database: str
+    ) -> dict[str, Any]:
+        scheme = "tls" if d.get("tls") else "nats"
+        out: dict[str, Any] = {
+            "type": "nats",
+            "servers": f"{scheme}://{d.get('host')}:{d.get('port', 4222)}",
+            "subject": self._per_change(database),
+        }
+        if d.get("username"):
+            out["user"] = d["username"]
+            out["password"] = self.secret(
+                d.get("password", ""), f"{var}_NATS_PASSWORD", f"the NATS password of sink {sink}"
+            )
+        for key in ("jwt", "nkey_seed"):
+            if d.get(key):
+                self.out.left(
+                    f"{at}.{key}", "walstream's NATS sink takes a user and password or a token"
+                )
         return out
 
 
