@@ -1,11 +1,11 @@
 """`walstream run` with `format: debezium` into Kafka against Debezium 3.6 itself on the same
 WAL: the same topics, and in each the same records per key (the key, the tombstones, the
-value's schema, before, after, op and source), under Debezium's defaults and under
-`decimal.handling.mode=string` + `time.precision.mode=connect` with schemas off. The
+value's schema, before, after, op and source), under Debezium's defaults, under
+`decimal.handling.mode=string` + `time.precision.mode=connect`, and with schemas off. The
 tables: a composite primary key declared in another order than its columns (Debezium's
-key follows the key's order), unchanged
-TOAST values, a primary-key update, REPLICA IDENTITY FULL, a table with no primary key
-and a truncate (skipped by default, as Debezium's `skipped.operations=t`)."""
+key follows the key's order), unchanged TOAST values, a primary-key update, REPLICA
+IDENTITY FULL, a table with no primary key and a truncate (skipped by default, as
+Debezium's `skipped.operations=t`). The full type matrix is test_debezium_types.py's."""
 
 from __future__ import annotations
 
@@ -57,9 +57,8 @@ WRITES = [
 
 PROFILES = {
     "defaults": {},
-    "string-connect-no-schemas": {
-        "decimal.handling.mode": "string",
-        "time.precision.mode": "connect",
+    "string-connect": {"decimal.handling.mode": "string", "time.precision.mode": "connect"},
+    "no-schemas": {
         "key.converter.schemas.enable": "false",
         "value.converter.schemas.enable": "false",
     },
