@@ -263,9 +263,9 @@ class TableMessages:
         return None if key is None else self.keys.encode(self.key_schema, key)
 
     def source(self, c: ChangeRow) -> dict[str, Any]:
-        """Debezium's `source` block: `lsn` the change's own (its commit's on a backfill's
-        rows, which have none); `sequence` `["<the commit before's end>", "<lsn>"]`, a
-        JSON text (null on a backfill's rows)."""
+        """Debezium's `source` block: `lsn` the change's own and `sequence` `["<the end of
+        the commit before>", "<lsn>"]` (a JSON text); both null on a backfill's rows, whose
+        `lsn` Debezium's incremental snapshot leaves null too."""
         us = c.committed_at_us
         return {
             "version": "walstream",
@@ -280,7 +280,7 @@ class TableMessages:
             "schema": c.schema,
             "table": c.table,
             "txId": c.xid,
-            "lsn": c.lsn if c.change_lsn is None else c.change_lsn,
+            "lsn": c.change_lsn,
             "xmin": None,
             "origin": None,
             "origin_lsn": None,
