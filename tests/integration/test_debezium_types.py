@@ -62,6 +62,7 @@ PROFILES: dict[str, dict[str, str]] = {
         "binary.handling.mode": "hex",
         "hstore.handling.mode": "map",
     },
+    "isostring": {"time.precision.mode": "isostring"},
 }
 
 #: Where walstream's value deliberately differs from Debezium 3.6's, by (type, literal):

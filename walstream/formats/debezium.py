@@ -34,7 +34,7 @@ JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 #: The properties a sink's `debezium:` block takes (Debezium's names), with what they do.
 PROPERTIES: dict[str, str] = {
     "decimal.handling.mode": "precise | double | string (numeric and money)",
-    "time.precision.mode": "adaptive | adaptive_time_microseconds | connect",
+    "time.precision.mode": "adaptive | adaptive_time_microseconds | connect | isostring",
     "binary.handling.mode": "bytes | base64 | base64-url-safe | hex",
     "interval.handling.mode": "numeric | string",
     "hstore.handling.mode": "json | map",

@@ -34,7 +34,9 @@ class Settings:
     """The Debezium connector properties that shape a column's value (Debezium's defaults)."""
 
     decimal_handling_mode: Literal["precise", "double", "string"] = "precise"
-    time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = "adaptive"
+    time_precision_mode: Literal[
+        "adaptive", "adaptive_time_microseconds", "connect", "isostring"
+    ] = "adaptive"
     binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = "bytes"
     interval_handling_mode: Literal["numeric", "string"] = "numeric"
     hstore_handling_mode: Literal["json", "map"] = "json"
@@ -46,7 +48,12 @@ class Settings:
         is a ConfigError naming the property and the values it takes."""
         allowed = {
             "decimal.handling.mode": ("precise", "double", "string"),
-            "time.precision.mode": ("adaptive", "adaptive_time_microseconds", "connect"),
+            "time.precision.mode": (
+                "adaptive",
+                "adaptive_time_microseconds",
+                "connect",
+                "isostring",
+            ),
             "binary.handling.mode": ("bytes", "base64", "base64-url-safe", "hex"),
             "interval.handling.mode": ("numeric", "string"),
             "hstore.handling.mode": ("json", "map"),
@@ -199,6 +206,8 @@ class Column:
             return _named("string", "io.debezium.data.Json"), _json_text
         if t == "tsvector":
             return _named("string", "io.debezium.data.Tsvector"), _same
+        if s.time_precision_mode == "isostring" and t in _ISO:
+            return _named("string", _ISO[t][0]), _ISO[t][1]
         if t == "date":
             name = "org.apache.kafka.connect.data.Date" if _connect(s) else "io.debezium.time.Date"
             return _named("int32", name), lambda v, _: _days(v)
@@ -408,6 +417,53 @@ def _days(v: str) -> int:
     m = re.fullmatch(r"(-?\d{4,})-(\d\d)-(\d\d)", v)
     assert m, f"not a date: {v!r}"
     return _ordinal(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+
+def _civil(days: int) -> tuple[int, int, int]:
+    """(year, month, day) of a day count from 1970-01-01, proleptic Gregorian, any year
+    (Howard Hinnant's `civil_from_days`)."""
+    z = days + 719_468
+    era = z // 146_097
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    month = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (month <= 2), month, doy - (153 * mp + 2) // 5 + 1
+
+
+def _iso_date(days: int) -> str:
+    """Java's ISO_LOCAL_DATE of a day count: four digits at least, '+' past 9999."""
+    year, month, day = _civil(days)
+    text = f"+{year}" if year > 9999 else f"{year:04d}" if year >= 0 else f"-{-year:04d}"
+    return f"{text}-{month:02d}-{day:02d}"
+
+
+def _iso_clock(us: int) -> str:
+    """Java's ISO_LOCAL_TIME of microseconds of a day: the fraction's digits up to the last
+    that is not zero, none when it is zero."""
+    hours, rest = divmod(us, 3_600_000_000)
+    minutes, rest = divmod(rest, 60_000_000)
+    seconds, micros = divmod(rest, 1_000_000)
+    fraction = f"{micros:06d}".rstrip("0")
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}" + (f".{fraction}" if fraction else "")
+
+
+def _iso_timestamp(us: int) -> str:
+    days, clock = divmod(us, 86_400_000_000)
+    return f"{_iso_date(days)}T{_iso_clock(clock)}"
+
+
+#: `time.precision.mode` isostring: (schema name, value maker) of these types: the
+#: adaptive mode's number as ISO-8601 text with a 'Z' (Debezium's, infinities included).
+_ISO: dict[str, tuple[str, Any]] = {
+    "date": ("io.debezium.time.IsoDate", lambda v, _: _iso_date(_days(v)) + "Z"),
+    "time": ("io.debezium.time.IsoTime", lambda v, _: _iso_clock(_time_us(v)) + "Z"),
+    "timestamp": (
+        "io.debezium.time.IsoTimestamp",
+        lambda v, _: _iso_timestamp(_timestamp_us(v)) + "Z",
+    ),
+}
 
 
 def _int32(n: int) -> int:

@@ -39,3 +39,25 @@ def test_a_json_columns_null_is_jsons_not_sqls():
     assert col.value(None, "null", json_null=True) == "null"
     assert col.value(None, "null") is None
     assert col.value({"a": 1}, '{"a": 1}') == '{"a": 1}'
+
+
+def test_isostring_times_are_javas_iso_text_with_a_z() -> None:
+    """`time.precision.mode=isostring` (checked against Debezium in test_debezium_types):
+    the fraction's digits up to the last non-zero one, years past 9999 with '+', the
+    infinities as Debezium's numbers of them."""
+    from walstream.formats.debezium_types import Column, PgColumn, Settings
+
+    iso = Settings.of({"time.precision.mode": "isostring"})
+
+    def value(type_: str, v: str) -> str:
+        return Column(PgColumn("c", type_), iso).value(v)
+
+    assert value("date", "2024-02-29") == "2024-02-29Z"
+    assert value("time", "13:14:15.120000") == "13:14:15.12Z"
+    assert value("time", "00:00:00") == "00:00:00Z"
+    assert value("timestamp", "1969-12-31T23:59:59.999999") == "1969-12-31T23:59:59.999999Z"
+    assert value("timestamp", "infinity") == "+294247-01-10T04:00:25.2Z"
+    assert value("timestamp", "-infinity") == "-290308-12-21T19:59:27.6Z"
+    assert Column(PgColumn("c", "timestamptz"), iso).schema()["name"] == (
+        "io.debezium.time.ZonedTimestamp"
+    )  # with a zone: as in every mode
