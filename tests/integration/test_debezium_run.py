@@ -1,7 +1,8 @@
 """`walstream run` with `format: debezium` into Kafka against Debezium 3.6 itself on the same
 WAL: the same topics, and in each the same records per key (the key, the tombstones, the
 value's schema, before, after, op and source), under Debezium's defaults, under
-`decimal.handling.mode=string` + `time.precision.mode=connect`, and with schemas off. The
+`decimal.handling.mode=string` + `time.precision.mode=connect`, and with schemas off and
+truncates sent (`skipped.operations=none`). The
 tables: a composite primary key declared in another order than its columns (Debezium's
 key follows the key's order), unchanged TOAST values, a primary-key update, REPLICA
 IDENTITY FULL, a table with no primary key and a truncate (skipped by default, as
@@ -58,9 +59,10 @@ WRITES = [
 PROFILES = {
     "defaults": {},
     "string-connect": {"decimal.handling.mode": "string", "time.precision.mode": "connect"},
-    "no-schemas": {
+    "no-schemas-truncates": {
         "key.converter.schemas.enable": "false",
         "value.converter.schemas.enable": "false",
+        "skipped.operations": "none",  # the truncate is sent: op t, no key
     },
 }
 
@@ -106,7 +108,7 @@ def test_walstream_run_sends_debeziums_records(spark, pg, kafka, tmp_path, profi
         debezium = run_debezium_topics(
             pg, db.name, theirs, pub,
             {"topic.prefix": prefix, "message.prefix.exclude.list": "walstream:.*", **props},
-            tmp_path, 16,
+            tmp_path, 17 + (props.get("skipped.operations") == "none"),
         )  # fmt: skip
         cfg = parse_config({
             "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
@@ -129,6 +131,7 @@ def test_walstream_run_sends_debeziums_records(spark, pg, kafka, tmp_path, profi
             wait_until(delivered, 180, interval=0.5, message=lambda: f"{runtime.progress()}")
         finally:
             runtime.stop()
+    assert len(debezium) == 17 + (props.get("skipped.operations") == "none")  # no more
     topics: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
     for name, key, value in debezium:
         topics[name].append((key, value))
@@ -154,8 +157,8 @@ def test_walstream_run_sends_debeziums_records(spark, pg, kafka, tmp_path, profi
     acct = [k for k, _ in topics[f"{prefix}.public.acct"]]
     first = acct[0]["payload"] if schemas else acct[0]
     assert list(first) == ["id", "region"]  # the primary key's order, not the table's
-    nokey = topics[f"{prefix}.public.nokey"]  # a null key, and no tombstone after a delete
-    assert [k for k, _ in nokey] == [None] * 4 and all(v is not None for _, v in nokey)
+    nokey = topics[f"{prefix}.public.nokey"]  # a null key, its delete's tombstone's too
+    assert [k for k, _ in nokey] == [None] * 5 and nokey[-1][1] is None
 
 
 #: Debezium's `source` fields of an incremental snapshot's row that differ: `sequence`
@@ -187,7 +190,7 @@ def test_a_backfill_sends_the_rows_debeziums_incremental_snapshot_sends(spark, p
             pg, db.name, theirs, pub,
             {"topic.prefix": prefix, "signal.data.collection": "public.dbz_signal",
              "message.prefix.exclude.list": "walstream:.*"},
-            tmp_path, 43,  # the signal's insert, the window's two watermark rows, 40 rows
+            tmp_path, 43,  # the signal's insert, its window's watermark rows, the 40 rows
         )  # fmt: skip
         cfg = parse_config({
             "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},

@@ -5,7 +5,7 @@ payload alone with them off), from a change row and its table's columns
 
 The records of `format: debezium` (`debezium.py`): one change is one record, but a
 primary-key update is three (a delete of the old key, its tombstone, a create) and a
-delete is followed by its tombstone (`tombstones.on.delete`; none without a key). A
+delete is followed by its tombstone (`tombstones.on.delete`; a null key's too). A
 REPLICA IDENTITY DEFAULT delete's `before` holds every column (null but the key's), an
 unchanged TOAST value is `unavailable.value.placeholder`. Checked against Debezium 3.6
 itself (tests/integration/test_debezium_messages.py, test_debezium_run.py);
@@ -255,9 +255,9 @@ class TableMessages:
         return Message(self._key(key), self.values.encode(self.value_schema, payload))
 
     def _tombstones(self, key: dict[str, Any] | None) -> list[Message]:
-        """The tombstone after a delete: none when they are off, or the table has no key
-        (a null key compacts nothing: Debezium sends none)."""
-        return [Message(self._key(key), None)] if self.tombstones and key is not None else []
+        """The tombstone after a delete (none when they are off); a table without a primary
+        key gets one too, its key null, as Debezium sends it."""
+        return [Message(self._key(key), None)] if self.tombstones else []
 
     def _key(self, key: dict[str, Any] | None) -> bytes | None:
         return None if key is None else self.keys.encode(self.key_schema, key)

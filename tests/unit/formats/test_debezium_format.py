@@ -116,7 +116,7 @@ def test_a_table_with_no_primary_key_has_a_null_key_and_schemas_can_be_off() -> 
     value = json.loads(created.value or b"")
     assert "schema" not in value and value["after"] == {"region": "eu", "id": 1, "v": "x"}
     deleted = make(change("delete", None, '{"region":"eu","id":1,"v":"x"}'))
-    assert [(r.key, r.value is None) for _, r in deleted] == [(None, False)]  # no tombstone
+    assert [(r.key, r.value is None) for _, r in deleted] == [(None, False), (None, True)]
 
 
 def test_a_backfill_row_is_an_incremental_snapshot_read() -> None:
