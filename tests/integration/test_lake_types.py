@@ -127,7 +127,7 @@ def changes(spark: Any, *records: dict[str, Any]) -> Any:
 
     rows = [
         ("app", 10, i, 1, datetime(2024, 1, 1, tzinfo=UTC), "insert", "public", "t", [str(i)],
-         json.dumps(r), None, None, None, 16384, None)
+         json.dumps(r), None, None, None, 16384, None, None, None)
         for i, r in enumerate(records)
     ]  # fmt: skip
     return spark.createDataFrame(rows, spark_schema())
@@ -225,7 +225,7 @@ def change_rows(spark: Any, changes: list[tuple[Any, ...]]) -> Any:
     rows = [
         ("app", 10 + i, 0, 1, datetime(2024, 1, 1, tzinfo=UTC), action, "public", table, ["1"],
          None if record is None else json.dumps(record), None if old is None else json.dumps(old),
-         None, toast, 16384, None)
+         None, toast, 16384, None, None, None)
         for i, (action, table, record, old, toast) in enumerate(changes)
     ]  # fmt: skip
     return spark.createDataFrame(rows, spark_schema())

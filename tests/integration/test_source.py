@@ -27,6 +27,7 @@ COLUMNS = (
     "annotations",
     "unchanged_toast",
     "table_oid",
+    "change_lsn",
 )
 
 
@@ -74,6 +75,11 @@ def test_every_action_end_to_end_equals_the_decoder(spark, db, tmp_path):
     expected = oracle(db, oracle_slot, pub, "app")
     assert len(expected) == 10
     assert as_tuples(rows) == [tuple(getattr(e, c) for c in COLUMNS) for e in expected]
+    # the commit before each transaction: the oracle knows it from its second one on
+    known = [(r.last_commit_lsn, e.last_commit_lsn) for r, e in zip(rows, expected, strict=True)
+             if e.last_commit_lsn is not None]  # fmt: skip
+    assert known and all(mine == theirs for mine, theirs in known)
+    assert all(r.change_lsn is not None and r.change_lsn < r.lsn for r in rows)
     assert [r.action for r in rows] == ["insert"] * 4 + [
         "update",
         "update",
