@@ -232,3 +232,49 @@ def test_a_backfill_sends_the_rows_debeziums_incremental_snapshot_sends(spark, p
         return out
 
     assert rows(mine) == rows(snapshot)
+
+
+def test_a_table_dropped_before_its_changes_are_sent_makes_them_dead_letters(
+    spark, pg, kafka, tmp_path
+):
+    """Debezium's values need a table's column types; a table dropped before walstream sent
+    its changes has none left in the catalog: each of its changes becomes a dead letter
+    naming the table (no message to retry), and the other tables' changes flow."""
+    from walstream.delivery.parking import DEAD, ParkingLot
+
+    prefix = unique("dropped")
+    with fresh_database(pg) as db:
+        db.execute("CREATE TABLE gone (id int PRIMARY KEY, v text)")
+        db.execute("CREATE TABLE kept (id int PRIMARY KEY)")
+        pub = db.create_publication("gone", "kept")
+        slot = db.create_slot()
+        db.execute("INSERT INTO gone VALUES (1, 'a'), (2, 'b')")
+        db.execute("DROP TABLE gone")
+        db.execute("INSERT INTO kept VALUES (1)")
+        cfg = parse_config({
+            "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+            "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+            "sinks": [{
+                "name": "dbz", "source": "app", "format": "debezium",
+                "debezium": {"topic.prefix": prefix},
+                "destination": {"type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
+                                "create_topics": True},
+            }],
+        })  # fmt: skip
+        runtime = Runtime(cfg, spark=spark).start()
+        try:
+
+            def settled() -> bool:
+                runtime.poll()
+                p = runtime.progress().get("dbz")
+                return p is not None and p.delivered >= 1 and p.dead >= 2
+
+            wait_until(settled, 180, interval=0.5, message=lambda: f"{runtime.progress()}")
+        finally:
+            runtime.stop()
+        dead = ParkingLot(cfg.state_dsn).list(DEAD, "dbz")
+    assert [(d.message.table, d.message.value) for d in dead] == [("public.gone", None)] * 2
+    assert all("public.gone" in d.errors[0]["error"] and "no longer in the source's catalog"
+               in d.errors[0]["error"] for d in dead)  # fmt: skip
+    kept = consume(kafka.bootstrap_servers, f"{prefix}.public.kept", 1)
+    assert json.loads(kept[0].key())["payload"] == {"id": 1}

@@ -115,6 +115,11 @@ class SinkConfig(Model):
                     "only format: debezium names each table's topic itself"
                 )
             return self
+        if self.transform is not None:
+            raise ValueError(
+                "transform: format: debezium sends Debezium's records as they are; a transform "
+                "makes a message of its own: use format sequin or record with it"
+            )
         if self.destination.pull_stream() is not None:
             raise ValueError(
                 "format: debezium: a pull stream keeps one message per change, and Debezium "

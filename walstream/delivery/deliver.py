@@ -129,7 +129,7 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             if change.backfill is None
             else (sql_key or read_idempotency_key(change.backfill, change.pk))
         )
-        if records is not None and message is None and fn is None:
+        if records is not None:  # no SQL rendering, no transform (config/sink.py)
             yield from _records_of(plan, records, change, group or "", message_key, route, ikey)
             continue
         error = None

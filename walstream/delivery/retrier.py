@@ -98,7 +98,16 @@ class Retrier:
 
     def _message(self, config: SinkConfig, p: Parked) -> Message:
         """The message to send; a transform that raised before is applied again (now fixed,
-        perhaps); if it raises again, the message stays a dead letter."""
+        perhaps); if it raises again, the message stays a dead letter. A change its format
+        could not make a message of (Debezium's records of a table gone from the catalog)
+        has none to send: it stays a dead letter."""
+        if p.untransformed and p.message.value is None:
+            raise SinkError(
+                f"change {p.lsn}:{p.seq} of {p.message.table} has no message: its format "
+                "could not make one (see the dead letter's error)",
+                "delete the dead letter, or backfill the table into the sink",
+                retryable=False,
+            )
         if not p.untransformed or p.message.value is None or not isinstance(config.transform, str):
             return p.message
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import InputPartition
@@ -193,47 +193,37 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
         return
     from walstream.capture.wal_buffer import context_after, row_count
 
+    def part(
+        start_seq: int, context: tuple[Any, Any], msgs: list[bytes], at: list[int]
+    ) -> TxnSlice:
+        relations, annotations = context
+        nbytes = sum(map(len, msgs))
+        return replace(
+            piece,
+            seq=start_seq,
+            relations=relations,
+            annotations=annotations,
+            msgs=msgs,
+            nbytes=nbytes,
+            at=at,
+        )
+
     msgs: list[bytes] = []
     at: list[int] = []
     size = 0
-    seq = piece.seq
-    relations, annotations = piece.relations, piece.annotations
-    start_seq = seq
+    seq = start_seq = piece.seq
+    context = (piece.relations, piece.annotations)
     for m, lsn in zip(piece.msgs, piece.at, strict=True):
         if msgs and size + len(m) > target_bytes:
-            yield TxnSlice(
-                piece.lsn,
-                piece.xid,
-                piece.commit_ts,
-                start_seq,
-                annotations,
-                relations,
-                msgs,
-                size,
-                at,
-                piece.last_commit_lsn,
-                piece.delivered_through,
-            )
-            relations, annotations = context_after(msgs, relations, annotations)
+            yield part(start_seq, context, msgs, at)
+            context = context_after(msgs, *context)
             msgs, at, size, start_seq = [], [], 0, seq
         msgs.append(m)
         at.append(lsn)
         size += len(m)
         seq += row_count(m)
     if msgs:
-        yield TxnSlice(
-            piece.lsn,
-            piece.xid,
-            piece.commit_ts,
-            start_seq,
-            annotations,
-            relations,
-            msgs,
-            size,
-            at,
-            piece.last_commit_lsn,
-            piece.delivered_through,
-        )
+        yield part(start_seq, context, msgs, at)
 
 
 def partition_batches(partition: ChangePartition, size: int = ARROW_BATCH_ROWS) -> Iterator[Any]:

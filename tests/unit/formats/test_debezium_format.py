@@ -154,6 +154,7 @@ def sink_config(**settings: Any) -> Any:
         ({"format": "sequin", "debezium": {"topic.prefix": "p"}},
          "debezium: these settings are format: debezium's"),
         ({"format": "debezium", "tombstones": True}, "tombstones.on.delete: false"),
+        ({"format": "debezium", "transform": "m:f"}, "a transform makes a message of its own"),
         ({"format": "debezium", "debezium": {"slot.name": "s"}}, "slot.name is not a message"),
         ({"format": "debezium",
           "destination": {"type": "stream", "stream": "s", "token": "t" * 32}},
