@@ -1,8 +1,9 @@
 """`walstream run` with `format: debezium` into Kafka against Debezium 3.6 itself on the same
 WAL: the same topics, and in each the same records per key (the key, the tombstones, the
 value's schema, before, after, op and source), under Debezium's defaults, under
-`decimal.handling.mode=string` + `time.precision.mode=connect`, and with schemas off and
-truncates sent (`skipped.operations=none`). The
+`decimal.handling.mode=string` + `time.precision.mode=connect`, with schemas off and
+truncates sent (`skipped.operations=none`), and with no tombstones, another placeholder of
+unchanged TOAST values and three digits of money. The
 tables: a composite primary key declared in another order than its columns (Debezium's
 key follows the key's order), unchanged TOAST values, a primary-key update, REPLICA
 IDENTITY FULL, a table with no primary key and a truncate (skipped by default, as
@@ -64,7 +65,19 @@ PROFILES = {
         "value.converter.schemas.enable": "false",
         "skipped.operations": "none",  # the truncate is sent: op t, no key
     },
+    "no-tombstones-placeholder-money": {
+        "tombstones.on.delete": "false",
+        "unavailable.value.placeholder": "__gone__",  # acct.big's unchanged TOAST value
+        "money.fraction.digits": "3",
+    },
 }
+
+
+def records_expected(props: dict[str, str]) -> int:
+    """Debezium's records of WRITES: 17, without the 4 tombstones when they are off, with
+    the truncate when it is sent."""
+    off = props.get("tombstones.on.delete") == "false"
+    return 17 - 4 * off + (props.get("skipped.operations") == "none")
 
 
 def comparable(value: Any, schemas: bool, first_tx: int) -> Any:
@@ -108,7 +121,7 @@ def test_walstream_run_sends_debeziums_records(spark, pg, kafka, tmp_path, profi
         debezium = run_debezium_topics(
             pg, db.name, theirs, pub,
             {"topic.prefix": prefix, "message.prefix.exclude.list": "walstream:.*", **props},
-            tmp_path, 17 + (props.get("skipped.operations") == "none"),
+            tmp_path, records_expected(props),
         )  # fmt: skip
         cfg = parse_config({
             "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
@@ -131,7 +144,7 @@ def test_walstream_run_sends_debeziums_records(spark, pg, kafka, tmp_path, profi
             wait_until(delivered, 180, interval=0.5, message=lambda: f"{runtime.progress()}")
         finally:
             runtime.stop()
-    assert len(debezium) == 17 + (props.get("skipped.operations") == "none")  # no more
+    assert len(debezium) == records_expected(props)  # no more
     topics: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
     for name, key, value in debezium:
         topics[name].append((key, value))
@@ -158,7 +171,9 @@ def test_walstream_run_sends_debeziums_records(spark, pg, kafka, tmp_path, profi
     first = acct[0]["payload"] if schemas else acct[0]
     assert list(first) == ["id", "region"]  # the primary key's order, not the table's
     nokey = topics[f"{prefix}.public.nokey"]  # a null key, its delete's tombstone's too
-    assert [k for k, _ in nokey] == [None] * 5 and nokey[-1][1] is None
+    tombstones = props.get("tombstones.on.delete") != "false"
+    assert [k for k, _ in nokey] == [None] * (4 + tombstones)
+    assert (nokey[-1][1] is None) == tombstones
 
 
 #: Debezium's `source` fields of an incremental snapshot's row that differ: `sequence`
