@@ -511,6 +511,10 @@ def _timestamp_us(v: str) -> int:
 def _timestamptz(v: str, digits: int) -> str:
     if v in ("infinity", "-infinity"):
         return v
+    if len(v) >= 20 and v[10] == "T" and v[19] in ".Z" and v[-1] == "Z" and v[:4].isdigit():
+        # the common case, a year of four digits: the fraction padded or cut to `digits`
+        frac = v[20:-1] if v[19] == "." else ""
+        return v[:19] + ("." + (frac + "0" * digits)[:digits] if digits else "") + "Z"
     m = _TS.fullmatch(v)
     assert m, f"not a timestamptz: {v!r}"
     clock, _, frac = m.group(4).partition(".")

@@ -61,3 +61,21 @@ def test_isostring_times_are_javas_iso_text_with_a_z() -> None:
     assert Column(PgColumn("c", "timestamptz"), iso).schema()["name"] == (
         "io.debezium.time.ZonedTimestamp"
     )  # with a zone: as in every mode
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "debezium"),
+    [
+        ("2024-01-02T01:04:05.678Z", 6, "2024-01-02T01:04:05.678000Z"),
+        ("2024-01-02T01:04:05Z", 6, "2024-01-02T01:04:05.000000Z"),
+        ("2024-01-02T01:04:05.678901Z", 3, "2024-01-02T01:04:05.678Z"),
+        ("2024-01-02T01:04:05.678901Z", 0, "2024-01-02T01:04:05Z"),
+        ("-0043-03-15T00:00:00Z", 6, "-0043-03-15T00:00:00.000000Z"),  # BC: the full parser
+        ("infinity", 6, "infinity"),
+    ],
+)
+def test_a_timestamptz_keeps_its_columns_digits(value: str, digits: int, debezium: str) -> None:
+    from walstream.formats.debezium_types import Column, PgColumn
+
+    typmod = -1 if digits == 6 else digits
+    assert Column(PgColumn("c", "timestamptz", typmod)).value(value) == debezium
