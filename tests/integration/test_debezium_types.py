@@ -63,6 +63,11 @@ PROFILES: dict[str, dict[str, str]] = {
         "hstore.handling.mode": "map",
     },
     "isostring": {"time.precision.mode": "isostring"},
+    "double-base64url-micros": {
+        "decimal.handling.mode": "double",
+        "binary.handling.mode": "base64-url-safe",
+        "time.precision.mode": "adaptive_time_microseconds",
+    },
 }
 
 #: Where walstream's value deliberately differs from Debezium 3.6's, by (type, literal):

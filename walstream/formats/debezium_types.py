@@ -213,7 +213,8 @@ class Column:
             return _named("int32", name), lambda v, _: _days(v)
         if t == "time":
             names = ("org.apache.kafka.connect.data.Time", "io.debezium.time.Time")
-            return self._clocked(mod, _time_us, "int32", (*names, "io.debezium.time.MicroTime"))
+            micro = "io.debezium.time.MicroTime"
+            return self._clocked(mod, _time_us, "int32", (*names, micro), time_of_day=True)
         if t == "timetz":
             return _named("string", "io.debezium.time.ZonedTime"), lambda v, _: _timetz(v)
         if t == "timestamp":
@@ -278,11 +279,21 @@ class Column:
             return {"type": "string"}, lambda v, _: v.replace("+", "-").replace("/", "_")
         return {"type": "string"}, lambda v, _: base64.b64decode(v).hex()
 
-    def _clocked(self, mod: int, micros: Any, millis_type: str, names: tuple[str, ...]) -> Any:
+    def _clocked(
+        self,
+        mod: int,
+        micros: Any,
+        millis_type: str,
+        names: tuple[str, ...],
+        time_of_day: bool = False,
+    ) -> Any:
         """`time` or `timestamp` by `time.precision.mode`: `names` are the schema names of
-        connect's, adaptive's milliseconds and the microseconds; `micros(v)` the value."""
+        connect's, adaptive's milliseconds and the microseconds; `micros(v)` the value.
+        adaptive_time_microseconds is adaptive but for `time` (`time_of_day`): always µs."""
         connect, millis, micro = names
         mode = self.settings.time_precision_mode
+        if mode == "adaptive_time_microseconds" and not time_of_day:
+            mode = "adaptive"
         if mode == "connect" or (mode == "adaptive" and 0 <= mod <= 3):
             name = connect if mode == "connect" else millis
             return _named(millis_type, name), lambda v, _: micros(v) // 1000
