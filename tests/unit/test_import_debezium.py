@@ -161,3 +161,18 @@ def test_the_command_writes_the_file_and_reports_each_setting(tmp_path: Path):
     assert "setting(s) carried" in done.stdout
     again = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+
+
+def test_a_handover_is_an_lsn_and_one_slots(tmp_path):
+    base = {"name": "app", "dsn": "postgresql://u@h/db"}
+    sink = {"name": "s", "source": "app", "destination": {"type": "file", "path": str(tmp_path)}}
+    ok = parse_config({"sources": [{**base, "handover": {"commit_end": "0/16B3748"}}],
+                       "sinks": [sink]})  # fmt: skip
+    assert ok.sources[0].handover.positions() == (0x16B3748, 0x16B3748)
+    for handover, problem in (({"commit_end": "0/XYZ"}, "invalid LSN"),
+                              ({"processed": "0/1"}, "commit_end")):  # fmt: skip
+        with pytest.raises(ConfigError, match=problem):
+            parse_config({"sources": [{**base, "handover": handover}], "sinks": [sink]})
+    with pytest.raises(ConfigError, match="handover and shards"):
+        parse_config({"sources": [{**base, "handover": {"commit_end": "0/1"},
+                                   "shards": [["public.a"], ["public.b"]]}], "sinks": [sink]})  # fmt: skip

@@ -166,6 +166,11 @@ class SourceConfig(Model):
             raise ValueError(
                 "tables and shards: give one; with shards, each shard lists its own tables"
             )
+        if self.shards and self.handover:
+            raise ValueError(
+                "handover and shards: a handover is where another tool left one slot; take "
+                "the slot over without shards, then split the source"
+            )
         return self
 
     @property
