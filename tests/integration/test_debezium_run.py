@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -104,6 +105,35 @@ def per_key(records: list[tuple[Any, Any]], schemas: bool, first: int) -> dict[s
     return dict(out)
 
 
+def run_sink(spark: Any, db: Any, kafka: Any, tmp_path: Any, source: dict[str, Any],
+             sink: dict[str, Any], done: Callable[[Any], bool]) -> Any:  # fmt: skip
+    """`walstream run` of the database (`source` settings over it) with a Kafka sink `dbz`
+    of `format: debezium` (`sink` settings over it) until `done(its progress)`; the Plan."""
+    cfg = parse_config({
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, **source}],
+        "sinks": [{
+            "name": "dbz", "source": "app", "format": "debezium", **sink,
+            "destination": {"type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
+                            "create_topics": True},
+        }],
+    })  # fmt: skip
+    if "slot" not in source:  # made by walstream: dropped with the database's
+        db.slots.append(cfg.sources[0].slot_name)
+    runtime = Runtime(cfg, spark=spark).start()
+    try:
+
+        def finished() -> bool:
+            runtime.poll()
+            progress = runtime.progress().get("dbz")
+            return progress is not None and done(progress)
+
+        wait_until(finished, 180, interval=0.5, message=lambda: f"{runtime.progress()}")
+    finally:
+        runtime.stop()
+    return cfg
+
+
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_walstream_run_sends_debeziums_records(spark, pg, kafka, tmp_path, profile):
     props = PROFILES[profile]
@@ -123,27 +153,9 @@ def test_walstream_run_sends_debeziums_records(spark, pg, kafka, tmp_path, profi
             {"topic.prefix": prefix, "message.prefix.exclude.list": "walstream:.*", **props},
             tmp_path, records_expected(props),
         )  # fmt: skip
-        cfg = parse_config({
-            "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-            "sources": [{"name": "app", "dsn": db.dsn, "slot": ours, "publication": pub}],
-            "sinks": [{
-                "name": "dbz", "source": "app", "format": "debezium",
-                "debezium": {"topic.prefix": prefix, **props},
-                "destination": {"type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
-                                "create_topics": True},
-            }],
-        })  # fmt: skip
-        runtime = Runtime(cfg, spark=spark).start()
-        try:
-
-            def delivered() -> bool:
-                runtime.poll()
-                p = runtime.progress().get("dbz")
-                return p is not None and p.delivered >= len(debezium)
-
-            wait_until(delivered, 180, interval=0.5, message=lambda: f"{runtime.progress()}")
-        finally:
-            runtime.stop()
+        run_sink(spark, db, kafka, tmp_path, {"slot": ours, "publication": pub},
+                 {"debezium": {"topic.prefix": prefix, **props}},
+                 lambda p: p.delivered >= len(debezium))  # fmt: skip
     assert len(debezium) == records_expected(props)  # no more
     topics: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
     for name, key, value in debezium:
@@ -207,28 +219,10 @@ def test_a_backfill_sends_the_rows_debeziums_incremental_snapshot_sends(spark, p
              "message.prefix.exclude.list": "walstream:.*"},
             tmp_path, 43,  # the signal's insert, its window's watermark rows, the 40 rows
         )  # fmt: skip
-        cfg = parse_config({
-            "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-            "sources": [{"name": "app", "dsn": db.dsn, "publication": pub}],
-            "sinks": [{
-                "name": "dbz", "source": "app", "format": "debezium", "tables": ["public.acct"],
-                "backfill": "on_create", "debezium": {"topic.prefix": prefix},
-                "destination": {"type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
-                                "create_topics": True},
-            }],
-        })  # fmt: skip
-        db.slots.append(cfg.sources[0].slot_name)
-        runtime = Runtime(cfg, spark=spark).start()
-        try:
-
-            def delivered() -> bool:
-                runtime.poll()
-                p = runtime.progress().get("dbz")
-                return p is not None and p.delivered >= 40
-
-            wait_until(delivered, 180, interval=0.5, message=lambda: f"{runtime.progress()}")
-        finally:
-            runtime.stop()
+        run_sink(spark, db, kafka, tmp_path, {"publication": pub},
+                 {"tables": ["public.acct"], "backfill": "on_create",
+                  "debezium": {"topic.prefix": prefix}},
+                 lambda p: p.delivered >= 40)  # fmt: skip
     snapshot = [(k, v) for t, k, v in debezium if t == f"{prefix}.public.acct"]
     assert len(snapshot) == 40
     mine = [(json.loads(m.key()), json.loads(m.value()))
@@ -266,27 +260,9 @@ def test_a_table_dropped_before_its_changes_are_sent_makes_them_dead_letters(
         db.execute("INSERT INTO gone VALUES (1, 'a'), (2, 'b')")
         db.execute("DROP TABLE gone")
         db.execute("INSERT INTO kept VALUES (1)")
-        cfg = parse_config({
-            "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
-            "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
-            "sinks": [{
-                "name": "dbz", "source": "app", "format": "debezium",
-                "debezium": {"topic.prefix": prefix},
-                "destination": {"type": "kafka", "bootstrap_servers": kafka.bootstrap_servers,
-                                "create_topics": True},
-            }],
-        })  # fmt: skip
-        runtime = Runtime(cfg, spark=spark).start()
-        try:
-
-            def settled() -> bool:
-                runtime.poll()
-                p = runtime.progress().get("dbz")
-                return p is not None and p.delivered >= 1 and p.dead >= 2
-
-            wait_until(settled, 180, interval=0.5, message=lambda: f"{runtime.progress()}")
-        finally:
-            runtime.stop()
+        cfg = run_sink(spark, db, kafka, tmp_path, {"slot": slot, "publication": pub},
+                       {"debezium": {"topic.prefix": prefix}},
+                       lambda p: p.delivered >= 1 and p.dead >= 2)  # fmt: skip
         dead = ParkingLot(cfg.state_dsn).list(DEAD, "dbz")
     assert [(d.message.table, d.message.value) for d in dead] == [("public.gone", None)] * 2
     assert all("public.gone" in d.errors[0]["error"] and "no longer in the source's catalog"

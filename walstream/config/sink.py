@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from walstream.fields import Duration, Model, Name
-from walstream.sinks.base import DestinationSettings, Kind
+from walstream.sinks.base import Kind
 from walstream.sinks.registry import capabilities, destination_union
 
 Action = Literal["insert", "update", "delete", "truncate", "read"]
@@ -171,7 +171,7 @@ class SinkConfig(Model):
             and not self.group_by
             and dest.group_by() is None
             and dest.route_expression() is None
-            and dest.key_expression() == DestinationSettings.key_expression(dest)
+            and dest.default_key()
             and "read" in self.actions
         )
 

@@ -39,7 +39,7 @@ from walstream.formats.debezium_types import PgColumn, load_columns, load_key
 from walstream.secrets import scrubbed, secret_values
 from walstream.sinks.base import BatchInfo, Message, TaskSink
 from walstream.sinks.clients import on_source
-from walstream.sinks.registry import task_sink_for
+from walstream.sinks.registry import capabilities, task_sink_for
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,6 @@ class DeliveryPlan:
     #: types are read (the source; formats/debezium.py).
     debezium: DebeziumSettings | None = None
     source_dsn: SecretStr | None = None
-    #: The format's record key replaces the sink's default key (Debezium's key struct).
-    format_keys: bool = False
-    #: The format names each record's topic (Debezium's `<prefix>.<schema>.<table>`).
-    format_topics: bool = False
-    #: The destination takes the format's tombstones (Kafka); elsewhere they are left out.
-    format_tombstones: bool = False
 
 
 @dataclass
@@ -120,7 +114,7 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
     """Change rows (with the pipeline's _group/_key/_route/_message columns) as Messages."""
     fmt = formatter(plan.format, sink=plan.sink, db=plan.db)
     fn = load_function(plan.transform_function) if plan.transform_function else None
-    records = _records(plan) if fmt is None else None
+    records = _FormatRecords(plan) if fmt is None else None
     for change, group, key, route, message, sql_key in rows:
         message_key = key.encode() if key is not None else None
         table = f"{change.schema}.{change.table}"
@@ -130,7 +124,7 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             else (sql_key or read_idempotency_key(change.backfill, change.pk))
         )
         if records is not None:  # no SQL rendering, no transform (config/sink.py)
-            yield from _records_of(plan, records, change, group or "", message_key, route, ikey)
+            yield from records(change, group or "", message_key, route, ikey)
             continue
         error = None
         if message is not None:
@@ -172,62 +166,64 @@ def messages(plan: DeliveryPlan, rows: Iterable[Row]) -> Iterator[Message]:
             )
 
 
-def _records(plan: DeliveryPlan) -> Records:
-    """The records maker of a format made as records, reading the source's catalog."""
-    assert plan.source_dsn is not None, f"format {plan.format} needs the source's catalog"
-    dsn = plan.source_dsn.get_secret_value()
+class _FormatRecords:
+    """A format made as records (debezium) as a task's Messages. From the destination:
+    whether the format's record key replaces the sink's default key, whether it names each
+    record's topic (Kafka with no `topic`), whether the sink takes its tombstones."""
 
-    def catalog(oid: int) -> tuple[list[PgColumn], list[str]]:
-        return on_source(dsn, lambda conn: (load_columns(conn, oid), load_key(conn, oid)))
+    def __init__(self, plan: DeliveryPlan) -> None:
+        assert plan.source_dsn is not None, f"format {plan.format} needs the source's catalog"
+        dsn = plan.source_dsn.get_secret_value()
 
-    return Records(plan.debezium or DebeziumSettings(), plan.db, catalog)
+        def catalog(oid: int) -> tuple[list[PgColumn], list[str]]:
+            return on_source(dsn, lambda conn: (load_columns(conn, oid), load_key(conn, oid)))
 
+        dest = plan.destination
+        self.format = plan.format
+        self.records = Records(plan.debezium or DebeziumSettings(), plan.db, catalog)
+        self.keys = dest.default_key()
+        self.topics = dest.format_routes()
+        self.tombstones = capabilities(dest).tombstones
 
-def _records_of(
-    plan: DeliveryPlan,
-    records: Records,
-    change: ChangeRow,
-    group: str,
-    key: bytes | None,
-    route: str | None,
-    ikey: str | None,
-) -> Iterator[Message]:
-    """A change's records in a format made as records (debezium): they share its cursor
-    and idempotency key; a table gone from the catalog makes the change a dead letter."""
-    table = f"{change.schema}.{change.table}"
-    try:
-        made = records(change)
-    except UnknownTable as exc:
-        yield Message(
-            change.lsn,
-            change.seq,
-            None,
-            key,
-            route,
-            table=table,
-            action=change.action,
-            group=group,
-            error=f"format {plan.format}: {exc}",
-            idempotency_override=ikey,
-        )
-        return
-    for part, (topic, record) in enumerate(made):
-        if record.value is None and not plan.format_tombstones:
-            continue
-        yield Message(
-            change.lsn,
-            change.seq,
-            record.value,
-            record.key if plan.format_keys else key,
-            route or (topic if plan.format_topics else None),
-            table=table,
-            action=change.action if record.value is not None else "tombstone",
-            group=group,
-            idempotency_override=ikey
-            if part == 0
-            else idempotency_key(change.lsn, change.seq, part),
-            part=part,
-        )
+    def __call__(
+        self, change: ChangeRow, group: str, key: bytes | None, route: str | None, ikey: str | None
+    ) -> Iterator[Message]:
+        """A change's records: they share its cursor and (the first) its idempotency key; a
+        table gone from the catalog makes the change a dead letter."""
+        table = f"{change.schema}.{change.table}"
+        try:
+            made = self.records(change)
+        except UnknownTable as exc:
+            yield Message(
+                change.lsn,
+                change.seq,
+                None,
+                key,
+                route,
+                table=table,
+                action=change.action,
+                group=group,
+                error=f"format {self.format}: {exc}",
+                idempotency_override=ikey,
+            )
+            return
+        for part, (topic, record) in enumerate(made):
+            if record.value is None and not self.tombstones:
+                continue
+            yield Message(
+                change.lsn,
+                change.seq,
+                record.value,
+                record.key if self.keys else key,
+                route or (topic if self.topics else None),
+                table=table,
+                action=change.action if record.value is not None else "tombstone",
+                group=group,
+                idempotency_override=ikey
+                if part == 0
+                else idempotency_key(change.lsn, change.seq, part),
+                part=part,
+            )
 
 
 def send(sink: TaskSink, chunk: Sequence[Message], plan: DeliveryPlan) -> None:

@@ -45,7 +45,7 @@ from walstream.pipeline.reads import (
 )
 from walstream.pipeline.steps import BatchPart, SinkSteps
 from walstream.pipeline.streamed import StreamedSinks
-from walstream.sinks.base import DestinationSettings, Kind, retry_timeout
+from walstream.sinks.base import Kind, retry_timeout
 from walstream.sinks.registry import capabilities, sink_for
 
 log = logging.getLogger(__name__)
@@ -462,15 +462,7 @@ class Pipeline:
             p = projection(sink, skip, backfill, self.db)
             plan = replace(plan, worker_format=p.worker_format)
             if plan.format in RECORD_FORMATS:  # debezium: records made by the task
-                dest = sink.destination
-                plan = replace(
-                    plan,
-                    debezium=sink.debezium_settings(),
-                    source_dsn=self.source.dsn,
-                    format_keys=dest.key_expression() == DestinationSettings.key_expression(dest),
-                    format_topics=dest.format_routes(),
-                    format_tombstones=driver_sink.capabilities.tombstones,
-                )
+                plan = replace(plan, debezium=sink.debezium_settings(), source_dsn=self.source.dsn)
             steps = SinkSteps(spark, sink, skip, backfill, self.db, plan)
             self._built = {
                 k: v for k, v in self._built.items() if k[0] != sink.name or k[1] == skip

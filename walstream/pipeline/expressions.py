@@ -13,7 +13,6 @@ from walstream.config import SinkConfig
 from walstream.engine.sql import quote, selection_expr
 from walstream.formats import ARROW_FORMATS, RECORD_FORMATS, sql_format
 from walstream.formats.keys import GROUP_KEY_SQL, MESSAGE_KEY_SQL, sql_idempotency_key
-from walstream.sinks.base import DestinationSettings
 
 
 def group_expr(items: list[str] | None) -> str:
@@ -151,7 +150,7 @@ def expressions(sink: SinkConfig) -> list[str]:
     if isinstance(sink.transform, dict):
         found += list(sink.transform.values())
     found += list(sink.group_by or [])
-    if dest.key_expression() != DestinationSettings.key_expression(dest):  # not the default
+    if not dest.default_key():
         found.append(dest.key_expression())
     route = dest.route_expression()
     if route is not None:

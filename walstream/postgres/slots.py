@@ -161,13 +161,10 @@ def confirmed_position(dsn: str, slot: str) -> int | None:
 
     try:
         with connect(dsn, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                (slot,),
-            ).fetchone()
+            info = slot_info(conn, slot)
     except (WalstreamError, psycopg.Error):
         return None
-    return parse_lsn(row[0]) if row and row[0] else None
+    return None if info is None else info.confirmed
 
 
 # -- what `walstream check` says of slots --------------------------------------------------

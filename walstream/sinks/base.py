@@ -56,6 +56,10 @@ class DestinationSettings(Model):
     def key_expression(self) -> str:
         return MESSAGE_KEY_SQL
 
+    def default_key(self) -> bool:
+        """The messages are keyed as a destination's are by default (the change's key)."""
+        return self.key_expression() == DestinationSettings.key_expression(self)
+
     def route_expression(self) -> str | None:
         return None
 

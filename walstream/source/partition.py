@@ -194,17 +194,16 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
     from walstream.capture.wal_buffer import context_after, row_count
 
     def part(
-        start_seq: int, context: tuple[Any, Any], msgs: list[bytes], at: list[int]
+        start_seq: int, context: tuple[Any, Any], msgs: list[bytes], size: int, at: list[int]
     ) -> TxnSlice:
         relations, annotations = context
-        nbytes = sum(map(len, msgs))
         return replace(
             piece,
             seq=start_seq,
             relations=relations,
             annotations=annotations,
             msgs=msgs,
-            nbytes=nbytes,
+            nbytes=size,
             at=at,
         )
 
@@ -215,7 +214,7 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
     context = (piece.relations, piece.annotations)
     for m, lsn in zip(piece.msgs, piece.at, strict=True):
         if msgs and size + len(m) > target_bytes:
-            yield part(start_seq, context, msgs, at)
+            yield part(start_seq, context, msgs, size, at)
             context = context_after(msgs, *context)
             msgs, at, size, start_seq = [], [], 0, seq
         msgs.append(m)
@@ -223,7 +222,7 @@ def _split(piece: TxnSlice, target_bytes: int) -> Iterator[TxnSlice]:
         size += len(m)
         seq += row_count(m)
     if msgs:
-        yield part(start_seq, context, msgs, at)
+        yield part(start_seq, context, msgs, size, at)
 
 
 def partition_batches(partition: ChangePartition, size: int = ARROW_BATCH_ROWS) -> Iterator[Any]:
