@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "walstream"
 FLOORS: list[set[str]] = [
     {"cli"},
     {"runtime"},
-    {"pipeline", "server", "testing", "client", "importers"},
+    {"pipeline", "server", "testing", "client", "importers", "verify"},
     {"source", "delivery", "backfill", "streams", "lake", "engine"},
     {"capture", "postgres", "sinks", "formats", "config"},
     {"decode"},

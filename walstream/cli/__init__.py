@@ -19,6 +19,7 @@ from walstream.cli import (
     recover,
     run,
     status,
+    verify,
 )
 from walstream.cli.output import err_console
 from walstream.errors import WalstreamError
@@ -46,6 +47,7 @@ for part in (
     recover,
     lake,
     imports,
+    verify,
 ):  # --help lists them so
     part.register(app)
 

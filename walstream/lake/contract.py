@@ -218,3 +218,9 @@ class TableSink(Sink):
     @abstractmethod
     def optimize(self, schema: str, table: str) -> dict[str, Any]:
         """Compact small files and expire what `optimize.retain` no longer keeps."""
+
+    @abstractmethod
+    def scan(self, schema: str, table: str, columns: list[str]) -> Any | None:
+        """The live rows of a source table's lake table now (deletes applied), as an Arrow
+        RecordBatchReader of `columns`; None when the table does not exist (`walstream
+        verify` reads a sink with it)."""

@@ -352,6 +352,17 @@ class DeltaSink(TableSink):
         )
         return int(plan.versions.num_rows)
 
+    def scan(self, schema: str, table: str, columns: list[str]) -> Any | None:
+        """delta-rs's scan, which applies deletion vectors."""
+        import pyarrow as pa
+
+        table_ = self._open(self.config.location(schema, table))
+        return (
+            None
+            if table_ is None
+            else pa.RecordBatchReader.from_stream(table_.scan(columns=columns))
+        )
+
     def optimize(self, schema: str, table: str) -> dict[str, Any]:
         t = self._open(self.config.location(schema, table))
         if t is None:

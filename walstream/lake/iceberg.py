@@ -345,6 +345,13 @@ class IcebergSink(TableSink):
             )
         return False
 
+    def scan(self, schema: str, table: str, columns: list[str]) -> Any | None:
+        """pyiceberg's scan, which applies position and equality deletes."""
+        table_ = self._open(schema, table)
+        if table_ is None:
+            return None
+        return table_.scan(selected_fields=tuple(columns)).to_arrow_batch_reader()
+
     def optimize(self, schema: str, table: str) -> dict[str, Any]:
         """Rewrite the table into files of about `target_file_size` when it has more small
         files than that needs (pyiceberg has no partial compaction), then expire snapshots

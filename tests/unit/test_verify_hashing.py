@@ -1,0 +1,83 @@
+"""How `walstream verify` hashes and compares rows (`verify/hashing.py`)."""
+
+from __future__ import annotations
+
+import decimal
+
+import pyarrow as pa
+
+from walstream.verify.hashing import Hasher, Sums, compare
+
+KEY = ("region", "id")
+COLUMNS = ("region", "id", "arr", "doc", "price")
+
+
+def table(rows: list[tuple]) -> pa.Table:
+    region, id_, arr, doc, price = zip(*rows, strict=True) if rows else ([], [], [], [], [])
+    return pa.table({
+        "region": pa.array(region, pa.string()), "id": pa.array(id_, pa.int32()),
+        "arr": pa.array(arr, pa.list_(pa.int32())), "doc": pa.array(doc, pa.string()),
+        "price": pa.array(price, pa.decimal128(12, 2)),
+    })  # fmt: skip
+
+
+ROWS = [
+    ("eu", 1, [1, None], '{"a": [1, null], "b": "x"}', decimal.Decimal("1.25")),
+    ("", 2, [], None, None),
+    ("us", 3, None, "null", decimal.Decimal("-0.50")),
+    ("eu", 4, [7], '"text"', decimal.Decimal("0.00")),
+]
+
+
+def sums(hasher: Hasher, *parts: pa.Table) -> Sums:
+    out = Sums()
+    for p in parts:
+        out.add(hasher.sums(p))
+    return out
+
+
+def test_sums_do_not_depend_on_order_or_batching_and_see_one_changed_value():
+    h = Hasher(KEY, COLUMNS, 16, ["doc"])
+    whole = sums(h, table(ROWS))
+    assert whole.rows == 4
+    assert not whole.different(sums(h, table(ROWS[2:]), table(ROWS[:2][::-1])))
+    changed = list(ROWS)
+    changed[2] = ("us", 3, [None], "null", decimal.Decimal("-0.50"))  # NULL array vs [NULL]
+    differing = whole.different(sums(h, table(changed)))
+    assert len(differing) == 1
+    assert differing == {h.sums(table(ROWS[2:3]))[0][0]}  # the changed row's bucket
+    assert 3 in h.keyed(table(ROWS), differing).column("id").to_pylist()
+
+
+def test_json_text_is_compared_as_json_and_other_text_as_it_is():
+    h = Hasher(KEY, COLUMNS, 16, ["doc"])
+    compact = [r if r[1] != 1 else (*r[:3], '{"a":[1,null],"b":"x"}', r[4]) for r in ROWS]
+    assert not sums(h, table(ROWS)).different(sums(h, table(compact)))
+    plain = Hasher(KEY, COLUMNS, 16)  # no JSON columns: the spacing is a difference
+    assert sums(plain, table(ROWS)).different(sums(plain, table(compact)))
+    reordered = [r if r[1] != 1 else (*r[:3], '{"b": "x", "a": [1, null]}', r[4]) for r in ROWS]
+    assert sums(h, table(ROWS)).different(sums(h, table(reordered)))  # jsonb never reorders
+
+
+def test_compare_names_missing_extra_and_different_keys_with_the_source_hash():
+    h = Hasher(KEY, COLUMNS, 16, ["doc"])
+    source = h.keyed(table(ROWS))
+    sink_rows = [
+        ROWS[0],
+        ("", 2, [], None, decimal.Decimal("9.99")),
+        ROWS[3],
+        ("zz", 9, [], None, None),
+    ]
+    found = compare(source, h.keyed(table(sink_rows)), KEY)
+    hashes = dict(
+        zip(
+            zip(source["region"].to_pylist(), source["id"].to_pylist(), strict=True),
+            source["_h"].to_pylist(),
+            strict=True,
+        )
+    )
+    assert found.missing == {("us", 3): hashes[("us", 3)]}
+    assert found.different == {("", 2): hashes[("", 2)]}
+    assert found.extra == {("zz", 9): None}
+    assert len(found) == 3 and found.source_hash(("zz", 9)) is None
+    assert not len(compare(source, h.keyed(table(ROWS[::-1])), KEY))

@@ -1,0 +1,288 @@
+"""`walstream verify`: compare each table of a sink with its source while the stream flows,
+and re-backfill what differs (docs/verify.md).
+
+Per table: one pass over the source sums rows and row hashes per key bucket
+(`hashing.py`); the sink is then read once it has applied everything the source had when
+that pass ended (`Position.reach`: a heartbeat message, and the slot's confirmed position
+past it); the buckets whose sums differ are read again on both sides, row by row, and the
+keys that differ are looked up again at a later position. A key is reported only when it
+differed twice while its source row stayed the same: a row that changed between the reads
+is checked again, and one that never stops changing is reported as unsettled, not as a
+difference.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from walstream.errors import WalstreamError
+from walstream.verify.hashing import Differences, Hasher, Sums, compare
+from walstream.verify.sides import Side
+
+log = logging.getLogger(__name__)
+
+#: Buckets per table: about one per this many rows (at least 64, at most 65,536).
+ROWS_PER_BUCKET = 1_000
+Key = tuple[Any, ...]
+
+
+def buckets_for(rows: int | None) -> int:
+    return max(64, min(65_536, (rows or 0) // ROWS_PER_BUCKET))
+
+
+class Position:
+    """Where the source's slots are: `reach()` returns once every slot of the sink's source
+    has confirmed a heartbeat written now, so the sink has applied every change committed
+    before it (the pipeline confirms a batch only after its sinks wrote it)."""
+
+    def __init__(self, dsn: str, slots: list[str], source: str, timeout: float) -> None:
+        self.dsn, self.slots, self.source, self.timeout = dsn, slots, source, timeout
+
+    def reach(self) -> int:
+        from walstream.capture.reader import HEARTBEAT_PREFIX
+        from walstream.change import format_lsn, parse_lsn
+        from walstream.postgres.replication import connect
+
+        body = json.dumps({"verify": True, "at": time.time()})
+        with connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT pg_logical_emit_message(true, %s, %s)::text", (HEARTBEAT_PREFIX, body)
+            ).fetchone()
+            assert row is not None
+            mark = parse_lsn(row[0])
+            deadline = time.monotonic() + self.timeout
+            while True:
+                rows = conn.execute(
+                    "SELECT slot_name, confirmed_flush_lsn::text FROM pg_replication_slots "
+                    "WHERE slot_name = ANY(%s)",
+                    (self.slots,),
+                ).fetchall()
+                at = {name: parse_lsn(lsn) if lsn else 0 for name, lsn in rows}
+                behind = [s for s in self.slots if at.get(s, -1) < mark]
+                if not behind:
+                    return mark
+                if any(s not in at for s in behind):
+                    raise WalstreamError(
+                        f"source {self.source} has no slot {behind[0]}: nothing delivers its "
+                        "changes, so the sink cannot be compared with it",
+                        "start `walstream run` with this config, then verify again",
+                    )
+                if time.monotonic() > deadline:
+                    raise WalstreamError(
+                        f"the sink has not applied source {self.source} up to "
+                        f"{format_lsn(mark)} within {self.timeout:g}s (slot {behind[0]} is at "
+                        f"{format_lsn(at[behind[0]])})",
+                        "is `walstream run` running, and the sink not paused (`walstream "
+                        "status`)? Verify again once it has caught up, or give more --wait",
+                    )
+                time.sleep(0.2)
+
+
+@dataclass
+class TableResult:
+    """What verifying one table found. Keys are tuples of the key columns' values."""
+
+    table: str
+    target: str
+    source_rows: int = 0
+    sink_rows: int = 0
+    buckets: int = 0
+    buckets_different: int = 0
+    missing: list[Key] = field(default_factory=list)  # in the source, not in the sink
+    extra: list[Key] = field(default_factory=list)  # in the sink, not in the source
+    different: list[Key] = field(default_factory=list)  # other values in the sink
+    unsettled: list[Key] = field(default_factory=list)  # changed at every re-check
+    #: With values asked for: per key (as text), the source's row and the sink's.
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    repaired: int | None = None  # keys re-backfilled (None: no repair asked)
+    seconds: float = 0.0
+
+    @property
+    def equal(self) -> bool:
+        return not (self.missing or self.extra or self.different)
+
+    def as_json(self) -> dict[str, Any]:
+        out = {
+            "table": self.table,
+            "target": self.target,
+            "equal": self.equal,
+            "source_rows": self.source_rows,
+            "sink_rows": self.sink_rows,
+            "buckets": self.buckets,
+            "buckets_different": self.buckets_different,
+            "missing": [list(k) for k in self.missing],
+            "extra": [list(k) for k in self.extra],
+            "different": [list(k) for k in self.different],
+            "unsettled": [list(k) for k in self.unsettled],
+            "seconds": round(self.seconds, 3),
+        }
+        if self.values:
+            out["values"] = self.values
+        if self.repaired is not None:
+            out["repaired"] = self.repaired
+        return out
+
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Verification:
+    """One table's comparison (`run`): sides, position, and how hard to look."""
+
+    source: Side
+    sink: Side
+    position: Position
+    rechecks: int = 3
+    values: bool = False
+    #: Tables estimated at most this many rows are compared row by row at once.
+    direct_rows: int = 50_000
+    progress: Progress = lambda _: None
+
+    def run(self, table: str, target: str, estimate: int | None) -> TableResult:
+        t0 = time.monotonic()
+        shape = self.source.shape
+        direct = estimate is not None and estimate <= self.direct_rows
+        result = TableResult(table, target, buckets=0 if direct else buckets_for(estimate))
+        hasher = Hasher(shape.key, shape.names, max(result.buckets, 1), json_columns(shape))
+        try:
+            if direct:
+                # a small table: the keys and hashes of all its rows fit in a few MB, and
+                # comparing them at once spares one wait for the sink's pipeline
+                self._settle(hasher, self._rows(hasher, None, result), result)
+            else:
+                src = self._sums(hasher, self.source, table)
+                self.progress(f"{table}: waiting for the sink to apply the source up to now")
+                self.position.reach()
+                snk = self._sums(hasher, self.sink, table)
+                result.source_rows, result.sink_rows = src.rows, snk.rows
+                differing = src.different(snk)
+                result.buckets_different = len(differing)
+                if differing:
+                    self._settle(hasher, self._rows(hasher, differing, result), result)
+        finally:
+            hasher.close()
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def _sums(self, hasher: Hasher, side: Side, table: str) -> Sums:
+        sums = Sums()
+        for batch in side.batches():
+            sums.add(hasher.sums(batch))
+            self.progress(f"{table}: {side.name}: {sums.rows:,} rows hashed")
+        return sums
+
+    def _keyed(self, hasher: Hasher, batches: Iterator[Any], buckets: set[int] | None) -> Any:
+        import pyarrow as pa
+
+        parts = [hasher.keyed(b, buckets) for b in batches]
+        if not parts:
+            return _empty(hasher, self.source.shape)
+        return pa.concat_tables(parts)
+
+    def _rows(self, hasher: Hasher, buckets: set[int] | None, result: TableResult) -> Differences:
+        """The keys whose rows differ, of `buckets` (None: of the whole table, whose row
+        counts go into `result`), the sink read once it has caught up with the source."""
+        what = "every row" if buckets is None else f"the rows of {len(buckets):,} bucket(s)"
+        self.progress(f"{result.table}: comparing {what}")
+        source = self._keyed(hasher, self.source.batches(), buckets)
+        self.position.reach()
+        sink = self._keyed(hasher, self.sink.batches(), buckets)
+        if buckets is None:
+            result.source_rows, result.sink_rows = source.num_rows, sink.num_rows
+        return compare(source, sink, hasher.key)
+
+    def _settle(self, hasher: Hasher, found: Differences, result: TableResult) -> None:
+        """Look the differing keys up again until each differed twice with its source row
+        unchanged (reported) or `rechecks` rounds passed (unsettled)."""
+        shape = self.source.shape
+        pending = found
+        for n in range(self.rechecks):
+            if not len(pending):
+                break
+            self.progress(f"{result.table}: re-checking {len(pending):,} key(s) (round {n + 1})")
+            keys = _keys_table(pending.keys(), shape)
+            source = self._keyed(hasher, self.source.rows(keys), None)
+            self.position.reach()
+            sink = self._keyed(hasher, self.sink.rows(keys), None)
+            again = compare(source, sink, hasher.key)
+            moving: dict[str, dict[Key, Any]] = {"missing": {}, "extra": {}, "different": {}}
+            for kind in ("missing", "extra", "different"):
+                for k, h in getattr(again, kind).items():
+                    if pending.source_hash(k) == h and (h is not None or k in pending.extra):
+                        getattr(result, kind).append(k)
+                    else:
+                        moving[kind][k] = h
+            pending = Differences(moving["missing"], moving["extra"], moving["different"])
+        result.unsettled = pending.keys()
+        for kind in ("missing", "extra", "different"):
+            getattr(result, kind).sort(key=repr)
+        if self.values and not result.equal:
+            result.values = self._values(result)
+
+    def differing(self, keys: list[Key]) -> set[Key]:
+        """Of `keys`, those whose rows differ once the sink has applied the source up to now
+        (after a repair)."""
+        shape = self.source.shape
+        hasher = Hasher(shape.key, shape.names, 1, json_columns(shape))
+        try:
+            table = _keys_table(keys, shape)
+            self.position.reach()
+            source = self._keyed(hasher, self.source.rows(table), None)
+            sink = self._keyed(hasher, self.sink.rows(table), None)
+            return set(compare(source, sink, hasher.key).keys())
+        finally:
+            hasher.close()
+
+    def _values(self, result: TableResult) -> dict[str, dict[str, Any]]:
+        """The source's and the sink's row of each differing key (only asked for: PII)."""
+        shape = self.source.shape
+        keys = _keys_table([*result.missing, *result.extra, *result.different], shape)
+        out: dict[str, dict[str, Any]] = {}
+        for side, name in ((self.source, "source"), (self.sink, "sink")):
+            if side is self.sink:
+                self.position.reach()
+            for batch in side.rows(keys):
+                for row in batch.to_pylist():
+                    k = json.dumps([row[c] for c in shape.key], default=str)
+                    out.setdefault(k, {"source": None, "sink": None})[name] = {
+                        c: _plain(v) for c, v in row.items()
+                    }
+        return out
+
+
+def json_columns(shape: Any) -> list[str]:
+    """The columns holding JSON text (compared as JSON, see `hashing._hash`)."""
+    return [c for c in shape.names if shape.pg_types.get(c) in ("json", "jsonb")]
+
+
+def _plain(v: Any) -> Any:
+    return v if isinstance(v, (int, float, str, bool, type(None), list)) else str(v)
+
+
+def _keys_table(keys: list[Key], shape: Any) -> Any:
+    import pyarrow as pa
+
+    schema = shape.arrow_schema()
+    columns: list[Any] = list(zip(*keys, strict=True)) if keys else [[] for _ in shape.key]
+    return pa.table(
+        {
+            k: pa.array(list(col), schema.field(k).type)
+            for k, col in zip(shape.key, columns, strict=True)
+        }
+    )
+
+
+def _empty(hasher: Hasher, shape: Any) -> Any:
+    import pyarrow as pa
+
+    schema = shape.arrow_schema()
+    return pa.table(
+        {k: pa.array([], schema.field(k).type) for k in hasher.key}
+        | {"_h": pa.array([], pa.uint64())}
+    )

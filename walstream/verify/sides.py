@@ -1,0 +1,166 @@
+"""The two sides `walstream verify` reads: a source table, and what a sink holds of it.
+
+A side gives every row it has now (`batches`: Arrow in the sink's column types, one chunk
+or file batch at a time, in whatever order it reads fastest) and the rows of some keys
+(`rows`). A Postgres table (the source, or a Postgres mirror's copy of it) is read with
+ADBC in the backfill's key-range chunks, each in a short READ ONLY transaction of its own:
+nothing is locked and no snapshot is held across a pass. A lake table is read by the
+library of its format, which applies its deletion vectors or delete files (`TableSink.scan`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+from psycopg import sql
+
+from walstream.backfill.arrow_read import read_batches, select_list
+from walstream.backfill.chunks import Table, chunk_query, describe, plan
+from walstream.decode.table_shape import TableShape
+from walstream.errors import ConfigError
+from walstream.postgres.replication import connect
+
+#: Keys per lookup query of `PostgresTable.rows`.
+LOOKUP = 5_000
+
+
+class Side(ABC):
+    """One side of a comparison: `name` says which in the report."""
+
+    def __init__(self, name: str, shape: TableShape) -> None:
+        self.name = name
+        self.shape = shape
+
+    @abstractmethod
+    def batches(self) -> Iterator[Any]:
+        """Every row the side has now, as Arrow record batches of the shape's columns."""
+
+    @abstractmethod
+    def rows(self, keys: Any) -> Iterator[Any]:
+        """The rows of `keys` (a pyarrow Table of the key columns) the side has now."""
+
+    def _typed(self, batch: Any) -> Any:
+        """`batch`'s shape columns in the shape's types (a reader may give other widths)."""
+        import pyarrow as pa
+
+        table = pa.Table.from_batches([batch]).select(self.shape.names)
+        return table.cast(self.shape.arrow_schema())
+
+
+class PostgresTable(Side):
+    """`schema.table` in the Postgres at `dsn`, read in key ranges of `chunk_size` rows."""
+
+    def __init__(
+        self, name: str, dsn: str, schema: str, table: str, shape: TableShape, chunk_size: int
+    ) -> None:
+        super().__init__(name, shape)
+        self.dsn, self.schema, self.table, self.chunk_size = dsn, schema, table, chunk_size
+
+    def _describe(self, conn: Any) -> Table | None:
+        try:
+            return describe(conn, self.schema, self.table)
+        except ConfigError:
+            exists = conn.execute(
+                "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL",
+                (self.schema, self.table),
+            ).fetchone()[0]
+            if exists:
+                raise  # no primary key: it cannot be read in key ranges
+            return None  # no such table: it has no rows
+
+    def batches(self) -> Iterator[Any]:
+        import psycopg
+
+        from walstream.backfill import adbc
+
+        with connect(self.dsn, autocommit=True) as conn:
+            table = self._describe(conn)
+            if table is None:
+                return
+            reader = adbc.connect(self.dsn)
+            try:
+                for r in plan(conn, table, self.chunk_size):
+                    query, params = chunk_query(table, r, columns=select_list(self.shape))
+                    text = psycopg.ClientCursor(conn).mogrify(query, params)
+                    for batch in read_batches(reader, self.shape, text):
+                        yield self._typed(batch)
+            finally:
+                reader.close()
+
+    def rows(self, keys: Any) -> Iterator[Any]:
+        import psycopg
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from walstream.backfill import adbc
+
+        with connect(self.dsn, autocommit=True) as conn:
+            table = self._describe(conn)
+            if table is None or keys.num_rows == 0:
+                return
+            texts = [pc.cast(keys.column(k), pa.string()).to_pylist() for k in table.pk]
+            reader = adbc.connect(self.dsn)
+            try:
+                for start in range(0, keys.num_rows, LOOKUP):
+                    part = [t[start : start + LOOKUP] for t in texts]
+                    text = psycopg.ClientCursor(conn).mogrify(_lookup(table, self.shape), part)
+                    for batch in read_batches(reader, self.shape, text):
+                        yield self._typed(batch)
+            finally:
+                reader.close()
+
+
+def _lookup(table: Table, shape: TableShape) -> sql.Composed:
+    """The rows whose key is among arrays of key texts, one array per key column."""
+    return sql.SQL("SELECT {} FROM {} WHERE ({}) IN (SELECT * FROM unnest({}))").format(
+        sql.SQL(", ").join(select_list(shape)),
+        table.ident,
+        sql.SQL(", ").join(sql.Identifier(k) for k in table.pk),
+        sql.SQL(", ").join(sql.SQL("%s::text[]::" + t + "[]") for t in table.pk_types),
+    )
+
+
+class LakeTable(Side):
+    """A lake sink's table of one source table: a mirror's rows, or a history's current
+    versions (`is_current`)."""
+
+    def __init__(
+        self, name: str, table_sink: Any, schema: str, table: str, shape: TableShape, history: bool
+    ) -> None:
+        super().__init__(name, shape)
+        self.table_sink, self.schema, self.table, self.history = table_sink, schema, table, history
+
+    def batches(self) -> Iterator[Any]:
+        import pyarrow.compute as pc
+
+        columns = self.shape.names + (["is_current"] if self.history else [])
+        reader = self.table_sink.scan(self.schema, self.table, columns)
+        if reader is None:
+            return
+        for batch in reader:
+            if self.history:
+                batch = batch.filter(pc.fill_null(batch.column("is_current"), False))
+            if batch.num_rows:
+                yield self._typed(batch)
+
+    def rows(self, keys: Any) -> Iterator[Any]:
+        """One pass over the table, keeping the rows of `keys`."""
+        import duckdb
+        import pyarrow as pa
+
+        con = duckdb.connect()
+        try:
+            con.register("_keys", keys)
+            using = ", ".join('"' + k.replace('"', '""') + '"' for k in self.shape.key)
+            for batch in self.batches():
+                con.register("_batch", batch)
+                found = pa.table(
+                    con.execute(f"SELECT * FROM _batch SEMI JOIN _keys USING ({using})").arrow()
+                )
+                con.unregister("_batch")
+                if found.num_rows:
+                    yield found.cast(self.shape.arrow_schema())
+        finally:
+            con.close()
