@@ -52,14 +52,13 @@ def copy_table(dsn: str, mirror_dsn: str) -> None:
 
     with connect(mirror_dsn, autocommit=True) as target:
         target.execute(TABLE)
-        with connect(dsn, autocommit=True) as source:
-            out = source.cursor().copy("COPY accounts_history TO STDOUT (FORMAT binary)")
-            with (
-                out,
-                target.cursor().copy("COPY accounts_history FROM STDIN (FORMAT binary)") as cp,
-            ):
-                for data in out:
-                    cp.write(data)
+        with (
+            connect(dsn, autocommit=True) as source,
+            source.cursor().copy("COPY accounts_history TO STDOUT (FORMAT binary)") as out,
+            target.cursor().copy("COPY accounts_history FROM STDIN (FORMAT binary)") as cp,
+        ):
+            for data in out:
+                cp.write(data)
         target.execute("VACUUM ANALYZE accounts_history")
 
 
