@@ -175,3 +175,39 @@ def test_verify_finds_exactly_the_divergence_made_by_hand_and_repair_fixes_it(sp
         stop_poll.set()
         polling.join(30)
         runtime.stop()
+
+
+def test_verify_says_why_it_cannot_compare(db, tmp_path):
+    """Exit 2 with the reason and the fix: a sink whose kind keeps no copy of the rows, a
+    table the sink does not take, and a source whose slot nothing consumes (no `walstream
+    run`), with no wait longer than asked."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g")
+    pub = db.create_publication("t")
+    slot = db.create_slot()
+    _, mirror = mirror_database(db)
+    config = tmp_path / "walstream.yaml"
+    config.write_text(yaml.safe_dump({
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [
+            {"name": "pg", "source": "app", "destination": {"type": "postgres", "dsn": mirror}},
+            {"name": "log", "source": "app", "destination": {
+                "type": "delta", "mode": "changelog", "path": str(tmp_path / "d" / "{table}")}},
+            {"name": "files", "source": "app",
+             "destination": {"type": "file", "path": str(tmp_path / "out")}},
+        ],
+    }))  # fmt: skip
+
+    def refused(*args: str) -> str:
+        result = CliRunner().invoke(app, ["verify", *args, "-c", str(config)])
+        assert result.exit_code == 2, result.output
+        return " ".join(result.output.split())
+
+    assert "changelog table keeps every change" in refused("log")
+    assert "a file sink sends messages" in refused("files")
+    assert "does not take public.nope" in refused("pg", "-t", "public.nope")
+    t0 = time.monotonic()
+    out = refused("pg", "--wait", "2")
+    assert f"slot {slot} is at" in out and "is `walstream run` running" in out, out
+    assert time.monotonic() - t0 < 30

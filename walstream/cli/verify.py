@@ -18,6 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from walstream.cli.operations import ConfigOption
+from walstream.cli.output import err_console
+from walstream.errors import WalstreamError
 
 console = Console(soft_wrap=True)
 progress_console = Console(stderr=True, soft_wrap=True)
@@ -63,6 +65,31 @@ def verify(
     rows summed per key bucket on both sides, then the rows of differing buckets, then
     each differing key again at a later position, so a row that only changed meanwhile is
     not reported. Exit 0 equal, 1 different, 2 could not compare."""
+    try:
+        results = _verify(sink, config, table or [], repair, as_json, values, wait, chunk_size)
+    except WalstreamError as exc:  # exit 2: could not compare, whoever invokes the command
+        err_console.print(f"[bold red]error:[/] {escape(exc.problem)}")
+        if exc.fix:
+            err_console.print(f"[yellow]fix:[/] {escape(exc.fix)}")
+        raise typer.Exit(2) from None
+    if as_json:
+        json.dump({"sink": sink, "tables": [r.as_json() for r in results]}, sys.stdout, default=str)
+        sys.stdout.write("\n")
+    else:
+        _print(sink, results)
+    raise typer.Exit(0 if all(r.equal for r in results) else 1)
+
+
+def _verify(
+    sink: str,
+    config: Path,
+    table: list[str],
+    repair: bool,
+    as_json: bool,
+    values: bool,
+    wait: float,
+    chunk_size: int,
+) -> list[Any]:
     from walstream.config import load_config
     from walstream.verify.run import Position, Verification
     from walstream.verify.sinks import pair, sink_kind, tables_of
@@ -72,7 +99,9 @@ def verify(
     sc = plan.sink(sink)
     sink_kind(sc)
     source = plan.source(sc.source)
-    position = Position(source.dsn.get_secret_value(), [source.slot_name], source.name, wait)
+    position = Position(
+        source.dsn.get_secret_value(), [source.slot_name], source.name, wait, source.writes_dsn
+    )
     quiet = as_json or not progress_console.is_terminal
     results = []
     with progress_console.status("verifying…") as status:
@@ -81,7 +110,7 @@ def verify(
             if not quiet:
                 status.update(escape(text))
 
-        for schema, name in tables_of(plan, sc, table or []):
+        for schema, name in tables_of(plan, sc, table):
             p = pair(plan, sc, schema, name, chunk_size)
             check = Verification(p.source, p.sink, position, values=values, progress=progress)
             result = check.run(p.table, p.target, p.estimate)
@@ -94,12 +123,7 @@ def verify(
                 result.repaired = len(keys)
                 _recheck(check, result, keys)
             results.append(result)
-    if as_json:
-        json.dump({"sink": sink, "tables": [r.as_json() for r in results]}, sys.stdout, default=str)
-        sys.stdout.write("\n")
-    else:
-        _print(sink, results)
-    raise typer.Exit(0 if all(r.equal for r in results) else 1)
+    return results
 
 
 def _recheck(check: Any, result: Any, keys: list[Any]) -> None:

@@ -40,8 +40,12 @@ class Position:
     has confirmed a heartbeat written now, so the sink has applied every change committed
     before it (the pipeline confirms a batch only after its sinks wrote it)."""
 
-    def __init__(self, dsn: str, slots: list[str], source: str, timeout: float) -> None:
+    def __init__(
+        self, dsn: str, slots: list[str], source: str, timeout: float, writes_dsn: str | None = None
+    ) -> None:
         self.dsn, self.slots, self.source, self.timeout = dsn, slots, source, timeout
+        #: Where the heartbeat is written: the primary, when the slot is on a standby.
+        self.writes_dsn = writes_dsn or dsn
 
     def reach(self) -> int:
         from walstream.capture.reader import HEARTBEAT_PREFIX
@@ -49,12 +53,13 @@ class Position:
         from walstream.postgres.replication import connect
 
         body = json.dumps({"verify": True, "at": time.time()})
-        with connect(self.dsn, autocommit=True) as conn:
-            row = conn.execute(
+        with connect(self.writes_dsn, autocommit=True) as primary:
+            row = primary.execute(
                 "SELECT pg_logical_emit_message(true, %s, %s)::text", (HEARTBEAT_PREFIX, body)
             ).fetchone()
             assert row is not None
             mark = parse_lsn(row[0])
+        with connect(self.dsn, autocommit=True) as conn:
             deadline = time.monotonic() + self.timeout
             while True:
                 rows = conn.execute(
