@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from walstream.backfill.read import read_ahead
 from walstream.errors import WalstreamError
 from walstream.verify.hashing import Differences, Hasher, Sums, compare
 from walstream.verify.sides import Side
@@ -177,7 +178,7 @@ class Verification:
 
     def _sums(self, hasher: Hasher, side: Side, table: str) -> Sums:
         sums = Sums()
-        for batch in side.batches():
+        for batch in read_ahead(side.batches()):
             sums.add(hasher.sums(batch))
             self.progress(f"{table}: {side.name}: {sums.rows:,} rows hashed")
         return sums
@@ -185,7 +186,7 @@ class Verification:
     def _keyed(self, hasher: Hasher, batches: Iterator[Any], buckets: set[int] | None) -> Any:
         import pyarrow as pa
 
-        parts = [hasher.keyed(b, buckets) for b in batches]
+        parts = [hasher.keyed(b, buckets) for b in read_ahead(batches)]
         if not parts:
             return _empty(hasher, self.source.shape)
         return pa.concat_tables(parts)
@@ -237,8 +238,8 @@ class Verification:
         hasher = Hasher(shape.key, shape.names, 1, json_columns(shape))
         try:
             table = _keys_table(keys, shape)
-            self.position.reach()
             source = self._keyed(hasher, self.source.rows(table), None)
+            self.position.reach()
             sink = self._keyed(hasher, self.sink.rows(table), None)
             return set(compare(source, sink, hasher.key).keys())
         finally:
