@@ -7,7 +7,6 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from walstream.cli import (
     backfill,
@@ -21,7 +20,7 @@ from walstream.cli import (
     status,
     verify,
 )
-from walstream.cli.output import err_console
+from walstream.cli.output import print_error
 from walstream.errors import WalstreamError
 
 app = typer.Typer(
@@ -68,7 +67,5 @@ def main() -> None:
     try:
         app()
     except WalstreamError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(exc.problem)}")
-        if exc.fix:
-            err_console.print(f"[yellow]fix:[/] {escape(exc.fix)}")
+        print_error(exc)
         sys.exit(2)

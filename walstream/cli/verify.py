@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from walstream.cli.operations import ConfigOption
-from walstream.cli.output import err_console
+from walstream.cli.output import print_error
 from walstream.errors import WalstreamError
 
 console = Console(soft_wrap=True)
@@ -68,9 +68,7 @@ def verify(
     try:
         results = _verify(sink, config, table or [], repair, as_json, values, wait, chunk_size)
     except WalstreamError as exc:  # exit 2: could not compare, whoever invokes the command
-        err_console.print(f"[bold red]error:[/] {escape(exc.problem)}")
-        if exc.fix:
-            err_console.print(f"[yellow]fix:[/] {escape(exc.fix)}")
+        print_error(exc)
         raise typer.Exit(2) from None
     if as_json:
         json.dump({"sink": sink, "tables": [r.as_json() for r in results]}, sys.stdout, default=str)

@@ -22,7 +22,8 @@ def _duckdb() -> Any:
     return duckdb
 
 
-def _ident(name: str) -> str:
+def quoted(name: str) -> str:
+    """A column name as a DuckDB identifier."""
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -32,8 +33,8 @@ def _hash(columns: Sequence[str], json_columns: frozenset[str] = frozenset()) ->
 
     def value(c: str) -> str:
         if c not in json_columns:
-            return _ident(c)
-        i = _ident(c)
+            return quoted(c)
+        i = quoted(c)
         return f"CASE WHEN json_valid({i}) THEN CAST(json({i}) AS VARCHAR) ELSE {i} END"
 
     return "hash(" + ", ".join(value(c) for c in columns) + ")"
@@ -81,7 +82,7 @@ class Hasher:
             wanted = sorted({int(b) for b in buckets})
             where = f" WHERE {self._bucket} IN ({', '.join(map(str, wanted or [-1]))})"
         try:
-            keys = ", ".join(_ident(k) for k in self.key)
+            keys = ", ".join(quoted(k) for k in self.key)
             return pa.table(
                 self.con.execute(f"SELECT {keys}, {self._row} AS _h FROM _batch{where}").arrow()
             )

@@ -21,6 +21,7 @@ from walstream.backfill.chunks import Table, chunk_query, describe, plan
 from walstream.decode.table_shape import TableShape
 from walstream.errors import ConfigError
 from walstream.postgres.replication import connect
+from walstream.verify.hashing import quoted
 
 #: Keys per lookup query of `PostgresTable.rows`.
 LOOKUP = 5_000
@@ -153,7 +154,7 @@ class LakeTable(Side):
         con = duckdb.connect()
         try:
             con.register("_keys", keys)
-            using = ", ".join('"' + k.replace('"', '""') + '"' for k in self.shape.key)
+            using = ", ".join(quoted(k) for k in self.shape.key)
             for batch in self.batches():
                 con.register("_batch", batch)
                 found = pa.table(
