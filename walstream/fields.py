@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {
     "B": 1,
@@ -32,16 +32,16 @@ class Model(BaseModel):
 
 
 def parse_duration(value: Any) -> Any:
-    """'500ms', '5s', '2m', '1h' or a number of seconds -> seconds as float."""
+    """'500ms', '5s', '2m', '1h', '1d' or a number of seconds -> seconds as float."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, str):
         m = _DURATION.match(value)
         if m:
-            scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
+            scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}[m.group(2) or "s"]
             return float(m.group(1)) * scale
     raise ValueError(
-        f"{value!r} is not a duration: write e.g. 500ms, 5s, 2m or a number of seconds"
+        f"{value!r} is not a duration: write e.g. 500ms, 5s, 2m, 6h, 1d or a number of seconds"
     )
 
 

@@ -153,6 +153,11 @@ def test_verify_finds_exactly_the_divergence_made_by_hand_and_repair_fixes_it(sp
         assert (keys(dl, "missing"), keys(dl, "different"), keys(dl, "extra")) == (
             {(r4, k4)}, {(r5, k5)}, set()
         )  # fmt: skip
+        # --where: DuckDB selects the lake's rows as Postgres selects the source's
+        assert r4 != r5
+        code, dl = verify(config, "delta", "--where", f"region = '{r4}' AND id > 0")
+        assert code == 1 and dl["source_rows"] == dl["sink_rows"] + 1 < ROWS // 2
+        assert (keys(dl, "missing"), keys(dl, "different")) == ({(r4, k4)}, set())
         code, ice = verify(config, "iceberg")
         assert code == 1 and ice["sink_rows"] == 0 and not ice["extra"] and not ice["different"]
         assert len(ice["missing"]) == ice["source_rows"] > ROWS // 2
@@ -196,6 +201,10 @@ def test_verify_says_why_it_cannot_compare(db, tmp_path):
                 "type": "delta", "mode": "changelog", "path": str(tmp_path / "d" / "{table}")}},
             {"name": "files", "source": "app",
              "destination": {"type": "file", "path": str(tmp_path / "out")}},
+            {"name": "some", "source": "app", "filter": "action <> 'delete'",
+             "destination": {"type": "postgres", "dsn": mirror, "schema": "s"}},
+            {"name": "nodel", "source": "app", "actions": ["insert", "update", "read"],
+             "destination": {"type": "postgres", "dsn": mirror, "schema": "n"}},
         ],
     }))  # fmt: skip
 
@@ -206,6 +215,9 @@ def test_verify_says_why_it_cannot_compare(db, tmp_path):
 
     assert "changelog table keeps every change" in refused("log")
     assert "a file sink sends messages" in refused("files")
+    assert "its filter (action <> 'delete') keeps some changes out" in refused("some")
+    assert "it does not take the delete changes" in refused("nodel")
+    assert "public.t has no column nope" in refused("pg", "--where", "nope > 1")
     assert "does not take public.nope" in refused("pg", "-t", "public.nope")
     t0 = time.monotonic()
     out = refused("pg", "--wait", "2")

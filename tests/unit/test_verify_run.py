@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from walstream.decode.table_shape import Column, TableShape
-from walstream.verify.run import Verification
-from walstream.verify.sides import Side
+from walstream.verify.run import Checkpoint, Verification
+from walstream.verify.sides import Boundary, Side
 
 SHAPE = TableShape("public", "t", (Column("k", "STRING", False), Column("v", "INT")), ("k",))
 
@@ -28,7 +28,8 @@ class Rows(Side):
             {"k": pa.array(list(kept), pa.string()), "v": pa.array(list(kept.values()), pa.int32())}
         )
 
-    def batches(self) -> Iterator[Any]:
+    def batches(self, after: Any = None) -> Iterator[Any]:
+        assert after is None
         yield self._table(lambda _: True)
 
     def rows_of(self, keys: Any) -> Any:
@@ -79,12 +80,80 @@ def test_an_equal_table_costs_one_pass_and_one_wait():
     reads = {"source": 0, "sink": 0}
 
     class Counted(Rows):
-        def batches(self) -> Iterator[Any]:
+        def batches(self, after: Any = None) -> Iterator[Any]:
             reads[self.name] += 1
-            yield from super().batches()
+            yield from super().batches(after)
 
     waits = Waits(lambda n: None)
     check = Verification(Counted("source", dict(base)), Counted("sink", dict(base)), waits)  # type: ignore[arg-type]
     result = check.run("public.t", "t", 100_000)  # estimated large: bucket sums
     assert result.equal and result.buckets == 100 and result.buckets_different == 0
     assert (reads, waits.n) == ({"source": 1, "sink": 1}, 1)
+
+
+class Ranges(Rows):
+    """A side read in key ranges of 50 keys, as a Postgres table is: a `Boundary` after
+    each, and `after` goes on from one; `read` counts the rows each pass read."""
+
+    def __init__(self, name: str, rows: dict[str, int]) -> None:
+        super().__init__(name, rows)
+        self.read: list[int] = []
+
+    def batches(self, after: Any = None) -> Iterator[Any]:
+        keys = sorted(k for k in self.data if after is None or k > after[0])
+        self.read.append(0)
+        for i in range(0, len(keys), 50):
+            part = set(keys[i : i + 50])
+            self.read[-1] += len(part)
+            yield self._table(lambda k, part=part: k in part)  # type: ignore[misc]
+            yield Boundary((max(part),))
+
+
+class Kept(Checkpoint):
+    """A checkpoint in memory that stops the pass (as a kill would) at its `stop_at`th save."""
+
+    def __init__(self, stop_at: int | None) -> None:
+        self.state: dict[str, Any] | None = None
+        self.saves, self.stop_at = 0, stop_at
+
+    def load(self, table: str) -> Any:
+        return self.state
+
+    def save(self, state: dict[str, Any], force: bool = False) -> None:
+        self.state = state
+        self.saves += 1
+        if self.saves == self.stop_at:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    "stop_at", [3, 11, 13], ids=["in the source pass", "before the sink's", "in the sink pass"]
+)
+def test_a_pass_cut_short_resumes_after_its_last_key_range(stop_at):
+    base = {f"k{i:04}": i for i in range(500)}  # 10 ranges: saves 1-10, 11 (sink's), 12-21
+    sink_rows = dict(base)
+    sink_rows.pop("k0007")
+    sink_rows["k0300"] = -1
+    source, sink = Ranges("source", base), Ranges("sink", sink_rows)
+    kept = Kept(stop_at)
+    with pytest.raises(KeyboardInterrupt):
+        Verification(source, sink, Waits(lambda n: None), checkpoint=kept).run(
+            "public.t", "t", 10**6
+        )
+    assert kept.state is not None
+    kept.stop_at = None
+    source.read, sink.read = [], []  # what the resumed run reads
+    result = Verification(source, sink, Waits(lambda n: None), checkpoint=kept).run(
+        "public.t", "t", 10**6
+    )
+    assert (result.missing, result.different, result.extra) == ([("k0007",)], [("k0300",)], [])
+    assert (result.source_rows, result.sink_rows) == (500, 499)
+    assert result.buckets == 1000  # the cut-short run's
+    # the first pass of each side went on after the last range saved (the second read
+    # is the rows of the differing buckets)
+    source_first, sink_first = {3: (350, 499), 11: (None, 499), 13: (None, 399)}[stop_at]
+    assert sink.read[0] == sink_first
+    if source_first is None:  # the source pass was done: only the differing buckets read
+        assert len(source.read) == 1
+    else:
+        assert source.read[0] == source_first

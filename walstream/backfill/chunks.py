@@ -190,9 +190,11 @@ def next_boundary(
     return tuple(rows[0]) if len(rows) == 2 else None  # one row: it is the table's last
 
 
-def plan(conn: Any, table: Table, size: int, where: Predicate | None = None) -> Iterator[KeyRange]:
-    """Every chunk of the table, in key order: together they cover each row exactly once."""
-    after: Key | None = None
+def plan(
+    conn: Any, table: Table, size: int, where: Predicate | None = None, after: Key | None = None
+) -> Iterator[KeyRange]:
+    """Every chunk of the table (after the key `after`, when given), in key order: together
+    they cover each row exactly once."""
     while True:
         upto = next_boundary(conn, table, after, size, where)
         yield KeyRange(after, upto)

@@ -35,6 +35,15 @@ def verify(
         list[str] | None,
         typer.Option("--table", "-t", help="Only this source table (schema.table); repeatable."),
     ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help="Only the rows this predicate selects (a backfill's: columns, constants, "
+            "comparisons, AND/OR; evaluated by Postgres on a Postgres side, by DuckDB on a "
+            "lake table), e.g. \"region = 'eu' AND id > 1000\".",
+        ),
+    ] = None,
     repair: Annotated[
         bool,
         typer.Option(
@@ -59,80 +68,77 @@ def verify(
     chunk_size: Annotated[
         int, typer.Option(help="Rows per key-range read of a Postgres table.", min=1)
     ] = 100_000,
+    cancel: Annotated[
+        bool,
+        typer.Option(
+            "--cancel",
+            help="Cancel the sink's running verification (a command's or a schedule's) and "
+            "compare nothing.",
+        ),
+    ] = False,
 ) -> None:
     """Compare each table a sink holds (a Postgres mirror, a Delta or Iceberg mirror or
     history) with its source while the stream flows, without locking anything: hashes of
     rows summed per key bucket on both sides, then the rows of differing buckets, then
     each differing key again at a later position, so a row that only changed meanwhile is
-    not reported. Exit 0 equal, 1 different, 2 could not compare."""
+    not reported. A verification cut short (Ctrl-C, kill) is resumed by the next one of
+    the same sink. Exit 0 equal, 1 different, 2 could not compare."""
+    from walstream.verify.job import Options
+
+    options = Options(table or [], where, repair, values, wait, chunk_size)
     try:
-        results = _verify(sink, config, table or [], repair, as_json, values, wait, chunk_size)
+        if cancel:
+            _cancel(sink, config)
+            return
+        outcome = _verify(sink, config, options, as_json)
     except WalstreamError as exc:  # exit 2: could not compare, whoever invokes the command
         print_error(exc)
         raise typer.Exit(2) from None
     if as_json:
-        json.dump({"sink": sink, "tables": [r.as_json() for r in results]}, sys.stdout, default=str)
+        body = {"sink": sink, "verification": outcome.id, "resumed": outcome.resumed}
+        body["tables"] = [r.as_json() for r in outcome.results]
+        json.dump(body, sys.stdout, default=str)
         sys.stdout.write("\n")
     else:
-        _print(sink, results)
-    raise typer.Exit(0 if all(r.equal for r in results) else 1)
+        _print(sink, outcome)
+    raise typer.Exit(0 if outcome.equal else 1)
 
 
-def _verify(
-    sink: str,
-    config: Path,
-    table: list[str],
-    repair: bool,
-    as_json: bool,
-    values: bool,
-    wait: float,
-    chunk_size: int,
-) -> list[Any]:
+def _verify(sink: str, config: Path, options: Any, as_json: bool) -> Any:
     from walstream.config import load_config
-    from walstream.verify.run import Position, Verification
-    from walstream.verify.sinks import pair, sink_kind, tables_of
-    from walstream.verify.sinks import repair as repair_keys
+    from walstream.verify.job import verify_sink
 
     plan = load_config(config)
-    sc = plan.sink(sink)
-    sink_kind(sc)
-    source = plan.source(sc.source)
-    position = Position(
-        source.dsn.get_secret_value(), [source.slot_name], source.name, wait, source.writes_dsn
-    )
     quiet = as_json or not progress_console.is_terminal
-    results = []
     with progress_console.status("verifying…") as status:
 
         def progress(text: str) -> None:
             if not quiet:
                 status.update(escape(text))
 
-        for schema, name in tables_of(plan, sc, table):
-            p = pair(plan, sc, schema, name, chunk_size)
-            check = Verification(p.source, p.sink, position, values=values, progress=progress)
-            result = check.run(p.table, p.target, p.estimate)
-            keys = [*result.missing, *result.different]
-            if repair and keys:
-                what = repair_keys(
-                    plan, sc, schema, name, keys, p.source.shape.key, wait * 10, progress
-                )
-                progress(f"{p.table}: {what} delivered: checking the keys again")
-                result.repaired = len(keys)
-                _recheck(check, result, keys)
-            results.append(result)
-    return results
+        return verify_sink(plan, sink, options, "command", progress)
 
 
-def _recheck(check: Any, result: Any, keys: list[Any]) -> None:
-    """After a repair: the repaired keys that still differ (the others are equal now)."""
-    still = check.differing(keys)
-    result.missing = [k for k in result.missing if k in still]
-    result.different = [k for k in result.different if k in still]
+def _cancel(sink: str, config: Path) -> None:
+    from walstream.config import load_config
+    from walstream.verify.store import VerificationStore
+
+    plan = load_config(config)
+    plan.sink(sink)
+    store = VerificationStore(plan.state_dsn, plan.state.schema_)
+    store.ensure()
+    ids = store.cancel(sink)
+    console.print(
+        f"cancelled verification {', '.join(map(str, ids))} of sink {escape(sink)}"
+        if ids
+        else f"sink {escape(sink)} has no running verification"
+    )
 
 
-def _print(sink: str, results: list[Any]) -> None:
-    out = Table(title=f"sink {sink}: verify", title_justify="left")
+def _print(sink: str, outcome: Any) -> None:
+    results = outcome.results
+    resumed = " (resumed)" if outcome.resumed else ""
+    out = Table(title=f"sink {sink}: verification {outcome.id}{resumed}", title_justify="left")
     for col in ("table", "sink table", "source rows", "sink rows", "buckets", "result"):
         out.add_column(col, justify="right" if col.endswith(("rows", "buckets")) else "left")
     for r in results:

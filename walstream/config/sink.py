@@ -29,6 +29,17 @@ class BackoffConfig(Model):
     max: Duration = 600.0
 
 
+class VerifySchedule(Model):
+    """`verify:` — `walstream run` compares the sink with its source every `every`
+    (docs/verify.md, "Scheduled verification")."""
+
+    every: Annotated[Duration, Field(ge=60)]
+    tables: list[str] = Field(default_factory=list)  # schema.table; default: every one
+    repair: bool = False  # re-backfill the keys that differ
+    wait: Duration = 300.0  # for the sink to apply the source up to a read
+    chunk_size: int = Field(100_000, ge=1)
+
+
 class SinkConfig(Model):
     name: Name
     source: str
@@ -52,6 +63,8 @@ class SinkConfig(Model):
     backfill: Literal["on_create"] | None = None
     #: A subscription to ingested events of these types (the outbox table's inserts).
     event_types: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
+    #: Compare the sink with its source on a schedule (a mirror or history table).
+    verify: VerifySchedule | None = None
     destination: Destination
     #: `(schema, table)` of the outbox when events are on (set by the plan): sinks without
     #: event_types and without tables leave it out.

@@ -41,6 +41,7 @@ from walstream.runtime.query import (
     stop_query,
 )
 from walstream.runtime.retention import retention_tasks
+from walstream.runtime.verifying import Schedule
 from walstream.secrets import scrub, secret_values
 from walstream.server import Server
 from walstream.server.metrics import Metrics
@@ -52,6 +53,8 @@ from walstream.source.datasource import register as register_source
 from walstream.state.leadership import Leadership
 from walstream.state.outbox import Outbox, ensure_outbox
 from walstream.streams.store import StreamStore
+from walstream.verify.sinks import sink_kind
+from walstream.verify.store import VerificationStore
 
 log = logging.getLogger("walstream.runtime")  # the name operators know
 
@@ -93,6 +96,7 @@ class Runtime:
         self.server: Server | None = None
         self.outbox: Outbox | None = None
         self.streams: StreamStore | None = None  # pull subscriptions' messages
+        self.verifications: VerificationStore | None = None  # the last result of each sink
         self.secrets = secret_values(config)  # scrubbed from errors it shows
         self.housekeeping: list[Periodic] = []  # retention of events and stream messages
 
@@ -131,6 +135,9 @@ class Runtime:
         if is_remote(cfg.spark.checkpoint_dir):
             check_staging(cfg.spark.checkpoint_dir)  # else every batch would fail on it
         preflight(cfg)  # each sink type's checks (mirrors: no feedback loop, no mixed tables)
+        for sink in cfg.sinks:
+            if sink.verify is not None:
+                sink_kind(sink)  # `verify:` on a sink that cannot be verified says why
         ledger = Ledger(cfg.state_dsn, cfg.state.schema_)
         ledger.ensure()
         self.parking = parking = ParkingLot(cfg.state_dsn, cfg.state.schema_)
@@ -140,6 +147,8 @@ class Runtime:
         if cfg.streams():
             self.streams = StreamStore(cfg.state_dsn, cfg.state.schema_)
             self.streams.ensure()
+        self.verifications = VerificationStore(cfg.state_dsn, cfg.state.schema_)
+        self.verifications.ensure()
         self._backfills_on_create(backfills)
         if self.spark is None:
             self.spark = start_spark(cfg, self.say, quiet=not log.isEnabledFor(logging.DEBUG))
@@ -154,12 +163,10 @@ class Runtime:
             cfg.sinks, parking, on_delivered=self._retried, leads=self.leads
         ).start()
         self.coordinator = Coordinator(cfg, self.spark, backfills, leads=self.leads).start()
-        self.housekeeping = [
-            t.start()
-            for t in retention_tasks(
-                self.config, self.outbox, self.streams, self.leads, self.metrics
-            )
-        ]
+        tasks = retention_tasks(self.config, self.outbox, self.streams, self.leads, self.metrics)
+        if any(s.verify is not None for s in cfg.sinks) and not self.until_caught_up:
+            tasks.append(Schedule(cfg, self.leads).task)
+        self.housekeeping = [t.start() for t in tasks]
         if cfg.server.enabled:
             self.server = Server(self, self.monitor, self.metrics).start()
         return self

@@ -63,7 +63,7 @@ PAGE = """<!doctype html>
   <section><h2>Sinks</h2>
     <table><thead><tr><th>sink</th><th>type</th><th>status</th><th class="num">rate/s</th>
       <th class="num">delivered</th><th class="num">latency</th><th class="num">parked</th>
-      <th class="num">dead letters</th><th>why</th><th></th></tr></thead>
+      <th class="num">dead letters</th><th>verified</th><th>why</th><th></th></tr></thead>
       <tbody id="sinks"></tbody></table>
   </section>
   <section><h2>Dead letters <select id="dl-sink"><option value="">all sinks</option></select>
@@ -89,6 +89,17 @@ const secs = (v) => v == null ? "–" : v < 120 ? v.toFixed(1) + " s" : (v / 60)
 const group = (g) => esc(String(g ?? "").split("\u001f").join(" · "));
 let shown = null;  // the dead letter whose details are open
 const badge = (s) => `<span class="badge ${esc(s)}">${esc(s)}</span>`;
+const ago = (iso) => iso ? secs((Date.now() - Date.parse(iso)) / 1000) + " ago" : "";
+function verified(v) {  // the sink's newest verification (`walstream verify`, `verify:`)
+  const tag = (cls, text) => `<span class="badge ${cls}">${esc(text)}</span>`;
+  if (!v) return "–";
+  if (v.status === "running") return `${tag("paused", "running")} ${esc(v.comparing || "")}`;
+  if (v.status === "failed") return `${tag("warning", "could not compare")} ${ago(v.finished_at)}`;
+  if (v.status === "cancelled") return `cancelled ${ago(v.finished_at)}`;
+  return v.rows_different
+    ? `${tag("error", num(v.rows_different) + " differ")} ${esc(v.tables_different.join(", "))} · ${ago(v.finished_at)}`
+    : `${tag("ok", "equal")} ${num(v.tables_compared)} table(s) · ${ago(v.finished_at)}`;
+}
 const tokenBox = $("token");
 tokenBox.value = sessionStorage.getItem("walstream-token") || "";
 tokenBox.addEventListener("change", () => { sessionStorage.setItem("walstream-token", tokenBox.value); refresh(); });
@@ -135,7 +146,8 @@ function render(health, dead, backfills) {
     <td>${esc(k.name)}</td><td>${esc(k.type)}</td><td data-testid="sink-status">${badge(k.status)}</td>
     <td class="num">${num(k.rate_per_second)}</td><td class="num" data-testid="sink-delivered">${num(k.delivered)}</td>
     <td class="num">${secs(k.latency_seconds)}</td><td class="num">${num(k.parked)}</td>
-    <td class="num">${num(k.dead_letters)}</td><td class="reasons">${esc(k.reasons.join("; "))}</td>
+    <td class="num">${num(k.dead_letters)}</td><td data-testid="sink-verified">${verified(k.verification)}</td>
+    <td class="reasons">${esc(k.reasons.join("; "))}</td>
     <td>${k.status === "paused"
       ? `<button data-act="/api/sinks/${encodeURIComponent(k.name)}/resume" data-label="resume ${esc(k.name)}">Resume</button>`
       : `<button data-act="/api/sinks/${encodeURIComponent(k.name)}/pause" data-label="pause ${esc(k.name)}">Pause</button>`}</td></tr>`).join("");

@@ -182,6 +182,18 @@ class _Collector(Collector):
         sink_up = GaugeMetricFamily(
             "walstream_sink_status", "1 for the sink's current status.", labels=["sink", "status"]
         )
+        different = GaugeMetricFamily(
+            "walstream_verify_rows_different",
+            "Rows the sink's newest complete verification found missing, only in the sink or "
+            "different from the source (0: equal; absent: never verified).",
+            labels=["sink"],
+        )
+        verified = GaugeMetricFamily(
+            "walstream_verify_last_success_timestamp",
+            "When (Unix seconds) the sink's newest verification that compared every table "
+            "ended, equal or not (absent: never verified).",
+            labels=["sink"],
+        )
         progress = rt.progress()
         for k in snap.sinks:
             p = progress.get(k["name"])
@@ -196,4 +208,13 @@ class _Collector(Collector):
             dead.add_metric([k["name"]], k["dead_letters"])
             for v in STATUS_VALUES:
                 sink_up.add_metric([k["name"], v], 1.0 if k["status"] == v else 0.0)
-        yield from (delivered, failures, parked, dead, sink_up)
+            if k.get("verified_at"):
+                different.add_metric([k["name"]], k["rows_different"])
+                verified.add_metric([k["name"]], _epoch(k["verified_at"]))
+        yield from (delivered, failures, parked, dead, sink_up, different, verified)
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()

@@ -74,6 +74,8 @@ def _shown(item: dict[str, Any], detail: bool) -> dict[str, Any]:
     """A source or sink as JSON: its reasons (and last error) whole or public."""
     out = dict(item)
     out["reasons"] = [r.text if detail else r.public for r in item["reasons"]]
+    if not detail and (item.get("verification") or {}).get("error"):
+        out["verification"] = dict(item["verification"], error="(with a token)")
     if "last_error" in item:
         err: Reason | None = item["last_error"]
         out["last_error"] = None if err is None else (err.text if detail else err.public)
@@ -194,10 +196,13 @@ class Monitor:
         counts: dict[str, dict[str, int]] = {}
         paused: dict[str, str | None] = {}
         state_error: Reason | None = None
+        verified: dict[str, Any] = {}
         if rt.parking is not None:
             try:
                 counts = rt.parking.counts()
                 paused = rt.parking.paused()
+                if rt.verifications is not None:
+                    verified = rt.verifications.latest()
             except Exception as exc:
                 state_error = _error(
                     "the state database is unreachable: ",
@@ -221,6 +226,8 @@ class Monitor:
             p = progress.get(sink.name)
             c = counts.get(sink.name, {})
             status, reasons = self._sink_status(sink, paused, statuses, failing, c, snap)
+            newest, done = verified.get(sink.name, (None, None))
+            status = _verification(sink.name, newest, done, status, reasons)
             snap.sinks.append(
                 {
                     "name": sink.name,
@@ -244,6 +251,11 @@ class Monitor:
                     "last_commit_age_seconds": (
                         _age(p.last_committed_us / 1e6) if p and p.last_committed_us else None
                     ),
+                    # the sink's newest verification (`walstream verify`, `verify:`), and
+                    # what the newest one that compared every table found
+                    "verification": newest.as_json() if newest is not None else None,
+                    "verified_at": done.finished_at.isoformat() if done is not None else None,
+                    "rows_different": done.rows_different if done is not None else None,
                 }
             )
         for source in snap.sources:  # the newest change any of its sinks delivered
@@ -400,6 +412,33 @@ class Monitor:
                 else None
             ),
         }
+
+
+def _verification(sink: str, newest: Any, done: Any, status: str, reasons: list[Reason]) -> str:
+    """A sink's status with what its verifications found: rows that differ from the source
+    (the newest done one), or that the newest could not compare, is a warning (`/health`
+    degraded)."""
+    if done is not None and done.rows_different:
+        tables = ", ".join(r["table"] for r in done.results if not r.get("equal"))
+        reasons.append(
+            reason(
+                f"verification {done.id} found {done.rows_different:,} row(s) that differ from "
+                f"the source in {tables}: `walstream verify {sink}` lists them, --repair "
+                "re-backfills them"
+            )
+        )
+        status = worst([status, WARNING])
+    if newest is not None and newest.status == "failed":
+        reasons.append(
+            _error(
+                f"verification {newest.id} could not compare: ",
+                "see the error",
+                newest.error or "no reason given",
+                f"/api/sinks/{sink}",
+            )
+        )
+        status = worst([status, WARNING])
+    return status
 
 
 def _iso(epoch_us: int) -> str:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from walstream.delivery.progress import SinkProgress
     from walstream.state.outbox import Outbox
     from walstream.streams.store import StreamStore
+    from walstream.verify.store import VerificationStore
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class Control(Protocol):
 
     @property
     def outbox(self) -> Outbox | None: ...
+
+    @property
+    def verifications(self) -> VerificationStore | None: ...
 
     @property
     def rates(self) -> dict[str, float]: ...

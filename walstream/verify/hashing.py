@@ -104,6 +104,15 @@ class Sums:
             got[1] += h
             self.rows += n
 
+    def as_json(self) -> dict[str, Any]:
+        return {"rows": self.rows, "buckets": {str(b): v for b, v in self.buckets.items()}}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Sums:
+        return Sums(
+            {int(b): [int(n), int(h)] for b, (n, h) in data["buckets"].items()}, data["rows"]
+        )
+
     def different(self, other: Sums) -> set[int]:
         """The buckets whose rows or sums differ between the two sides."""
         both = self.buckets.keys() | other.buckets.keys()

@@ -8,7 +8,8 @@ past it); the buckets whose sums differ are read again on both sides, row by row
 keys that differ are looked up again at a later position. A key is reported only when it
 differed twice while its source row stayed the same: a row that changed between the reads
 is checked again, and one that never stops changing is reported as unsettled, not as a
-difference.
+difference. A pass over a Postgres side can be cut short and resumed after its last key
+range (`Checkpoint`, kept in the state database by `job.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from walstream.backfill.read import read_ahead
 from walstream.errors import WalstreamError
 from walstream.verify.hashing import Differences, Hasher, Sums, compare
-from walstream.verify.sides import Side
+from walstream.verify.sides import Boundary, Side
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,18 @@ class Position:
     before it (the pipeline confirms a batch only after its sinks wrote it)."""
 
     def __init__(
-        self, dsn: str, slots: list[str], source: str, timeout: float, writes_dsn: str | None = None
+        self,
+        dsn: str,
+        slots: list[str],
+        source: str,
+        timeout: float,
+        writes_dsn: str | None = None,
+        tick: Callable[[], None] = lambda: None,
     ) -> None:
         self.dsn, self.slots, self.source, self.timeout = dsn, slots, source, timeout
         #: Where the heartbeat is written: the primary, when the slot is on a standby.
         self.writes_dsn = writes_dsn or dsn
+        self.tick = tick  # called while it waits (a verification's heartbeat)
 
     def reach(self) -> int:
         from walstream.capture.reader import HEARTBEAT_PREFIX
@@ -86,6 +94,7 @@ class Position:
                         "is `walstream run` running, and the sink not paused (`walstream "
                         "status`)? Verify again once it has caught up, or give more --wait",
                     )
+                self.tick()
                 time.sleep(0.2)
 
 
@@ -112,7 +121,16 @@ class TableResult:
     def equal(self) -> bool:
         return not (self.missing or self.extra or self.different)
 
-    def as_json(self) -> dict[str, Any]:
+    @property
+    def rows_different(self) -> int:
+        return len(self.missing) + len(self.extra) + len(self.different)
+
+    def as_json(self, limit: int | None = None) -> dict[str, Any]:
+        """The result as JSON; at most `limit` keys of each kind (the counts are whole)."""
+
+        def keys(found: list[Key]) -> list[list[Any]]:
+            return [list(k) for k in found[:limit]]
+
         out = {
             "table": self.table,
             "target": self.target,
@@ -121,20 +139,62 @@ class TableResult:
             "sink_rows": self.sink_rows,
             "buckets": self.buckets,
             "buckets_different": self.buckets_different,
-            "missing": [list(k) for k in self.missing],
-            "extra": [list(k) for k in self.extra],
-            "different": [list(k) for k in self.different],
-            "unsettled": [list(k) for k in self.unsettled],
+            "missing": keys(self.missing),
+            "extra": keys(self.extra),
+            "different": keys(self.different),
+            "unsettled": keys(self.unsettled),
+            "counts": {
+                "missing": len(self.missing),
+                "extra": len(self.extra),
+                "different": len(self.different),
+                "unsettled": len(self.unsettled),
+            },
             "seconds": round(self.seconds, 3),
         }
-        if self.values:
+        if self.values and limit is None:  # never kept in the state database: PII
             out["values"] = self.values
         if self.repaired is not None:
             out["repaired"] = self.repaired
         return out
 
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> TableResult:
+        """A result kept by `as_json` (a resumed verification's tables compared before)."""
+
+        def keys(kind: str) -> list[Key]:
+            return [tuple(key) for key in data.get(kind, [])]
+
+        return TableResult(
+            data["table"],
+            data["target"],
+            data.get("source_rows", 0),
+            data.get("sink_rows", 0),
+            data.get("buckets", 0),
+            data.get("buckets_different", 0),
+            keys("missing"),
+            keys("extra"),
+            keys("different"),
+            keys("unsettled"),
+            seconds=data.get("seconds", 0.0),
+            repaired=data.get("repaired"),
+        )
+
 
 Progress = Callable[[str], None]
+State = dict[str, Any]
+
+
+class Checkpoint:
+    """Where one table's bucket pass has got to (`State`: the table, its buckets, the phase
+    "source" or "sink", the key range read up to, each side's sums so far). This one keeps
+    nothing; `job.Kept` keeps it in the state database."""
+
+    def load(self, table: str) -> State | None:
+        """The state a cut-short pass over `table` left, if any."""
+        return None
+
+    def save(self, state: State, force: bool = False) -> None:
+        """The pass has got to `state` (kept at times, or now when `force`)."""
 
 
 @dataclass
@@ -149,12 +209,15 @@ class Verification:
     #: Tables estimated at most this many rows are compared row by row at once.
     direct_rows: int = 50_000
     progress: Progress = lambda _: None
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
 
     def run(self, table: str, target: str, estimate: int | None) -> TableResult:
         t0 = time.monotonic()
         shape = self.source.shape
-        direct = estimate is not None and estimate <= self.direct_rows
-        result = TableResult(table, target, buckets=0 if direct else buckets_for(estimate))
+        state = self.checkpoint.load(table)
+        direct = state is None and estimate is not None and estimate <= self.direct_rows
+        buckets = 0 if direct else state["buckets"] if state else buckets_for(estimate)
+        result = TableResult(table, target, buckets=buckets)
         hasher = Hasher(shape.key, shape.names, max(result.buckets, 1), json_columns(shape))
         try:
             if direct:
@@ -162,10 +225,7 @@ class Verification:
                 # comparing them at once spares one wait for the sink's pipeline
                 self._settle(hasher, self._rows(hasher, None, result), result)
             else:
-                src = self._sums(hasher, self.source, table)
-                self.progress(f"{table}: waiting for the sink to apply the source up to now")
-                self.position.reach()
-                snk = self._sums(hasher, self.sink, table)
+                src, snk = self._passes(hasher, result, state)
                 result.source_rows, result.sink_rows = src.rows, snk.rows
                 differing = src.different(snk)
                 result.buckets_different = len(differing)
@@ -176,17 +236,52 @@ class Verification:
         result.seconds = time.monotonic() - t0
         return result
 
-    def _sums(self, hasher: Hasher, side: Side, table: str) -> Sums:
-        sums = Sums()
-        for batch in read_ahead(side.batches()):
-            sums.add(hasher.sums(batch))
-            self.progress(f"{table}: {side.name}: {sums.rows:,} rows hashed")
+    def _passes(
+        self, hasher: Hasher, result: TableResult, state: State | None
+    ) -> tuple[Sums, Sums]:
+        """Each side's bucket sums: the source's, then the sink's once it caught up with the
+        source; a pass cut short goes on from `state`."""
+        table = result.table
+        base: State = {"table": table, "buckets": result.buckets}
+        if state is not None and state["phase"] == "sink":
+            src = Sums.from_json(state["source"])
+        else:
+            src = self._sums(hasher, self.source, base | {"phase": "source"}, state, None)
+            state = None
+            self.checkpoint.save(
+                base | {"phase": "sink", "after": None, "source": src.as_json(), "sink": None},
+                force=True,
+            )
+        self.progress(f"{table}: waiting for the sink to apply the source up to now")
+        self.position.reach()
+        snk = self._sums(hasher, self.sink, base | {"phase": "sink"}, state, src)
+        return src, snk
+
+    def _sums(
+        self, hasher: Hasher, side: Side, at: State, state: State | None, src: Sums | None
+    ) -> Sums:
+        """One side's pass (`at`: the table and phase), from where `state` left it."""
+        phase = at["phase"]
+        sums, after = Sums(), None
+        if state is not None and state.get(phase) is not None:
+            sums, after = Sums.from_json(state[phase]), state["after"]
+            self.progress(f"{at['table']}: {side.name}: resuming after {sums.rows:,} rows")
+        for item in read_ahead(side.batches(after)):
+            if isinstance(item, Boundary):
+                done = {"after": list(item.upto), phase: sums.as_json()}
+                other = {"source": src.as_json() if src is not None else None, "sink": None}
+                self.checkpoint.save(at | other | done)
+                continue
+            sums.add(hasher.sums(item))
+            self.progress(f"{at['table']}: {side.name}: {sums.rows:,} rows hashed")
         return sums
 
     def _keyed(self, hasher: Hasher, batches: Iterator[Any], buckets: set[int] | None) -> Any:
         import pyarrow as pa
 
-        parts = [hasher.keyed(b, buckets) for b in read_ahead(batches)]
+        parts = [
+            hasher.keyed(b, buckets) for b in read_ahead(batches) if not isinstance(b, Boundary)
+        ]
         if not parts:
             return _empty(hasher, self.source.shape)
         return pa.concat_tables(parts)

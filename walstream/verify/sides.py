@@ -1,8 +1,10 @@
 """The two sides `walstream verify` reads: a source table, and what a sink holds of it.
 
 A side gives every row it has now (`batches`: Arrow in the sink's column types, one chunk
-or file batch at a time, in whatever order it reads fastest) and the rows of some keys
-(`rows`). A Postgres table (the source, or a Postgres mirror's copy of it) is read with
+or file batch at a time, in whatever order it reads fastest; a Postgres side marks the end
+of each key range with a `Boundary`, where a pass can resume) and the rows of some keys
+(`rows`). `where` (a backfill predicate) keeps a pass to the rows it selects: Postgres
+evaluates it on a Postgres side, DuckDB on a lake table's rows. A Postgres table (the source, or a Postgres mirror's copy of it) is read with
 ADBC in the backfill's key-range chunks, each in a short READ ONLY transaction of its own:
 nothing is locked and no snapshot is held across a pass. A lake table is read by the
 library of its format, which applies its deletion vectors or delete files (`TableSink.scan`).
@@ -12,14 +14,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 
 from walstream.backfill.arrow_read import read_batches, select_list
-from walstream.backfill.chunks import Table, chunk_query, describe, plan
+from walstream.backfill.chunks import Key, Table, chunk_query, describe, plan
+from walstream.backfill.predicate import Predicate
 from walstream.decode.table_shape import TableShape
-from walstream.errors import ConfigError
+from walstream.errors import ConfigError, WalstreamError
 from walstream.postgres.replication import connect
 from walstream.verify.hashing import quoted
 
@@ -27,26 +31,39 @@ from walstream.verify.hashing import quoted
 LOOKUP = 5_000
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """In a pass over a Postgres side: every row up to the key `upto` was read (a pass
+    given `after=upto` goes on from there)."""
+
+    upto: Key
+
+
 class Side(ABC):
     """One side of a comparison: `name` says which in the report."""
 
-    def __init__(self, name: str, shape: TableShape) -> None:
+    def __init__(self, name: str, shape: TableShape, where: Predicate | None = None) -> None:
         self.name = name
         self.shape = shape
+        self.where = where
 
     @abstractmethod
-    def batches(self) -> Iterator[Any]:
-        """Every row the side has now, as Arrow record batches of the shape's columns."""
+    def batches(self, after: Key | None = None) -> Iterator[Any]:
+        """Every row the side has now (selected by `where`), as Arrow record batches of the
+        shape's columns, and `Boundary` marks (only a side read in key ranges has them;
+        only such a side is given `after`)."""
 
     @abstractmethod
     def rows(self, keys: Any) -> Iterator[Any]:
         """The rows of `keys` (a pyarrow Table of the key columns) the side has now."""
 
     def _typed(self, batch: Any) -> Any:
-        """`batch`'s shape columns in the shape's types (a reader may give other widths)."""
+        """`batch`'s shape columns in the shape's types (a reader may give other widths): a
+        pyarrow Table."""
         import pyarrow as pa
 
-        table = pa.Table.from_batches([batch]).select(self.shape.names)
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        table = table.select(self.shape.names)
         return table.cast(self.shape.arrow_schema())
 
 
@@ -54,9 +71,16 @@ class PostgresTable(Side):
     """`schema.table` in the Postgres at `dsn`, read in key ranges of `chunk_size` rows."""
 
     def __init__(
-        self, name: str, dsn: str, schema: str, table: str, shape: TableShape, chunk_size: int
+        self,
+        name: str,
+        dsn: str,
+        schema: str,
+        table: str,
+        shape: TableShape,
+        chunk_size: int,
+        where: Predicate | None = None,
     ) -> None:
-        super().__init__(name, shape)
+        super().__init__(name, shape, where)
         self.dsn, self.schema, self.table, self.chunk_size = dsn, schema, table, chunk_size
 
     def _describe(self, conn: Any) -> Table | None:
@@ -71,7 +95,7 @@ class PostgresTable(Side):
                 raise  # no primary key: it cannot be read in key ranges
             return None  # no such table: it has no rows
 
-    def batches(self) -> Iterator[Any]:
+    def batches(self, after: Key | None = None) -> Iterator[Any]:
         import psycopg
 
         from walstream.backfill import adbc
@@ -81,12 +105,15 @@ class PostgresTable(Side):
             if table is None:
                 return
             reader = adbc.connect(self.dsn)
+            columns = select_list(self.shape)
             try:
-                for r in plan(conn, table, self.chunk_size):
-                    query, params = chunk_query(table, r, columns=select_list(self.shape))
+                for r in plan(conn, table, self.chunk_size, self.where, after):
+                    query, params = chunk_query(table, r, self.where, columns)
                     text = psycopg.ClientCursor(conn).mogrify(query, params)
                     for batch in read_batches(reader, self.shape, text):
                         yield self._typed(batch)
+                    if r.upto is not None:
+                        yield Boundary(r.upto)
             finally:
                 reader.close()
 
@@ -128,23 +155,41 @@ class LakeTable(Side):
     versions (`is_current`)."""
 
     def __init__(
-        self, name: str, table_sink: Any, schema: str, table: str, shape: TableShape, history: bool
+        self,
+        name: str,
+        table_sink: Any,
+        schema: str,
+        table: str,
+        shape: TableShape,
+        history: bool,
+        where: Predicate | None = None,
     ) -> None:
-        super().__init__(name, shape)
+        super().__init__(name, shape, where)
         self.table_sink, self.schema, self.table, self.history = table_sink, schema, table, history
 
-    def batches(self) -> Iterator[Any]:
+    def batches(self, after: Key | None = None) -> Iterator[Any]:
+        assert after is None, "a lake table is read whole"
+        return self._scan(self.where)
+
+    def _scan(self, where: Predicate | None) -> Iterator[Any]:
         import pyarrow.compute as pc
 
         columns = self.shape.names + (["is_current"] if self.history else [])
         reader = self.table_sink.scan(self.schema, self.table, columns)
         if reader is None:
             return
-        for batch in reader:
-            if self.history:
-                batch = batch.filter(pc.fill_null(batch.column("is_current"), False))
-            if batch.num_rows:
-                yield self._typed(batch)
+        selected = _Selected(where) if where is not None else None
+        try:
+            for batch in reader:
+                if self.history:
+                    batch = batch.filter(pc.fill_null(batch.column("is_current"), False))
+                if selected is not None and batch.num_rows:
+                    batch = selected(batch)
+                if batch.num_rows:
+                    yield self._typed(batch)
+        finally:
+            if selected is not None:
+                selected.close()
 
     def rows(self, keys: Any) -> Iterator[Any]:
         """One pass over the table, keeping the rows of `keys`."""
@@ -155,7 +200,7 @@ class LakeTable(Side):
         try:
             con.register("_keys", keys)
             using = ", ".join(quoted(k) for k in self.shape.key)
-            for batch in self.batches():
+            for batch in self._scan(None):  # a re-check looks keys up whatever their values
                 con.register("_batch", batch)
                 found = pa.table(
                     con.execute(f"SELECT * FROM _batch SEMI JOIN _keys USING ({using})").arrow()
@@ -165,3 +210,37 @@ class LakeTable(Side):
                     yield found.cast(self.shape.arrow_schema())
         finally:
             con.close()
+
+
+class _Selected:
+    """The rows of Arrow batches that a backfill predicate selects, evaluated by DuckDB (on
+    the sink's column types: a Postgres-only function or operator is an error saying so)."""
+
+    def __init__(self, where: Predicate) -> None:
+        import duckdb
+
+        self.where = where
+        self.con = duckdb.connect()
+
+    def __call__(self, batch: Any) -> Any:
+        import duckdb
+        import pyarrow as pa
+
+        self.con.register("_batch", batch)
+        try:
+            # read before the batch is unregistered: DuckDB's result is a lazy stream
+            return pa.table(
+                self.con.execute(f"SELECT * FROM _batch WHERE ({self.where.sql})").arrow()
+            )
+        except duckdb.Error as exc:
+            raise WalstreamError(
+                f"the sink's rows cannot be selected by --where {self.where.sql!r}: DuckDB, "
+                f"which reads the lake table, says: {str(exc).splitlines()[0]}",
+                "give a predicate both Postgres and DuckDB read (comparisons of columns with "
+                "constants, IN, BETWEEN, IS NULL, AND/OR/NOT)",
+            ) from None
+        finally:
+            self.con.unregister("_batch")
+
+    def close(self) -> None:
+        self.con.close()

@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg import sql
 
+from walstream.backfill.predicate import Predicate
 from walstream.config import Plan, SinkConfig
 from walstream.decode.table_shape import TableShape, load_shape
 from walstream.errors import ConfigError, WalstreamError
@@ -30,11 +31,23 @@ def sink_kind(sink: SinkConfig) -> str:
     """ "postgres" or "lake" (a mirror or history table), or a ConfigError saying why the
     sink cannot be verified."""
     dest = sink.destination.unwrapped()
-    if dest.type == "postgres":
-        return "postgres"
     mode = getattr(dest, "mode", None)
-    if dest.type in ("delta", "iceberg") and mode in ("mirror", "history"):
-        return "lake"
+    kind = (
+        "postgres"
+        if dest.type == "postgres"
+        else "lake"
+        if dest.type in ("delta", "iceberg") and mode in ("mirror", "history")
+        else None
+    )
+    partial = _partial(sink)
+    if kind is not None and partial is None:
+        return kind
+    if partial is not None:
+        raise ConfigError(
+            f"sink {sink.name} cannot be verified: {partial}, so it does not hold the rows "
+            "its source has",
+            "verify a sink that takes every insert, update and delete of its tables",
+        )
     why = (
         "a changelog table keeps every change, not the rows the source has"
         if mode == "changelog"
@@ -45,6 +58,16 @@ def sink_kind(sink: SinkConfig) -> str:
         f"sink {sink.name} cannot be verified: {why}",
         "verify a Postgres mirror, or a Delta or Iceberg sink in mode mirror or history",
     )
+
+
+def _partial(sink: SinkConfig) -> str | None:
+    """Why the sink holds only part of its source's rows by its own settings, if it does."""
+    if sink.filter is not None:
+        return f"its filter ({sink.filter}) keeps some changes out"
+    left = [a for a in ("insert", "update", "delete") if a not in sink.taken_actions()]
+    if left:
+        return f"it does not take the {'/'.join(left)} changes (actions)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -78,8 +101,15 @@ def tables_of(plan: Plan, sink: SinkConfig, named: list[str]) -> list[tuple[str,
     return [(s, t) for s, t in published if sink.wants_table(s, t)]
 
 
-def pair(plan: Plan, sink: SinkConfig, schema: str, table: str, chunk_size: int) -> Pair:
-    """The two sides of one table, in the sink's column types."""
+def pair(
+    plan: Plan,
+    sink: SinkConfig,
+    schema: str,
+    table: str,
+    chunk_size: int,
+    where: Predicate | None = None,
+) -> Pair:
+    """The two sides of one table, in the sink's column types (the rows `where` selects)."""
     from walstream.backfill.chunks import estimate_rows
     from walstream.backfill.requests import prepare_table
     from walstream.sinks.registry import sink_for
@@ -89,24 +119,27 @@ def pair(plan: Plan, sink: SinkConfig, schema: str, table: str, chunk_size: int)
     dest = sink.destination.unwrapped()
     name = f"{schema}.{table}"
     with connect(dsn, autocommit=True) as conn:
-        prepared = prepare_table(conn, source.publication_name, schema, table, None)
+        # the source's rows: those `where` and the publication's row filter select
+        prepared = prepare_table(conn, source.publication_name, schema, table, where)
         sent = list(prepared.table.columns)
         shape: TableShape
         if sink_kind(sink) == "lake":
             shape = dest.typed_shape(conn, schema, table, sent)
         else:
             shape = load_shape(conn, schema, table).select(sent, None)
-        estimate = estimate_rows(conn, prepared.table, None)
-    src = PostgresTable("source", dsn, schema, table, shape, chunk_size)
+        estimate = estimate_rows(conn, prepared.table, prepared.where)
+    src = PostgresTable("source", dsn, schema, table, shape, chunk_size, prepared.where)
     if sink_kind(sink) == "postgres":
         target_schema = getattr(dest, "schema_", None) or schema
         target_dsn = dest.dsn.get_secret_value()  # type: ignore[attr-defined]
-        snk: Side = PostgresTable("sink", target_dsn, target_schema, table, shape, chunk_size)
+        snk: Side = PostgresTable(
+            "sink", target_dsn, target_schema, table, shape, chunk_size, where
+        )
         target = f"{target_schema}.{table}"
     else:
         table_sink = sink_for(dest)
         history = getattr(dest, "mode", None) == "history"
-        snk = LakeTable("sink", table_sink, schema, table, shape, history)
+        snk = LakeTable("sink", table_sink, schema, table, shape, history, where)
         target = table_sink.target(schema, table)  # type: ignore[attr-defined]
     return Pair(name, target, src, snk, estimate)
 
