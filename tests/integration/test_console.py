@@ -17,6 +17,7 @@ from tests.integration.test_server import AUTH, TOKEN, health, insert, sink, wri
 from walstream.config import load_config
 from walstream.runtime import Runtime
 from walstream.testing import supervised, wait_until
+from walstream.verify.store import DONE, VerificationStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -115,4 +116,23 @@ def test_console_shows_live_sinks_and_retries_a_dead_letter(spark, db, kafka, tm
         picky.get_by_test_id("sink-status").filter(has_text="ok").wait_for(timeout=15_000)
         page.get_by_test_id("overall").filter(has_text="ok").wait_for(timeout=15_000)
         page.screenshot(path=str(ARTIFACTS / "console-after-retry.png"), full_page=True)
+
+        # A verification's result as `walstream verify` keeps it: the sink's verified column
+        # and its status follow the newest one.
+        verified = files.get_by_test_id("sink-verified")
+        assert verified.inner_text() == "–"
+        store = VerificationStore(cfg.state_dsn, cfg.state.schema_)
+        found = {"table": f"public.{table}", "target": table, "equal": False, "missing": [[3]]}
+        for result, rows in ((found, 1), (found | {"equal": True, "missing": []}, 0)):
+            record = store.begin("files", [], None, "command")
+            store.table_done(record.id, result, rows)
+            store.finish(record.id, DONE)
+            if rows:
+                verified.filter(has_text=f"1 differ public.{table}").wait_for(timeout=15_000)
+                files.get_by_test_id("sink-status").filter(has_text="warning").wait_for(
+                    timeout=15_000
+                )
+                assert "found 1 row(s) that differ" in files.inner_text()
+        verified.filter(has_text="equal 1 table(s)").wait_for(timeout=15_000)
+        files.get_by_test_id("sink-status").filter(has_text="ok").wait_for(timeout=15_000)
     assert (ARTIFACTS / "console-after-retry.png").stat().st_size > 10_000
