@@ -292,6 +292,7 @@ class RealWriter:
         self.rng = random.Random(seed)
         self.next_id = 10_000_000 + seed * 1_000_000
         self.ops: dict[str, int] = {}
+        self.replaced: list[tuple[str, int]] = []  # the old keys of key changes
 
     def step(self, conn: Any) -> None:
         rng = self.rng
@@ -316,12 +317,14 @@ class RealWriter:
         elif op < 0.65:
             new = self.new_id()
             conn.execute(f"UPDATE acct SET id = %s {where}", (new, region, k))
+            self.replaced.append(self.keys[i])
             self.keys[i] = (region, new)
             self.count("key change")
         elif op < 0.70:
             other = rng.choice([r for r in REGIONS if r != region])
             new = self.new_id()
             conn.execute(f"UPDATE acct SET region = %s, id = %s {where}", (other, new, region, k))
+            self.replaced.append(self.keys[i])
             self.keys[i] = (other, new)
             self.count("key change (text part)")
         elif op < 0.80:

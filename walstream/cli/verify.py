@@ -177,6 +177,7 @@ def _kinds(r: Any) -> list[tuple[str, list[Any]]]:
         ("only in the sink", r.extra),
         ("different", r.different),
         ("still changing (not compared)", r.unsettled),
+        ("without unchanged TOASTed values (the latest message leaves them out)", r.incomplete),
     ]
 
 

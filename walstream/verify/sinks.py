@@ -2,8 +2,9 @@
 and repairs: the keys that differ re-backfilled through the sink's normal backfill path.
 
 A Postgres mirror is compared table for table (the copy in its target database); a Delta
-or Iceberg mirror with its table, a history table by its current versions. Everything
-else cannot be compared row for row with the source, and `sink_kind` says why.
+or Iceberg mirror with its table, a history table by its current versions; a Kafka sink
+by the latest message of each key in its compacted topic (`topic.py`). Everything else
+cannot be compared row for row with the source, and `sink_kind` says why.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ def sink_kind(sink: SinkConfig) -> str:
     sink cannot be verified."""
     dest = sink.destination.unwrapped()
     mode = getattr(dest, "mode", None)
+    kafka = _kafka_why(sink) if dest.type == "kafka" else None
     kind = (
         "postgres"
         if dest.type == "postgres"
         else "lake"
         if dest.type in ("delta", "iceberg") and mode in ("mirror", "history")
+        else "kafka"
+        if dest.type == "kafka" and kafka is None
         else None
     )
     partial = _partial(sink)
@@ -51,13 +55,33 @@ def sink_kind(sink: SinkConfig) -> str:
     why = (
         "a changelog table keeps every change, not the rows the source has"
         if mode == "changelog"
+        else kafka
+        if kafka is not None
         else f"a {dest.type} sink sends messages: what its consumers made of them is not "
-        "in walstream's reach (a compacted topic's latest values are not compared yet)"
+        "in walstream's reach"
     )
     raise ConfigError(
         f"sink {sink.name} cannot be verified: {why}",
-        "verify a Postgres mirror, or a Delta or Iceberg sink in mode mirror or history",
+        "verify a Postgres mirror, a Delta or Iceberg sink in mode mirror or history, or a "
+        "Kafka sink of format sequin (or record, with tombstones) to a compacted topic",
     )
+
+
+def _kafka_why(sink: SinkConfig) -> str | None:
+    """Why a Kafka sink's topic cannot be compared with its source, if it cannot."""
+    dest: Any = sink.destination.unwrapped()
+    if sink.format == "debezium":
+        return "format debezium's records are not compared with the source yet"
+    if dest.topic is None or dest.route_expression() is not None:
+        return "its topic is an expression: verify compares one named topic"
+    if not sink.plain_messages() and (sink.transform or not dest.default_key()):
+        return "its messages are made or keyed by expressions of its own, not the rows"
+    if sink.format == "record" and not sink.tombstones:
+        return (
+            "format record does not say which messages are deletes (tombstones: true "
+            "makes a delete remove its key)"
+        )
+    return None
 
 
 def _partial(sink: SinkConfig) -> str | None:
@@ -108,8 +132,10 @@ def pair(
     table: str,
     chunk_size: int,
     where: Predicate | None = None,
+    shared: dict[str, Any] | None = None,
 ) -> Pair:
-    """The two sides of one table, in the sink's column types (the rows `where` selects)."""
+    """The two sides of one table, in the sink's column types (the rows `where` selects);
+    `shared`: what the tables of one verification share (a topic read once)."""
     from walstream.backfill.chunks import estimate_rows
     from walstream.backfill.requests import prepare_table
     from walstream.sinks.registry import sink_for
@@ -125,9 +151,11 @@ def pair(
         shape: TableShape
         if sink_kind(sink) == "lake":
             shape = dest.typed_shape(conn, schema, table, sent)
-        else:
+        elif sink_kind(sink) == "postgres":
             shape = load_shape(conn, schema, table).select(sent, None)
         estimate = estimate_rows(conn, prepared.table, prepared.where)
+    if sink_kind(sink) == "kafka":
+        return _topic_pair(sink, name, prepared, dsn, chunk_size, estimate, shared)
     src = PostgresTable("source", dsn, schema, table, shape, chunk_size, prepared.where)
     if sink_kind(sink) == "postgres":
         target_schema = getattr(dest, "schema_", None) or schema
@@ -144,14 +172,51 @@ def pair(
     return Pair(name, target, src, snk, estimate)
 
 
-def repair_where(dsn: str, key: tuple[str, ...], keys: list[tuple[Any, ...]]) -> str | None:
+def _topic_pair(
+    sink: SinkConfig,
+    name: str,
+    prepared: Any,
+    dsn: str,
+    chunk_size: int,
+    estimate: int | None,
+    shared: dict[str, Any] | None,
+) -> Pair:
+    """A table of a Kafka sink: the source's rows as its messages carry them, and each
+    key's latest message in the (compacted) topic."""
+    from walstream.verify.topic import (
+        Latest,
+        SourceRecords,
+        TopicTable,
+        check_compacted,
+        consumer_settings,
+    )
+
+    dest: Any = sink.destination.unwrapped()
+    shared = {} if shared is None else shared
+    latest = shared.get("topic")
+    t = prepared.table
+    if latest is None:
+        settings = consumer_settings(dest)
+        check_compacted(settings, dest.topic, sink.name)
+        latest = shared["topic"] = Latest(settings, dest.topic, sink.format, (t.schema, t.name))
+    src = SourceRecords(dsn, prepared, chunk_size, prepared.where)
+    return Pair(name, dest.topic, src, TopicTable(latest, t.schema, t.name), estimate)
+
+
+def repair_where(
+    dsn: str, key: tuple[str, ...], keys: list[tuple[Any, ...]], joined: bool = False
+) -> str | None:
     """A backfill predicate selecting `keys` (their values as quoted literals, which Postgres
-    reads in the key columns' types), or None when they do not fit: the whole table."""
+    reads in the key columns' types), or None when they do not fit: the whole table.
+    `joined`: each of `keys` is a message key, the key columns' texts joined by `,`."""
     with connect(dsn, autocommit=True) as conn:
         rows = [
             "(" + ", ".join(sql.Literal(_text(v)).as_string(conn) for v in k) + ")" for k in keys
         ]
     columns = ", ".join(sql.Identifier(c).as_string(None) for c in key)
+    if joined:
+        texts = ", ".join(sql.Identifier(c).as_string(None) + "::text" for c in key)
+        columns = f"concat_ws(',', {texts})"
     text = f"({columns}) IN ({', '.join(rows)})"
     return text if len(text) <= REPAIR_TEXT else None
 
@@ -178,12 +243,13 @@ def repair(
 ) -> str:
     """Re-backfill `keys` of one table into the sink (all of the table when they do not fit
     in one predicate) and wait until the running pipeline has delivered them: the backfill's
-    id and what it read, for the report."""
+    id and what it read, for the report. A Kafka sink's keys are message keys."""
     from walstream.backfill.requests import request
     from walstream.backfill.store import CANCELLED, DONE, FAILED, BackfillStore
 
     source = plan.source(sink.source)
-    where = repair_where(source.dsn.get_secret_value(), key, keys)
+    joined = sink_kind(sink) == "kafka"
+    where = repair_where(source.dsn.get_secret_value(), key, keys, joined)
     store = BackfillStore(plan.state_dsn, plan.state.schema_)
     store.ensure()
     (backfill,) = request(plan, store, sink.name, [f"{schema}.{table}"], where)

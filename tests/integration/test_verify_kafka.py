@@ -1,0 +1,159 @@
+"""`walstream verify` of a Kafka sink: what a consumer of its compacted topic ends up with (each
+key's latest message; a delete or a tombstone removes the key) against the source table — the
+acct table of tests/lake.py (composite text key, TOASTed text, arrays with NULLs, jsonb edge
+values, key changes) on a two-partition topic of the tansu broker. While a writer runs, the
+only difference is the one format sequin has: a key change leaves the old key's last message
+in the topic (a key whose latest update left its unchanged TOASTed value out is compared on
+the rest); messages produced by hand behind walstream's back are reported key for key;
+`--repair` re-sends the rows; a topic that is not compacted, or a sink whose messages are not
+the rows, is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tests.conftest import unique
+from tests.lake import REAL_TABLE, RealWriter, fill_real
+from walstream.backfill.store import DONE, BackfillStore
+from walstream.cli import app
+from walstream.config import load_config
+from walstream.runtime import Runtime
+from walstream.testing import supervised, wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+ROWS = 300
+SPARED = 8  # keys the writer leaves alone: the test changes them by hand
+
+
+def verify(config: Path, sink: str, *args: str) -> tuple[int, dict[str, Any]]:
+    t0 = time.monotonic()
+    result = CliRunner().invoke(app, ["verify", sink, "-c", str(config), "--json", *args])
+    print(
+        f"verify {sink} {' '.join(args)}: exit {result.exit_code} in {time.monotonic() - t0:.1f}s"
+    )
+    assert result.exit_code in (0, 1), result.output
+    (table,) = json.loads(result.stdout)["tables"]
+    return result.exit_code, table
+
+
+def keys(report: dict[str, Any], kind: str) -> set[str]:
+    return {k[0] for k in report[kind]}
+
+
+def create_topics(kafka: Any, compacted: str, plain: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    made = admin.create_topics([
+        NewTopic(compacted, 2, 1, config={"cleanup.policy": "compact"}),
+        NewTopic(plain, 1, 1),
+    ])  # fmt: skip
+    for future in made.values():
+        future.result(30)
+
+
+def test_verify_a_compacted_topic(spark, db, kafka, tmp_path):
+    from confluent_kafka import Producer
+
+    db.execute(REAL_TABLE)
+    all_keys = fill_real(db.dsn, ROWS)
+    spared, busy = all_keys[:SPARED], all_keys[SPARED:]
+    pub = db.create_publication("acct")
+    slot = db.create_slot()
+    topic, plain = unique("compacted"), unique("plain")
+    create_topics(kafka, topic, plain)
+    kafka_dest = {"type": "kafka", "bootstrap_servers": kafka.bootstrap_servers}
+    run = {
+        "server": {"enabled": False},
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": db.dsn, "slot": slot, "publication": pub}],
+        "sinks": [{"name": "topic", "source": "app", "backfill": "on_create",
+                   "destination": {**kafka_dest, "topic": topic}}],
+    }  # fmt: skip
+    config, others = tmp_path / "walstream.yaml", tmp_path / "others.yaml"
+    config.write_text(yaml.safe_dump(run))
+    others.write_text(yaml.safe_dump(run | {"sinks": [
+        {"name": "plain", "source": "app", "destination": {**kafka_dest, "topic": plain}},
+        {"name": "rows", "source": "app", "format": "record",
+         "destination": {**kafka_dest, "topic": plain}},
+        {"name": "keyed", "source": "app",
+         "destination": {**kafka_dest, "topic": plain, "key": "upper(`table`)"}},
+    ]}))  # fmt: skip
+
+    def refused(sink: str) -> str:
+        result = CliRunner().invoke(app, ["verify", sink, "-c", str(others)])
+        assert result.exit_code == 2, result.output
+        return " ".join(result.output.split())
+
+    assert f"its topic {plain} is not compacted (cleanup.policy=delete)" in refused("plain")
+    assert "format record does not say which messages are deletes" in refused("rows")
+    assert "keyed by expressions of its own" in refused("keyed")
+
+    plan = load_config(config)
+    runtime = Runtime(plan, spark=spark).start()
+    stop = threading.Event()
+    writer = RealWriter(db.dsn, busy, seed=5)
+    writing = threading.Thread(target=writer.run, args=(stop, 0.02))
+    with supervised(runtime):
+        store = BackfillStore(plan.state_dsn)
+        wait_until(lambda: [b.status for b in store.find()] == [DONE], 240, interval=0.5)
+        writing.start()
+        wait_until(lambda: len(writer.replaced) >= 3, 60)
+        before = {f"{r},{k}" for r, k in writer.replaced}
+        code, report = verify(config, "topic")  # while the writer runs
+        after = {f"{r},{k}" for r, k in writer.replaced}
+        # A primary-key change is an update of the new key in format sequin: the old key's
+        # last message stays in the compacted topic, and a consumer of it keeps that row.
+        assert before <= keys(report, "extra") <= after, json.dumps(report)[:3000]
+        assert code == 1 and not report["missing"] and not report["different"], report
+        assert report["source_rows"] > ROWS // 2
+        stop.set()
+        writing.join(30)
+        old_keys = {f"{r},{k}" for r, k in writer.replaced}
+        # an update that leaves the TOASTed value as it was: its message leaves it out
+        (r0, k0) = spared[0]
+        db.execute("UPDATE acct SET n = n + 1 WHERE region = %s AND id = %s", (r0, k0))
+
+        # Behind walstream's back: a delete, a tombstone, a changed row, a key the source
+        # does not have.
+        producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+        (r1, k1), (r2, k2), (r3, k3) = spared[1], spared[2], spared[3]
+        meta = '"metadata":{"table_schema":"public","table_name":"acct"}'
+        row = {"region": r3, "id": k3, "n": -1}
+        for key, value in (
+            (f"{r1},{k1}", f'{{"record":{{"region":"{r1}","id":{k1}}},"action":"delete",{meta}}}'),
+            (f"{r2},{k2}", None),
+            (f"{r3},{k3}", f'{{"record":{json.dumps(row)},"action":"update",{meta}}}'),
+            ("zz,1", f'{{"record":{{"region":"zz","id":1}},"action":"insert",{meta}}}'),
+        ):
+            producer.produce(
+                topic, key=key.encode(), value=None if value is None else value.encode()
+            )
+        assert producer.flush(30) == 0
+
+        code, report = verify(config, "topic")
+        assert code == 1
+        assert keys(report, "missing") == {f"{r1},{k1}", f"{r2},{k2}"}
+        assert keys(report, "different") == {f"{r3},{k3}"}
+        assert keys(report, "extra") == {"zz,1"} | old_keys
+        assert f"{r0},{k0}" in keys(report, "incomplete"), report
+
+        # --repair re-sends the rows (a backfill of those keys); the extra key stays
+        code, report = verify(config, "topic", "--repair")
+        assert report["repaired"] == 3 and not report["missing"] and not report["different"]
+        assert code == 1 and keys(report, "extra") == {"zz,1"} | old_keys
+        for key in {"zz,1"} | old_keys:  # what the topic's owner does about them
+            producer.produce(topic, key=key.encode(), value=None)
+        assert producer.flush(30) == 0
+        code, report = verify(config, "topic")
+        assert code == 0 and report["source_rows"] == report["sink_rows"], report
+        del producer  # before the broker stops: no reconnecting in the background
