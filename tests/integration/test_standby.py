@@ -306,3 +306,39 @@ def test_run_on_a_standby_streams_backfills_and_heartbeats_through_the_primary(
     # the stream and the reads together are the table (DBLog: no read older than the stream)
     final = {r[0]: r[1] for r in db.execute("SELECT id, v FROM t")}
     assert {k: v["v"] for k, v in replay(got, "t").items()} == final
+
+
+def test_verify_reads_the_source_on_the_standby_and_writes_its_heartbeat_on_the_primary(
+    spark: Any, sdb: OnStandby, tmp_path: Path
+) -> None:
+    """`walstream verify` of a Postgres mirror whose source is a standby: the source table is
+    read on the standby, the heartbeat that tells when the sink caught up is written on the
+    primary (a standby cannot write WAL) and found by the standby's slot."""
+    from tests.integration.test_backfill import mirror_database
+    from walstream.verify.job import Options, verify_sink
+
+    db = sdb.db
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text, doc jsonb)")
+    db.execute(
+        "INSERT INTO t SELECT g, 'v' || g, '{\"g\": [1, null]}' FROM generate_series(1, 200) g"
+    )
+    slot, pub = unique("slot"), unique("pub")
+    _, mirror = mirror_database(db)
+    cfg = parse_config({
+        "spark": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "sources": [{"name": "app", "dsn": sdb.dsn, "primary_dsn": db.dsn, "slot": slot,
+                     "publication": pub, "heartbeat_interval": 1, "tables": ["public.t"]}],
+        "sinks": [{"name": "mirror", "source": "app", "backfill": "on_create",
+                   "destination": {"type": "postgres", "dsn": mirror}}],
+    })  # fmt: skip
+    with supervised(Runtime(cfg, spark=spark).start()):
+        store = BackfillStore(cfg.state_dsn)
+        wait_until(lambda: [b.status for b in store.find()] == ["done"], 120, interval=0.5)
+        db.execute("UPDATE t SET v = 'changed' WHERE id = 7")
+        outcome = verify_sink(cfg, "mirror", Options(wait=60))
+        (result,) = outcome.results
+        assert outcome.equal and result.source_rows == result.sink_rows == 200
+        with connect(mirror, autocommit=True) as conn:
+            conn.execute("DELETE FROM t WHERE id = 9")
+        (result,) = verify_sink(cfg, "mirror", Options(wait=60)).results
+        assert (result.missing, result.different, result.extra) == ([(9,)], [], [])
