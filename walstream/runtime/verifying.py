@@ -11,11 +11,13 @@ the sink still running, puts it off to the next look. Results go to the state da
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from walstream.config import Plan, SinkConfig
 from walstream.errors import WalstreamError
 from walstream.periodic import Periodic
+from walstream.secrets import scrub, secret_values
 from walstream.verify.job import Options, Stopped, verify_sink
 from walstream.verify.store import FAILED, VerificationStore
 
@@ -30,7 +32,7 @@ RETRY_SECONDS = 3600.0
 class Schedule:
     """The scheduled verifications of a config: `task` (a Periodic, not started)."""
 
-    def __init__(self, config: Plan, leads: object) -> None:
+    def __init__(self, config: Plan, leads: Callable[[str], bool]) -> None:
         self.config = config
         self.leads = leads
         self.sinks = [s for s in config.sinks if s.verify is not None]
@@ -50,7 +52,7 @@ class Schedule:
         for sink in self.sinks:
             if self.task.stopping.is_set():
                 return
-            if self.leads(sink.source) and self.due(sink):  # type: ignore[operator]
+            if self.leads(sink.source) and self.due(sink):
                 self.run(sink)
 
     def due(self, sink: SinkConfig) -> bool:
@@ -91,6 +93,10 @@ class Schedule:
             return
         except WalstreamError as exc:
             log.warning("sink %s: verification could not compare: %s", sink.name, exc.problem)
+            return
+        except Exception as exc:  # the state database or a side away: tried again later
+            text = scrub(f"{type(exc).__name__}: {exc}", secret_values(self.config))
+            log.warning("sink %s: verification failed: %s", sink.name, text)
             return
         different = [r for r in outcome.results if not r.equal]
         if not different:

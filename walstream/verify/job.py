@@ -19,6 +19,7 @@ from typing import Any
 
 from walstream.config import Plan
 from walstream.errors import ConfigError, WalstreamError
+from walstream.secrets import scrub, secret_values
 from walstream.verify.run import Checkpoint, Position, State, TableResult, Verification
 from walstream.verify.sinks import pair, repair, sink_kind, tables_of
 from walstream.verify.store import DONE, FAILED, Cancelled, VerificationStore
@@ -157,10 +158,11 @@ def verify_sink(
             f"run `walstream verify {sink}` again to compare from the start",
         ) from None
     except WalstreamError as exc:
-        store.finish(record.id, FAILED, f"{exc.problem}" + (f" ({exc.fix})" if exc.fix else ""))
+        error = f"{exc.problem}" + (f" ({exc.fix})" if exc.fix else "")
+        store.finish(record.id, FAILED, scrub(error, secret_values(plan)))
         raise
-    except Exception as exc:
-        store.finish(record.id, FAILED, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # kept for /api/sinks: with no secret of the config in it
+        store.finish(record.id, FAILED, scrub(f"{type(exc).__name__}: {exc}", secret_values(plan)))
         raise
     store.finish(record.id, DONE)
     return Outcome(record.id, results, resumed)
