@@ -98,9 +98,9 @@ class Latest:
             consumer.close()
 
     def _read(self, consumer: Any, starts: dict[int, int]) -> None:
-        """Each partition's messages from `starts` to its end: until the broker says the
-        fetch reached it (the high watermark of a fetch; the one a metadata request
-        answers may lag behind what was acknowledged, and compaction leaves gaps)."""
+        """Each partition's messages from `starts` to its end: until the broker says a fetch
+        reached it (not up to an end offset asked for before: tansu's answer lags behind
+        what it acknowledged, and compaction leaves gaps in the offsets)."""
         from confluent_kafka import KafkaError, TopicPartition
 
         consumer.assign([TopicPartition(self.topic, p, at) for p, at in starts.items()])
