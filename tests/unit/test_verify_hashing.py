@@ -81,3 +81,14 @@ def test_compare_names_missing_extra_and_different_keys_with_the_source_hash():
     assert found.extra == {("zz", 9): None}
     assert len(found) == 3 and found.source_hash(("zz", 9)) is None
     assert not len(compare(source, h.keyed(table(ROWS[::-1])), KEY))
+
+
+def test_a_key_the_sink_has_twice_differs_whatever_its_rows():
+    import pyarrow as pa
+
+    from walstream.verify.hashing import compare
+
+    source = pa.table({"k": ["a", "b"], "_h": pa.array([1, 2], pa.uint64())})
+    sink = pa.table({"k": ["a", "b", "b"], "_h": pa.array([1, 2, 2], pa.uint64())})
+    found = compare(source, sink, ["k"])
+    assert (found.missing, found.extra, found.different) == ({}, {}, {("b",): 2})

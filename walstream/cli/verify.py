@@ -8,6 +8,7 @@ there after the repair); 2: the comparison could not be made (the error says why
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +22,7 @@ from walstream.cli.operations import ConfigOption
 from walstream.cli.output import print_error
 from walstream.errors import WalstreamError
 
+log = logging.getLogger(__name__)
 console = Console(soft_wrap=True)
 progress_console = Console(stderr=True, soft_wrap=True)
 
@@ -93,6 +95,16 @@ def verify(
         outcome = _verify(sink, config, options, as_json)
     except WalstreamError as exc:  # exit 2: could not compare, whoever invokes the command
         print_error(exc)
+        raise typer.Exit(2) from None
+    except Exception as exc:  # a failure is no verdict: exit 2, not 1
+        log.debug("verify failed", exc_info=True)
+        print_error(
+            WalstreamError(
+                f"the comparison failed: {type(exc).__name__}: {exc}",
+                "verify again; if it fails the same way, please report it with the output "
+                "of `walstream -v verify ...`",
+            )
+        )
         raise typer.Exit(2) from None
     if as_json:
         body = {"sink": sink, "verification": outcome.id, "resumed": outcome.resumed}

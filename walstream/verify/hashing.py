@@ -149,7 +149,15 @@ def compare(source: Any, sink: Any, key: Sequence[str]) -> Differences:
     )
 
 
+#: The "hash" of a key a side has more than one row of: equal to no row's hash (a sink
+#: with two current versions of a row differs from its source).
+SEVERAL = -1
+
+
 def _by_key(table: Any, key: Sequence[str]) -> dict[tuple[Any, ...], int]:
     columns = [table.column(k).to_pylist() for k in key]
     hashes = table.column("_h").to_pylist()
-    return dict(zip(zip(*columns, strict=True), hashes, strict=True))
+    out: dict[tuple[Any, ...], int] = {}
+    for k, h in zip(zip(*columns, strict=True), hashes, strict=True):
+        out[k] = SEVERAL if k in out else h
+    return out
