@@ -41,7 +41,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("shards", ["--changes", "500000"]),
     ("debezium", ["--changes", "500000", "--rates", "2000,5000", "--latency-seconds", "15"]),
     ("paths", ["--changes", "300000"]),
-    ("verify", ["--rows", "2000000"]),
+    ("verify", ["--rows", "5000000"]),  # the 5M rows: about 3 minutes
     ("lake", ["--rows", "5000000", "--changes", "500000", "--latency-seconds", "30",
               "--files-minutes", "3", "--only", "backfill,streaming,latency,files,scale",
               "--scale-rows", "100000,1000000", "--update-seconds", "30"]),
