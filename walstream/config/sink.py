@@ -63,7 +63,7 @@ class SinkConfig(Model):
     backfill: Literal["on_create"] | None = None
     #: A subscription to ingested events of these types (the outbox table's inserts).
     event_types: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
-    #: Compare the sink with its source on a schedule (a mirror or history table).
+    #: Compare the sink with its source on a schedule (docs/verify.md: which sinks can be).
     verify: VerifySchedule | None = None
     destination: Destination
     #: `(schema, table)` of the outbox when events are on (set by the plan): sinks without
