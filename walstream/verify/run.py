@@ -113,7 +113,7 @@ class TableResult:
     different: list[Key] = field(default_factory=list)  # other values in the sink
     unsettled: list[Key] = field(default_factory=list)  # changed at every re-check
     #: A topic's latest message of the key leaves out unchanged TOASTed values: equal on
-    #: the rest (`topic.unknown_columns`).
+    #: the rest (`Verification.equivalent`, `topic.equivalent`).
     incomplete: list[Key] = field(default_factory=list)
     #: With values asked for: per key (as text), the source's row and the sink's.
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
