@@ -84,7 +84,7 @@ def verify(
     rows summed per key bucket on both sides, then the rows of differing buckets, then
     each differing key again at a later position, so a row that only changed meanwhile is
     not reported. A verification cut short (Ctrl-C, kill) is resumed by the next one of
-    the same sink. Exit 0 equal, 1 different, 2 could not compare."""
+    the same sink. Exit 0 equal, 1 different, 2 could not compare (130: interrupted)."""
     from walstream.verify.job import Options
 
     options = Options(table or [], where, repair, values, wait, chunk_size)
@@ -96,6 +96,9 @@ def verify(
     except WalstreamError as exc:  # exit 2: could not compare, whoever invokes the command
         print_error(exc)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # no verdict either: the shell's code for Ctrl-C
+        progress_console.print(f"interrupted: `walstream verify {escape(sink)}` resumes it")
+        raise typer.Exit(130) from None
     except Exception as exc:  # a failure is no verdict: exit 2, not 1
         log.debug("verify failed", exc_info=True)
         print_error(
