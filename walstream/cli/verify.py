@@ -88,11 +88,27 @@ def verify(
     from walstream.verify.job import Options
 
     options = Options(table or [], where, repair, values, wait, chunk_size)
+    outcome = _outcome(sink, config, options, as_json, cancel)
+    if outcome is None:
+        return
+    if as_json:
+        body = {"sink": sink, "verification": outcome.id, "resumed": outcome.resumed}
+        body["tables"] = [r.as_json() for r in outcome.results]
+        json.dump(body, sys.stdout, default=str)
+        sys.stdout.write("\n")
+    else:
+        _print(sink, outcome)
+    raise typer.Exit(0 if outcome.equal else 1)
+
+
+def _outcome(sink: str, config: Path, options: Any, as_json: bool, cancel: bool) -> Any:
+    """The verification's outcome (None: one was cancelled); without a verdict, the exit
+    code that says so."""
     try:
         if cancel:
             _cancel(sink, config)
-            return
-        outcome = _verify(sink, config, options, as_json)
+            return None
+        return _verify(sink, config, options, as_json)
     except WalstreamError as exc:  # exit 2: could not compare, whoever invokes the command
         print_error(exc)
         raise typer.Exit(2) from None
@@ -109,14 +125,6 @@ def verify(
             )
         )
         raise typer.Exit(2) from None
-    if as_json:
-        body = {"sink": sink, "verification": outcome.id, "resumed": outcome.resumed}
-        body["tables"] = [r.as_json() for r in outcome.results]
-        json.dump(body, sys.stdout, default=str)
-        sys.stdout.write("\n")
-    else:
-        _print(sink, outcome)
-    raise typer.Exit(0 if outcome.equal else 1)
 
 
 def _verify(sink: str, config: Path, options: Any, as_json: bool) -> Any:
