@@ -232,8 +232,7 @@ class VerificationStore(Store):
             (done if r[0] else newest)[record.sink] = record
         return {k: (v, done.get(k)) for k, v in newest.items()}
 
-    def last_finished(self, sink: str, status: str | None = None) -> Record | None:
-        """The newest finished verification of `sink` (of `status`, when given)."""
-        cond = "sink = %s AND status <> 'running'" + (" AND status = %s" if status else "")
-        found = self._select(cond, (sink, status) if status else (sink,), "DESC LIMIT 1")
+    def last_finished(self, sink: str) -> Record | None:
+        """The newest finished verification of `sink`."""
+        found = self._select("sink = %s AND status <> 'running'", (sink,), "DESC LIMIT 1")
         return found[0] if found else None

@@ -75,7 +75,6 @@ class Latest:
         self.table = table  # a `record` message does not say its table: the sink's only one
         self.latest: dict[bytes, tuple[str, str, str] | None] = {}
         self.next: dict[int, int] = {}  # partition -> the offset to read from
-        self.messages = 0
 
     def catch_up(self) -> None:
         from confluent_kafka import Consumer, TopicPartition
@@ -125,7 +124,6 @@ class Latest:
                 elif msg.offset() >= self.next.get(p, 0):
                     self.next[p] = msg.offset() + 1
                     self.latest[msg.key() or b""] = self._entry(msg.value())
-                    self.messages += 1
         consumer.unassign()
 
     def _entry(self, value: bytes | None) -> tuple[str, str, str] | None:
