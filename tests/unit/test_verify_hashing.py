@@ -6,7 +6,7 @@ import decimal
 
 import pyarrow as pa
 
-from walstream.verify.hashing import Hasher, Sums, compare
+from walstream.verify.hashing import SEVERAL, Hasher, Sums, compare
 
 KEY = ("region", "id")
 COLUMNS = ("region", "id", "arr", "doc", "price")
@@ -59,7 +59,7 @@ def test_json_text_is_compared_as_json_and_other_text_as_it_is():
     assert sums(h, table(ROWS)).different(sums(h, table(reordered)))  # jsonb never reorders
 
 
-def test_compare_names_missing_extra_and_different_keys_with_the_source_hash():
+def test_compare_names_missing_extra_and_different_keys_with_both_sides_hashes():
     h = Hasher(KEY, COLUMNS, 16, ["doc"])
     source = h.keyed(table(ROWS))
     sink_rows = [
@@ -68,18 +68,21 @@ def test_compare_names_missing_extra_and_different_keys_with_the_source_hash():
         ROWS[3],
         ("zz", 9, [], None, None),
     ]
-    found = compare(source, h.keyed(table(sink_rows)), KEY)
-    hashes = dict(
-        zip(
-            zip(source["region"].to_pylist(), source["id"].to_pylist(), strict=True),
-            source["_h"].to_pylist(),
-            strict=True,
-        )
-    )
-    assert found.missing == {("us", 3): hashes[("us", 3)]}
-    assert found.different == {("", 2): hashes[("", 2)]}
-    assert found.extra == {("zz", 9): None}
-    assert len(found) == 3 and found.source_hash(("zz", 9)) is None
+    sink = h.keyed(table(sink_rows))
+    found = compare(source, sink, KEY)
+
+    def hashes(side):
+        keys = zip(side["region"].to_pylist(), side["id"].to_pylist(), strict=True)
+        return dict(zip(keys, side["_h"].to_pylist(), strict=True))
+
+    src, snk = hashes(source), hashes(sink)
+    assert found.missing == {("us", 3): src[("us", 3)]}
+    assert found.different == {("", 2): (src[("", 2)], snk[("", 2)])}
+    assert src[("", 2)] != snk[("", 2)]
+    assert found.extra == {("zz", 9): snk[("zz", 9)]}
+    assert len(found) == 3
+    assert found.state(("zz", 9)) == (None, snk[("zz", 9)])
+    assert found.state(("us", 3)) == (src[("us", 3)], None)
     assert not len(compare(source, h.keyed(table(ROWS[::-1])), KEY))
 
 
@@ -91,4 +94,4 @@ def test_a_key_the_sink_has_twice_differs_whatever_its_rows():
     source = pa.table({"k": ["a", "b"], "_h": pa.array([1, 2], pa.uint64())})
     sink = pa.table({"k": ["a", "b", "b"], "_h": pa.array([1, 2, 2], pa.uint64())})
     found = compare(source, sink, ["k"])
-    assert (found.missing, found.extra, found.different) == ({}, {}, {("b",): 2})
+    assert (found.missing, found.extra, found.different) == ({}, {}, {("b",): (2, SEVERAL)})

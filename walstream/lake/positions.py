@@ -13,6 +13,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from walstream.lake.plain import plain
 from walstream.lake.plan import HistoryPlan, Key, MirrorPlan, key_of
 
 
@@ -181,21 +182,10 @@ def rows_at(
         for g in groups:
             offset[g], before = before, before + meta.row_group(g).num_rows
         take = [offset[g] + p - starts[g] for p in at for g in [bisect.bisect_right(starts, p) - 1]]
-        data = _as_read(_no_views(data).take(pa.array(take, pa.int64())), wanted, key_schema)
+        data = _as_read(plain(data).take(pa.array(take, pa.int64())), wanted, key_schema)
         data = data.append_column("_pos", pa.array(at, pa.int64()))
         found.append(data.append_column("_file", pa.repeat(name, data.num_rows)))
     return pa.concat_tables(found, promote_options="permissive") if found else None
-
-
-def _no_views(data: Any) -> Any:
-    """`data` with its string and binary views as plain strings and binaries: files other
-    writers (delta-rs 1.x) write hold views, which pyarrow cannot `take` from."""
-    import pyarrow as pa
-
-    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
-    if not any(f.type in plain for f in data.schema):
-        return data
-    return data.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in data.schema]))
 
 
 def replaced(
@@ -257,7 +247,7 @@ def live_range(
             except TypeError:  # bounds of another type: read the file
                 pass
         with filesystem.open_input_file(file.path) as f:
-            data = _no_views(pq.read_table(f, columns=wanted))
+            data = plain(pq.read_table(f, columns=wanted))
         keep = pc.and_(pc.greater_equal(data[column], low), pc.less_equal(data[column], high))
         deleted = file.deleted()
         if len(deleted):

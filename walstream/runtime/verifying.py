@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from walstream.backfill.store import BackfillStore
 from walstream.config import Plan, SinkConfig
 from walstream.errors import WalstreamError
 from walstream.periodic import Periodic
@@ -37,6 +38,7 @@ class Schedule:
         self.leads = leads
         self.sinks = [s for s in config.sinks if s.verify is not None]
         self.store = VerificationStore(config.state_dsn, config.state.schema_)
+        self.backfills = BackfillStore(config.state_dsn, config.state.schema_)
         self.task = Periodic(
             "walstream-verify",
             self.look,
@@ -56,8 +58,6 @@ class Schedule:
                 self.run(sink)
 
     def due(self, sink: SinkConfig) -> bool:
-        from walstream.backfill.store import BackfillStore
-
         assert sink.verify is not None
         running = self.store.running(sink.name)
         if running is not None:
@@ -73,8 +73,7 @@ class Schedule:
                 every = min(every, RETRY_SECONDS)
             if (datetime.now(UTC) - last.started_at).total_seconds() < every:
                 return False
-        busy = BackfillStore(self.config.state_dsn, self.config.state.schema_)
-        if busy.find(sink.name, active_only=True):
+        if self.backfills.find(sink.name, active_only=True):
             log.info("sink %s: verification put off while a backfill of it runs", sink.name)
             return False
         return True

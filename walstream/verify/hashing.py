@@ -119,20 +119,26 @@ class Sums:
         return {b for b in both if self.buckets.get(b) != other.buckets.get(b)}
 
 
+Key = tuple[Any, ...]
+
+
 @dataclass(frozen=True)
 class Differences:
-    """Keys (tuples) the two sides disagree on, and the source's row hash of each key
-    (None: the source has no such row) — a re-check tells a moving row from a wrong one."""
+    """Keys the two sides disagree on, with the row hashes each side had: a re-check tells
+    a row that moved between the reads from a wrong one (`state`)."""
 
-    missing: dict[tuple[Any, ...], int]  # in the source, not in the sink
-    extra: dict[tuple[Any, ...], None]  # in the sink, not in the source
-    different: dict[tuple[Any, ...], int]  # in both, with other values
+    missing: dict[Key, int]  # in the source, not in the sink: the source's hash
+    extra: dict[Key, int]  # in the sink, not in the source: the sink's hash
+    different: dict[Key, tuple[int, int]]  # in both, with other values: (source, sink)
 
-    def keys(self) -> list[tuple[Any, ...]]:
+    def keys(self) -> list[Key]:
         return [*self.missing, *self.extra, *self.different]
 
-    def source_hash(self, key: tuple[Any, ...]) -> int | None:
-        return self.missing.get(key, self.different.get(key))
+    def state(self, key: Key) -> tuple[int | None, int | None]:
+        """The key's row hashes (source, sink) as read; None: that side has no row."""
+        if key in self.different:
+            return self.different[key]
+        return self.missing.get(key), self.extra.get(key)
 
     def __len__(self) -> int:
         return len(self.missing) + len(self.extra) + len(self.different)
@@ -144,8 +150,8 @@ def compare(source: Any, sink: Any, key: Sequence[str]) -> Differences:
     t = _by_key(sink, key)
     return Differences(
         missing={k: h for k, h in s.items() if k not in t},
-        extra={k: None for k in t if k not in s},
-        different={k: h for k, h in s.items() if k in t and t[k] != h},
+        extra={k: h for k, h in t.items() if k not in s},
+        different={k: (h, t[k]) for k, h in s.items() if k in t and t[k] != h},
     )
 
 
@@ -154,10 +160,10 @@ def compare(source: Any, sink: Any, key: Sequence[str]) -> Differences:
 SEVERAL = -1
 
 
-def _by_key(table: Any, key: Sequence[str]) -> dict[tuple[Any, ...], int]:
+def _by_key(table: Any, key: Sequence[str]) -> dict[Key, int]:
     columns = [table.column(k).to_pylist() for k in key]
     hashes = table.column("_h").to_pylist()
-    out: dict[tuple[Any, ...], int] = {}
+    out: dict[Key, int] = {}
     for k, h in zip(zip(*columns, strict=True), hashes, strict=True):
         out[k] = SEVERAL if k in out else h
     return out

@@ -106,7 +106,8 @@ def verify_sink(
         )
     where = parse(options.where) if options.where else None
     names = tables_of(plan, sc, options.tables)
-    if kind == "kafka" and sc.format == "record" and len(tables_of(plan, sc, [])) > 1:
+    every = tables_of(plan, sc, []) if options.tables else names
+    if kind == "kafka" and sc.format == "record" and len(every) > 1:
         raise ConfigError(
             f"sink {sink} cannot be verified: a format record message does not say its table, "
             "and the sink sends several tables to one topic",
@@ -145,7 +146,7 @@ def verify_sink(
                 check.equivalent = equivalent
             result = check.run(p.table, p.target, p.estimate)
             if options.repair:
-                _repair(plan, sc, check, result, options, say)
+                _repair(plan, sc, p.key, check, result, options, say)
             store.table_done(record.id, result.as_json(KEPT_KEYS), result.rows_different)
             kept.state = None
             results.append(result)
@@ -188,18 +189,18 @@ def _not_backfilling(plan: Plan, sink: str, names: list[tuple[str, str]]) -> Non
 def _repair(
     plan: Plan,
     sink: Any,
+    key: tuple[str, ...],
     check: Verification,
     result: TableResult,
     options: Options,
     say: Callable[[str], None],
 ) -> None:
-    """Re-backfill the keys missing or different in the sink, then keep those still so."""
+    """Re-backfill the keys missing or different in the sink (`key`: the source's key
+    columns, see `Pair.key`), then keep those still so."""
     keys = [*result.missing, *result.different]
     if not keys:
         return
     schema, _, name = result.table.partition(".")
-    prepared = getattr(check.source, "prepared", None)  # a topic's: keyed by message keys
-    key = tuple(prepared.table.pk) if prepared is not None else check.source.shape.key
     what = repair(plan, sink, schema, name, keys, key, options.wait * 10, say)
     say(f"{result.table}: {what} delivered: checking the keys again")
     result.repaired = len(keys)

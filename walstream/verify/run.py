@@ -6,9 +6,9 @@ Per table: one pass over the source sums rows and row hashes per key bucket
 that pass ended (`Position.reach`: a heartbeat message, and the slot's confirmed position
 past it); the buckets whose sums differ are read again on both sides, row by row, and the
 keys that differ are looked up again at a later position. A key is reported only when it
-differed twice while its source row stayed the same: a row that changed between the reads
-is checked again, and one that never stops changing is reported as unsettled, not as a
-difference. A pass over a Postgres side can be cut short and resumed after its last key
+differed twice while neither side's row changed (`Verification._settle`): a row that
+changed between the reads is checked again, and one that never stops changing is reported
+as unsettled, not as a difference. A pass over a Postgres side can be cut short and resumed after its last key
 range (`Checkpoint`, kept in the state database by `job.py`).
 """
 
@@ -308,8 +308,15 @@ class Verification:
         return compare(source, sink, hasher.key)
 
     def _settle(self, hasher: Hasher, found: Differences, result: TableResult) -> None:
-        """Look the differing keys up again until each differed twice with its source row
-        unchanged (reported) or `rechecks` rounds passed (unsettled)."""
+        """Look the differing keys up again until each differed twice with neither side's
+        row changed in between (reported) or `rechecks` rounds passed (unsettled).
+
+        Both sides, not the source alone: the sink is read after the source, and a sink
+        that applied a later change than the source read (a topic read to its end while
+        writes flow) differs from it for a moment. When the source row is the same at two
+        reads, it was so at the sink's read between them, which came after the sink had
+        applied the first (`Position.reach`): the sink's row then is wrong, and it is
+        reported only when the sink still has it at the second look."""
         shape = self.source.shape
         pending = found
         incomplete: set[Key] = set()
@@ -332,7 +339,7 @@ class Verification:
             moving: dict[str, dict[Key, Any]] = {"missing": {}, "extra": {}, "different": {}}
             for kind in ("missing", "extra", "different"):
                 for k, h in getattr(again, kind).items():
-                    if pending.source_hash(k) == h and (h is not None or k in pending.extra):
+                    if pending.state(k) == again.state(k):
                         getattr(result, kind).append(k)
                     else:
                         moving[kind][k] = h

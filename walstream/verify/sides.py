@@ -24,6 +24,7 @@ from walstream.backfill.chunks import Key, Table, chunk_query, describe, plan
 from walstream.backfill.predicate import Predicate
 from walstream.decode.table_shape import TableShape
 from walstream.errors import ConfigError, WalstreamError
+from walstream.lake.plain import plain
 from walstream.postgres.replication import connect
 from walstream.verify.hashing import quoted
 
@@ -63,50 +64,8 @@ class Side(ABC):
         import pyarrow as pa
 
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-        table = _decoded(table.select(self.shape.names))
+        table = plain(table.select(self.shape.names))
         return table.cast(self.shape.arrow_schema())
-
-
-def _plain(t: Any) -> Any:
-    """`t` with string and binary views (at any depth) as plain strings and binaries."""
-    import pyarrow as pa
-
-    if t == pa.string_view():
-        return pa.string()
-    if t == pa.binary_view():
-        return pa.binary()
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
-        return pa.list_(t.value_field.with_type(_plain(t.value_type)))
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_plain(f.type)) for f in t])
-    return t
-
-
-def _decoded(table: Any) -> Any:
-    """`table` with dictionary-encoded columns decoded, and string and binary views (at any
-    depth) as plain strings and binaries: delta-rs 1.x reads both, and pyarrow has no
-    `take` (which a filter or a dictionary's cast is) for views."""
-    import pyarrow as pa
-
-    def column(col: Any) -> Any:
-        t = col.type
-        if pa.types.is_dictionary(t):
-            values = _plain(t.value_type)
-            return pa.chunked_array(
-                [
-                    pa.DictionaryArray.from_arrays(c.indices, c.dictionary.cast(values)).cast(
-                        values
-                    )
-                    for c in col.chunks
-                ],
-                values,
-            )
-        plain = _plain(t)
-        return col if plain == t else col.cast(plain)
-
-    if all(not pa.types.is_dictionary(f.type) and _plain(f.type) == f.type for f in table.schema):
-        return table
-    return pa.table([column(c) for c in table.columns], names=table.column_names)
 
 
 class PostgresTable(Side):
@@ -224,7 +183,7 @@ class LakeTable(Side):
         selected = _Selected(where) if where is not None else None
         try:
             for read in reader:
-                batch = _decoded(pa.Table.from_batches([read]))  # before a filter takes
+                batch = plain(pa.Table.from_batches([read]))  # before a filter takes
                 if self.history:
                     batch = batch.filter(pc.fill_null(batch.column("is_current"), False))
                 if selected is not None and batch.num_rows:

@@ -103,6 +103,9 @@ class Pair:
     source: Side
     sink: Side
     estimate: int | None
+    #: The source's key columns, which the report's keys are of (a topic's: their texts
+    #: joined by `,`, the message key)
+    key: tuple[str, ...]
 
 
 def tables_of(plan: Plan, sink: SinkConfig, named: list[str]) -> list[tuple[str, str]]:
@@ -169,7 +172,7 @@ def pair(
         history = getattr(dest, "mode", None) == "history"
         snk = LakeTable("sink", table_sink, schema, table, shape, history, where)
         target = table_sink.target(schema, table)  # type: ignore[attr-defined]
-    return Pair(name, target, src, snk, estimate)
+    return Pair(name, target, src, snk, estimate, shape.key)
 
 
 def _topic_pair(
@@ -200,7 +203,8 @@ def _topic_pair(
         check_compacted(settings, dest.topic, sink.name)
         latest = shared["topic"] = Latest(settings, dest.topic, sink.format, (t.schema, t.name))
     src = SourceRecords(dsn, prepared, chunk_size, prepared.where)
-    return Pair(name, dest.topic, src, TopicTable(latest, t.schema, t.name), estimate)
+    sink_side = TopicTable(latest, t.schema, t.name)
+    return Pair(name, dest.topic, src, sink_side, estimate, tuple(t.pk))
 
 
 def repair_where(

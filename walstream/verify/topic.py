@@ -2,13 +2,13 @@
 
 What a consumer of a compacted topic ends up with is, per message key, the latest message:
 compaction keeps nothing else, and a delete (or a tombstone) removes the key. `Latest`
-reads the topic from its start to its end offsets now, and later only what was added, and
-keeps that per key. For a table, the sink's side is then each key's latest `record` whose
-message is of that table, verbatim; the source's side is each row's `record` as a backfill
-reads it (the decoder's codecs over the column texts: the bytes the stream sends for the
-same values), keyed as the sink keys its messages (the key values joined by `,`). Both are
-compared by the comparison of any other sink (`run.py`), over the columns `_key` and
-`record` of a `TableShape` of their own.
+reads the topic from its start to the end it has when asked, and later only what was
+added, and keeps that per key. For a table, the sink's side is then each key's latest
+`record` whose message is of that table, verbatim; the source's side is each row's
+`record` as a backfill reads it (the decoder's codecs over the column texts: the bytes the
+stream sends for the same values), keyed as the sink keys its messages (the key values
+joined by `,`). Both are compared by the comparison of any other sink (`run.py`), over the
+columns `_key` and `record` of a `TableShape` of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from walstream.verify.sides import Boundary, Side
 #: The client settings of a sink's `producer:` a consumer of its topic needs too.
 CLIENT_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "broker.", "client.")
 _RECORD_AT = len('{"record":')
+#: Seconds a producer's clock may be ahead of this one: a message with a timestamp later
+#: than this after a read began was sent after it (`Latest._read`).
+CLOCK_SKEW = 2.0
 
 
 def keyed_shape(schema: str, table: str) -> TableShape:
@@ -88,18 +91,22 @@ class Latest:
                     f"cannot read topic {self.topic}: {getattr(meta, 'error', 'no such topic')}",
                     "check that it exists (the sink creates it with create_topics: true)",
                 )
+            asked = time.time()
             starts = {}
             for p in meta.partitions:
                 low, _ = consumer.get_watermark_offsets(TopicPartition(self.topic, p), 30)
                 starts[p] = max(self.next.get(p, low), low)
-            self._read(consumer, starts)
+            self._read(consumer, starts, int((asked + CLOCK_SKEW) * 1000))
         finally:
             consumer.close()
 
-    def _read(self, consumer: Any, starts: dict[int, int]) -> None:
-        """Each partition's messages from `starts` to its end: until the broker says a fetch
-        reached it (not up to an end offset asked for before: tansu's answer lags behind
-        what it acknowledged, and compaction leaves gaps in the offsets)."""
+    def _read(self, consumer: Any, starts: dict[int, int], until: int) -> None:
+        """Each partition's messages from `starts` on, until the broker says a fetch reached
+        its end or a message is newer than `until` (ms since the epoch): every message sent
+        before the read began is then read, and a read while writes flow does not chase the
+        moving end (tansu's end offsets, listed or in a fetch, are those of the last batch's
+        first message: a read to them stops short, and its end-of-partition comes only when
+        no batch of several messages was added since the fetch)."""
         from confluent_kafka import KafkaError, TopicPartition
 
         consumer.assign([TopicPartition(self.topic, p, at) for p, at in starts.items()])
@@ -124,6 +131,8 @@ class Latest:
                 elif msg.offset() >= self.next.get(p, 0):
                     self.next[p] = msg.offset() + 1
                     self.latest[msg.key() or b""] = self._entry(msg.value())
+                    if msg.timestamp()[1] > until:
+                        left.discard(p)
         consumer.unassign()
 
     def _entry(self, value: bytes | None) -> tuple[str, str, str] | None:
