@@ -169,6 +169,8 @@ def _print(sink: str, outcome: Any) -> None:
         counts = [f"{len(v):,} {k}" for k, v in _kinds(r) if v]
         if r.repaired is not None:
             counts.append(f"{r.repaired:,} re-backfilled")
+        if r.removed:
+            counts.append(f"{r.removed:,} only in the sink deleted")
         out.add_row(
             escape(r.table),
             escape(r.target),

@@ -68,6 +68,32 @@ class DebeziumSettings:
     key_schemas: bool = True
     value_schemas: bool = True
 
+    def messages(
+        self,
+        prefix: str,
+        db: str,
+        schema: str,
+        table: str,
+        columns: list[PgColumn],
+        key: list[str],
+        keys: JsonConverter | None = None,
+        values: JsonConverter | None = None,
+    ) -> TableMessages:
+        """The record maker of one table under these settings."""
+        return TableMessages(
+            prefix,
+            db,
+            schema,
+            table,
+            columns,
+            key,
+            self.values,
+            key_converter=keys or JsonConverter(self.key_schemas),
+            value_converter=values or JsonConverter(self.value_schemas),
+            tombstones=self.tombstones,
+            placeholder=self.placeholder,
+        )
+
     @classmethod
     def of(cls, props: Mapping[str, Any] | None) -> DebeziumSettings:
         """From Debezium's property names; an unknown property or value is a ConfigError
@@ -171,19 +197,8 @@ class Records:
                     f"{c.schema}.{c.table} (OID {oid}) is no longer in the source's catalog: "
                     "Debezium's values need its column types"
                 )
-            s = self.settings
-            maker = TableMessages(
-                prefix,
-                self.db,
-                c.schema,
-                c.table,
-                columns,
-                key,
-                s.values,
-                key_converter=self._keys,
-                value_converter=self._values,
-                tombstones=s.tombstones,
-                placeholder=s.placeholder,
+            maker = self.settings.messages(
+                prefix, self.db, c.schema, c.table, columns, key, self._keys, self._values
             )
             found = self._tables[at] = (maker, topic(prefix, c.schema, c.table))
         return found

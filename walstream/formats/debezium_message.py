@@ -187,6 +187,10 @@ class TableMessages:
                 out[name] = col.value(values[name], raw.get(name), name in json_nulls)
         return out
 
+    def placeholders(self) -> dict[str, Any]:
+        """Per column sent, its value in a row whose unchanged TOAST value was left out."""
+        return {n: self._unavailable(c) for n, c in self.sent}
+
     def _unavailable(self, col: Column) -> Any:
         """The placeholder as Debezium sends it in a column of this type: the text, its
         bytes in base64, and in an array of integers its bytes as numbers."""

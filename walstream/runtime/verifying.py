@@ -115,6 +115,7 @@ class Schedule:
                 f"{r.table}: {len(r.missing)} missing, {len(r.extra)} only in the sink, "
                 f"{len(r.different)} different"
                 + (f", {r.repaired} re-backfilled" if r.repaired else "")
+                + (f", {r.removed} only in the sink deleted" if r.removed else "")
                 for r in different
             ),
             sink.name,

@@ -6,7 +6,9 @@ holds (`TableShape.arrow_schema`), by DuckDB's `hash` of the columns in order. I
 picks one of `buckets` buckets. A pass over one side sums, per bucket, its rows and their
 hashes: a sum does not depend on the order rows are read in, so each side is read the way
 it reads fastest. Equal sums: the bucket's rows are equal (but for a 2^-64 chance per
-bucket); different: that bucket's rows are compared key by key (`KeyHashes`, `compare`).
+bucket); different: that bucket's rows are compared key by key (`Hasher.keyed`, `compare`).
+Two Postgres tables (a Postgres mirror) are summed by Postgres instead, the same way on both
+(`sides.PostgresTable.sums`); their differing buckets' rows are compared here.
 """
 
 from __future__ import annotations

@@ -21,9 +21,8 @@ from walstream.config import Plan
 from walstream.errors import ConfigError, WalstreamError
 from walstream.secrets import scrub, secret_values
 from walstream.verify.run import Checkpoint, Position, State, TableResult, Verification
-from walstream.verify.sinks import pair, repair, sink_kind, tables_of
+from walstream.verify.sinks import Pair, pair, remove_extra, repair, sink_kind, tables_of
 from walstream.verify.store import DONE, FAILED, Cancelled, VerificationStore
-from walstream.verify.topic import equivalent
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +141,10 @@ def verify_sink(
             check = Verification(
                 p.source, p.sink, position, values=options.values, progress=say, checkpoint=kept
             )
-            if kind == "kafka":
-                check.equivalent = equivalent
+            check.equivalent = p.equivalent
             result = check.run(p.table, p.target, p.estimate)
             if options.repair:
-                _repair(plan, sc, p.key, check, result, options, say)
+                _repair(plan, sc, p, check, result, options, say)
             store.table_done(record.id, result.as_json(KEPT_KEYS), result.rows_different)
             kept.state = None
             results.append(result)
@@ -189,19 +187,26 @@ def _not_backfilling(plan: Plan, sink: str, names: list[tuple[str, str]]) -> Non
 def _repair(
     plan: Plan,
     sink: Any,
-    key: tuple[str, ...],
+    p: Pair,
     check: Verification,
     result: TableResult,
     options: Options,
     say: Callable[[str], None],
 ) -> None:
-    """Re-backfill the keys missing or different in the sink (`key`: the source's key
-    columns, see `Pair.key`), then keep those still so."""
+    """Re-backfill the keys missing or different in the sink (keyed as `p` says), delete
+    a Postgres mirror's rows the source does not have, then keep those still so."""
+    schema, _, name = result.table.partition(".")
+    if result.extra and sink_kind(sink) == "postgres":
+        result.removed = remove_extra(plan, sink, schema, name, result.extra)
+        say(f"{result.table}: {result.removed} row(s) only in the sink deleted")
+        gone = check.differing(result.extra)
+        result.extra = [k for k in result.extra if k in gone]
     keys = [*result.missing, *result.different]
     if not keys:
         return
-    schema, _, name = result.table.partition(".")
-    what = repair(plan, sink, schema, name, keys, key, options.wait * 10, say)
+    joined = p.joined
+    asked = keys if joined is None else [(joined(k[0]),) for k in keys]
+    what = repair(plan, sink, schema, name, asked, p.key, options.wait * 10, say)
     say(f"{result.table}: {what} delivered: checking the keys again")
     result.repaired = len(keys)
     still = check.differing(keys)

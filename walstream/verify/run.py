@@ -8,8 +8,8 @@ past it); the buckets whose sums differ are read again on both sides, row by row
 keys that differ are looked up again at a later position. A key is reported only when it
 differed twice while neither side's row changed (`Verification._settle`): a row that
 changed between the reads is checked again, and one that never stops changing is reported
-as unsettled, not as a difference. A pass over a Postgres side can be cut short and resumed after its last key
-range (`Checkpoint`, kept in the state database by `job.py`).
+as unsettled, not as a difference. A pass over a Postgres side can be cut short and
+resumed after its last key range (`Checkpoint`, kept in the state database by `job.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from walstream.backfill.read import read_ahead
 from walstream.errors import WalstreamError
 from walstream.verify.hashing import Differences, Hasher, Sums, compare
-from walstream.verify.sides import Boundary, Side
+from walstream.verify.sides import Boundary, PostgresTable, Side
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class TableResult:
     #: With values asked for: per key (as text), the source's row and the sink's.
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
     repaired: int | None = None  # keys re-backfilled (None: no repair asked)
+    removed: int | None = None  # rows only in the sink a repair deleted (a Postgres mirror)
     seconds: float = 0.0
 
     @property
@@ -160,6 +161,8 @@ class TableResult:
             out["values"] = self.values
         if self.repaired is not None:
             out["repaired"] = self.repaired
+        if self.removed is not None:
+            out["removed"] = self.removed
         return out
 
     @staticmethod
@@ -182,6 +185,7 @@ class TableResult:
             keys("unsettled"),
             seconds=data.get("seconds", 0.0),
             repaired=data.get("repaired"),
+            removed=data.get("removed"),
             incomplete=keys("incomplete"),
         )
 
@@ -224,6 +228,8 @@ class Verification:
         t0 = time.monotonic()
         shape = self.source.shape
         state = self.checkpoint.load(table)
+        if state is not None and state.get("hashing", "duckdb") != self._hashing():
+            state = None  # begun another way: its sums are not this one's
         direct = state is None and estimate is not None and estimate <= self.direct_rows
         buckets = 0 if direct else state["buckets"] if state else buckets_for(estimate)
         result = TableResult(table, target, buckets=buckets)
@@ -251,7 +257,7 @@ class Verification:
         """Each side's bucket sums: the source's, then the sink's once it caught up with the
         source; a pass cut short goes on from `state`."""
         table = result.table
-        base: State = {"table": table, "buckets": result.buckets}
+        base: State = {"table": table, "buckets": result.buckets, "hashing": self._hashing()}
         if state is not None and state["phase"] == "sink":
             src = Sums.from_json(state["source"])
         else:
@@ -275,15 +281,28 @@ class Verification:
         if state is not None and state.get(phase) is not None:
             sums, after = Sums.from_json(state[phase]), state["after"]
             self.progress(f"{at['table']}: {side.name}: resuming after {sums.rows:,} rows")
-        for item in read_ahead(side.batches(after)):
+        items: Iterator[Any]
+        if isinstance(side, PostgresTable) and self._hashing() == "postgres":
+            items = side.sums(at["buckets"], after)
+        else:
+            batches = read_ahead(side.batches(after))
+            items = (b if isinstance(b, Boundary) else hasher.sums(b) for b in batches)
+        for item in items:
             if isinstance(item, Boundary):
                 done = {"after": list(item.upto), phase: sums.as_json()}
                 other = {"source": src.as_json() if src is not None else None, "sink": None}
                 self.checkpoint.save(at | other | done)
                 continue
-            sums.add(hasher.sums(item))
+            sums.add(item)
             self.progress(f"{at['table']}: {side.name}: {sums.rows:,} rows hashed")
         return sums
+
+    def _hashing(self) -> str:
+        """Who sums a side's rows: "postgres" when both sides are Postgres tables (each
+        server hashes its rows' text, `PostgresTable.sums`: nothing but the sums crosses
+        the network), else "duckdb" over the rows in the sink's types (`Hasher`)."""
+        both = isinstance(self.source, PostgresTable) and isinstance(self.sink, PostgresTable)
+        return "postgres" if both else "duckdb"
 
     def _keyed(self, hasher: Hasher, batches: Iterator[Any], buckets: set[int] | None) -> Any:
         import pyarrow as pa
@@ -300,9 +319,16 @@ class Verification:
         counts go into `result`), the sink read once it has caught up with the source."""
         what = "every row" if buckets is None else f"the rows of {len(buckets):,} bucket(s)"
         self.progress(f"{result.table}: comparing {what}")
-        source = self._keyed(hasher, self.source.batches(), buckets)
+
+        def rows(side: Side) -> Any:
+            if buckets is not None and self._hashing() == "postgres":
+                assert isinstance(side, PostgresTable)
+                return self._keyed(hasher, side.batches_of(result.buckets, buckets), None)
+            return self._keyed(hasher, side.batches(), buckets)
+
+        source = rows(self.source)
         self.position.reach()
-        sink = self._keyed(hasher, self.sink.batches(), buckets)
+        sink = rows(self.sink)
         if buckets is None:
             result.source_rows, result.sink_rows = source.num_rows, sink.num_rows
         return compare(source, sink, hasher.key)

@@ -4,9 +4,10 @@ A side gives every row it has now (`batches`: Arrow in the sink's column types, 
 or file batch at a time, in whatever order it reads fastest; a Postgres side marks the end
 of each key range with a `Boundary`, where a pass can resume) and the rows of some keys
 (`rows`). `where` (a backfill predicate) keeps a pass to the rows it selects: Postgres
-evaluates it on a Postgres side, DuckDB on a lake table's rows. A Postgres table (the source, or a Postgres mirror's copy of it) is read with
-ADBC in the backfill's key-range chunks, each in a short READ ONLY transaction of its own:
-nothing is locked and no snapshot is held across a pass. A lake table is read by the
+evaluates it on a Postgres side, DuckDB on a lake table's rows. A Postgres table (the
+source, or a Postgres mirror's copy of it) is read with ADBC in the backfill's key-range
+chunks, each in a short READ ONLY transaction of its own: nothing is locked and no snapshot
+is held across a pass. A lake table is read by the
 library of its format, which applies its deletion vectors or delete files (`TableSink.scan`).
 """
 
@@ -118,6 +119,77 @@ class PostgresTable(Side):
             finally:
                 reader.close()
 
+    def sums(self, buckets: int, after: Key | None = None) -> Iterator[Any]:
+        """Per key range (`Boundary` after each), each bucket's rows and sum of row hashes
+        as Postgres computes them (`row_hash`, `bucket_of`): nothing but the sums leaves
+        the server, and SUM_CONNECTIONS connections hash as many key ranges at a time."""
+        from collections import deque
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        with connect(self.dsn, autocommit=True) as conn:
+            table = self._describe(conn)
+            if table is None:
+                return
+            workers = [connect(self.dsn, autocommit=True) for _ in range(SUM_CONNECTIONS)]
+            free = list(workers)
+
+            def run(r: Any) -> tuple[list[tuple[int, int, int]], Any]:
+                worker = free.pop()
+                try:
+                    query, params = _sums_query(table, self.shape, r, self.where, buckets)
+                    rows = worker.execute(query, params).fetchall()
+                finally:
+                    free.append(worker)
+                return [(int(b), int(n), int(h)) for b, n, h in rows], r
+
+            def done(future: Future[Any]) -> Iterator[Any]:
+                parts, r = future.result()
+                yield parts
+                if r.upto is not None:
+                    yield Boundary(r.upto)
+
+            try:
+                with ThreadPoolExecutor(SUM_CONNECTIONS) as pool:
+                    running: deque[Future[Any]] = deque()  # in key order: one per connection
+                    for r in plan(conn, table, self.chunk_size, self.where, after):
+                        running.append(pool.submit(run, r))
+                        if len(running) == SUM_CONNECTIONS:
+                            yield from done(running.popleft())
+                    while running:
+                        yield from done(running.popleft())
+            finally:
+                for worker in workers:
+                    worker.close()
+
+    def batches_of(self, buckets: int, wanted: set[int]) -> Iterator[Any]:
+        """The rows of `wanted` buckets (of `buckets`, as `sums` places them): their keys
+        found by Postgres, then the rows of those keys."""
+        import pyarrow as pa
+
+        with connect(self.dsn, autocommit=True) as conn:
+            table = self._describe(conn)
+            if table is None:
+                return
+            texts = [
+                sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"_k{i}"))
+                for i, k in enumerate(table.pk)
+            ]
+            bucket = sql.SQL("{} AS _walstream_bucket").format(bucket_of(table.pk, buckets))
+            for r in plan(conn, table, self.chunk_size, self.where):
+                query, params = chunk_query(table, r, self.where, [*texts, bucket])
+                picked = sql.SQL("SELECT * FROM ({}) s WHERE _walstream_bucket = ANY({})").format(
+                    query, sql.Literal(sorted(wanted))
+                )
+                found = conn.execute(picked, params).fetchall()
+                if found:
+                    keys = pa.table(
+                        {
+                            k: pa.array([f[i] for f in found], pa.string())
+                            for i, k in enumerate(table.pk)
+                        }
+                    )
+                    yield from self.rows(keys)
+
     def rows(self, keys: Any) -> Iterator[Any]:
         import psycopg
         import pyarrow as pa
@@ -139,6 +211,36 @@ class PostgresTable(Side):
                         yield self._typed(batch)
             finally:
                 reader.close()
+
+
+#: Connections a Postgres side's sums are computed on, each a key range at a time.
+SUM_CONNECTIONS = 2
+
+
+def row_hash(columns: list[str]) -> sql.Composed:
+    """A row's hash in Postgres: of its columns' text, as a row (NULL and '' differ). The
+    text of times, floats and bytes depends on the session: `connect` sets walstream's
+    (`decode.types.SESSION_SETTINGS`) on every connection, on both sides alike."""
+    return sql.SQL("hashtextextended(ROW({})::text, 0)").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    )
+
+
+def bucket_of(key: list[str], buckets: int) -> sql.Composed:
+    """A row's bucket in Postgres: its key's hash, modulo `buckets` (not negative)."""
+    n = sql.Literal(int(buckets))
+    return sql.SQL("mod(mod({}, {}) + {}, {})").format(row_hash(key), n, n, n)
+
+
+def _sums_query(
+    table: Table, shape: TableShape, r: Any, where: Predicate | None, buckets: int
+) -> tuple[sql.Composed, list[str]]:
+    inner = [
+        sql.SQL("{} AS b").format(bucket_of(table.pk, buckets)),
+        sql.SQL("{} AS h").format(row_hash(shape.names)),
+    ]
+    query, params = chunk_query(table, r, where, inner)
+    return sql.SQL("SELECT b, count(*), sum(h) FROM ({}) s GROUP BY b").format(query), params
 
 
 def _lookup(table: Table, shape: TableShape) -> sql.Composed:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from walstream.backfill.predicate import Predicate
@@ -70,8 +71,10 @@ def sink_kind(sink: SinkConfig) -> str:
 def _kafka_why(sink: SinkConfig) -> str | None:
     """Why a Kafka sink's topic cannot be compared with its source, if it cannot."""
     dest: Any = sink.destination.unwrapped()
-    if sink.format == "debezium":
-        return "format debezium's records are not compared with the source yet"
+    if sink.format == "debezium":  # a topic per table, or the one named
+        if dest.route_expression() is not None or sink.transform is not None:
+            return "its topic or messages are expressions of its own, not Debezium's records"
+        return None
     if dest.topic is None or dest.route_expression() is not None:
         return "its topic is an expression: verify compares one named topic"
     if not sink.plain_messages() and (sink.transform or not dest.default_key()):
@@ -106,6 +109,12 @@ class Pair:
     #: The source's key columns, which the report's keys are of (a topic's: their texts
     #: joined by `,`, the message key)
     key: tuple[str, ...]
+    #: A topic's: of two sides' rows, the keys equal but for what its messages leave out
+    #: (`Verification.equivalent`).
+    equivalent: Callable[[list[Any], list[Any]], set[Any]] | None = None
+    #: A topic's whose report keys are not the key columns' texts joined by `,`: a report
+    #: key as those texts (format debezium's keys are the key's JSON).
+    joined: Callable[[str], str] | None = None
 
 
 def tables_of(plan: Plan, sink: SinkConfig, named: list[str]) -> list[tuple[str, str]]:
@@ -192,19 +201,89 @@ def _topic_pair(
         TopicTable,
         check_compacted,
         consumer_settings,
+        debezium_rows,
+        equivalent,
     )
 
     dest: Any = sink.destination.unwrapped()
     shared = {} if shared is None else shared
-    latest = shared.get("topic")
     t = prepared.table
+    records = None
+    if sink.format == "debezium":
+        records, topic = debezium_rows(sink, dsn, t)
+    else:
+        topic = dest.topic
+    latest = shared.get(topic)
     if latest is None:
         settings = consumer_settings(dest)
-        check_compacted(settings, dest.topic, sink.name)
-        latest = shared["topic"] = Latest(settings, dest.topic, sink.format, (t.schema, t.name))
-    src = SourceRecords(dsn, prepared, chunk_size, prepared.where)
+        check_compacted(settings, topic, sink.name)
+        latest = shared[topic] = Latest(settings, topic, sink.format, (t.schema, t.name))
+    src = SourceRecords(dsn, prepared, chunk_size, prepared.where, records)
     sink_side = TopicTable(latest, t.schema, t.name)
-    return Pair(name, dest.topic, src, sink_side, estimate, tuple(t.pk))
+    alike = equivalent if records is None else records.equivalent
+    joined = None if records is None else records.joined
+    return Pair(name, topic, src, sink_side, estimate, tuple(t.pk), alike, joined)
+
+
+def remove_extra(
+    plan: Plan, sink: SinkConfig, schema: str, table: str, keys: list[tuple[Any, ...]]
+) -> int:
+    """Delete from a Postgres mirror's copy of `schema.table` the rows of `keys` the source
+    does not have now: the rows only in the sink. How many it deleted.
+
+    Under a lock on the copy that the sink's writes wait for (SHARE ROW EXCLUSIVE): the
+    copy stays at the position its pipeline had applied, the source is asked after that,
+    and a key the source lacks at a later position than the copy's is right to delete —
+    a change of it still in flight ends with the key gone (a delete of a row the copy no
+    longer has removes nothing; an update before it is undone by it), and a key the source
+    has again is left for the stream to bring."""
+    from walstream.backfill.chunks import describe
+
+    source = plan.source(sink.source)
+    dest: Any = sink.destination.unwrapped()
+    target = sql.Identifier(getattr(dest, "schema_", None) or schema, table)
+    texts = [[_text(k[i]) for k in keys] for i in range(len(keys[0]) if keys else 0)]
+    with connect(dest.dsn.get_secret_value()) as mirror, mirror.transaction():
+        mirror.execute("SET LOCAL lock_timeout = '60s'")
+        try:
+            mirror.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(target))
+        except psycopg.errors.LockNotAvailable:
+            raise WalstreamError(
+                f"sink {sink.name}: {schema}.{table}'s copy stayed locked by another "
+                "transaction for 60s, so its rows only in the sink were not deleted",
+                "find what holds it (pg_locks), and verify --repair again",
+            ) from None
+        with connect(source.dsn.get_secret_value(), autocommit=True) as conn:
+            t = describe(conn, schema, table)
+            absent = conn.execute(_absent(t.ident, t.pk, t.pk_types), texts).fetchall()
+        gone = [keys[int(i) - 1] for (i,) in absent]
+        if not gone:
+            return 0
+        texts = [[_text(k[i]) for k in gone] for i in range(len(t.pk))]
+        asked = sql.SQL("SELECT * FROM unnest({})").format(
+            sql.SQL(", ").join(sql.SQL("%s::text[]::" + ty + "[]") for ty in t.pk_types)
+        )
+        pk = sql.SQL(", ").join(sql.Identifier(k) for k in t.pk)
+        deleted = mirror.execute(
+            sql.SQL("DELETE FROM {} WHERE ({}) IN ({})").format(target, pk, asked), texts
+        )
+        return deleted.rowcount
+
+
+def _absent(table: sql.Composable, pk: list[str], types: list[str]) -> sql.Composed:
+    """The ordinals (from 1) of the keys given as text arrays, one per key column, that
+    `table` has no row of: compared in the key's types, by Postgres."""
+    names = [sql.Identifier(f"_k{i}") for i in range(len(pk))]
+    return sql.SQL(
+        "SELECT a._i FROM unnest({}) WITH ORDINALITY AS a({}, _i) "
+        "WHERE NOT EXISTS (SELECT 1 FROM {} t WHERE ({}) = ({}))"
+    ).format(
+        sql.SQL(", ").join(sql.SQL("%s::text[]::" + ty + "[]") for ty in types),
+        sql.SQL(", ").join(names),
+        table,
+        sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in pk),
+        sql.SQL(", ").join(sql.SQL("a.{}").format(n) for n in names),
+    )
 
 
 def repair_where(
@@ -232,6 +311,8 @@ def _text(v: Any) -> str:
         return v.isoformat()
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, bytes):
+        return "\\x" + v.hex()
     return str(v)
 
 

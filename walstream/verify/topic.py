@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
+
 from walstream.backfill.chunks import Key, Table, chunk_query, plan
 from walstream.backfill.predicate import Predicate
 from walstream.decode.table_shape import Column, TableShape
@@ -138,6 +140,13 @@ class Latest:
     def _entry(self, value: bytes | None) -> tuple[str, str, str] | None:
         if value is None:
             return None  # a tombstone
+        if self.fmt == "debezium":
+            payload = _payload(orjson.loads(value))
+            after = payload.get("after")
+            if payload.get("op") == "d" or after is None:
+                return None  # a delete (or a truncate, which has no key)
+            source = payload["source"]
+            return source["schema"], source["table"], orjson.dumps(after).decode()
         text = value.decode()
         if self.fmt == "record":
             return (*self.table, text)
@@ -151,10 +160,24 @@ class Latest:
     def of(self, schema: str, table: str) -> dict[str, str]:
         """The table's rows a consumer has: message key -> record."""
         return {
-            k.decode(): e[2]
+            self._key(k): e[2]
             for k, e in self.latest.items()
             if e is not None and e[0] == schema and e[1] == table
         }
+
+    def _key(self, raw: bytes) -> str:
+        """A message key as the report lists it: as it is, or a Debezium key's JSON (its
+        payload, without the schema)."""
+        if self.fmt != "debezium":
+            return raw.decode()
+        return orjson.dumps(_payload(orjson.loads(raw))).decode()
+
+
+def _payload(message: Any) -> Any:
+    """A Kafka Connect JSON record's payload: with schemas on, `{"schema", "payload"}`."""
+    if isinstance(message, dict) and message.keys() == {"schema", "payload"}:
+        return message["payload"]
+    return message
 
 
 class TopicTable(Side):
@@ -188,11 +211,17 @@ class SourceRecords(Side):
     (`values.columns.records`, as a backfill reads a chunk), in key ranges."""
 
     def __init__(
-        self, dsn: str, prepared: Any, chunk_size: int, where: Predicate | None = None
+        self,
+        dsn: str,
+        prepared: Any,
+        chunk_size: int,
+        where: Predicate | None = None,
+        debezium: DebeziumRows | None = None,
     ) -> None:
         table: Table = prepared.table
         super().__init__("source", keyed_shape(table.schema, table.name), where)
         self.dsn, self.prepared, self.chunk_size = dsn, prepared, chunk_size
+        self.debezium = debezium  # format debezium: each row as its record's key and after
 
     def _codecs(self) -> list[Any]:
         from walstream.decode.types import TypeRegistry
@@ -205,13 +234,17 @@ class SourceRecords(Side):
 
         from walstream.backfill.adbc import fetch_batches
         from walstream.formats.keys import message_keys
-        from walstream.values.columns import records
+        from walstream.values.columns import json_nulls, records
 
         t = self.prepared.table
         codecs = self._codecs()
         for batch in fetch_batches(reader, query):
             record, pk = records(batch.columns, t.columns, codecs, self.prepared.key_idx)
-            yield pa.table({"_key": message_keys(pk), "record": record})
+            if self.debezium is None:
+                yield pa.table({"_key": message_keys(pk), "record": record})
+            else:
+                nulls = json_nulls(batch.columns, t.columns, codecs)
+                yield self.debezium.table(record, nulls)
 
     def _select(self) -> list[Any]:
         from walstream.values.columns import select_texts
@@ -250,6 +283,8 @@ class SourceRecords(Side):
         wanted = keys.column("_key").to_pylist()
         if not wanted:
             return
+        if self.debezium is not None:
+            wanted = [self.debezium.joined(k) for k in wanted]
         joined = sql.SQL("concat_ws(',', {})").format(
             sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in t.pk)
         )
@@ -265,10 +300,14 @@ class SourceRecords(Side):
                 reader.close()
 
 
-def equivalent(source: list[Any], sink: list[Any]) -> set[tuple[str]]:
+def equivalent(
+    source: list[Any], sink: list[Any], placeholders: dict[str, Any] | None = None
+) -> set[tuple[str]]:
     """Of the rows of both sides, the keys whose sink record equals the source's on every
     column it has, leaving some out: an update's record without its unchanged TOASTed
-    values, which the key's earlier messages had (compaction removed them)."""
+    values, which the key's earlier messages had (compaction removed them). With
+    `placeholders` (format debezium: per column, the value it sends for one left out),
+    the record has every column, those left out holding their placeholder."""
 
     def records(tables: list[Any]) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -283,6 +322,78 @@ def equivalent(source: list[Any], sink: list[Any]) -> set[tuple[str]]:
     for key, text in have.items():
         if key in want and text is not None and want[key] is not None:
             full, part = json.loads(want[key]), json.loads(text)
+            if placeholders is not None:  # the columns left out, and the rest as the source's
+                out = {c for c, v in part.items() if c in placeholders and v == placeholders[c]}
+                part = {c: v for c, v in part.items() if c not in out or full.get(c) == v}
             if set(part) < set(full) and all(full[c] == v for c, v in part.items()):
                 alike.add((key,))
     return alike
+
+
+#: Key column types whose value in a Debezium key is the column's text (as JSON): what
+#: verify maps a key back to its row by.
+TEXT_KEYS = frozenset({"int2", "int4", "int8", "text", "varchar", "uuid", "bool"})
+
+
+class DebeziumRows:
+    """A table's rows as format debezium's records carry them: the key's payload and the
+    value's `after` (`TableMessages.row` over the record a backfill reads), compact JSON."""
+
+    def __init__(self, maker: Any, pk: list[str]) -> None:
+        self.maker, self.pk = maker, pk
+        #: Per column Debezium sends, its value for an unchanged TOASTed one left out.
+        self.placeholders = maker.placeholders()
+
+    def table(self, record: Any, nulls: Any) -> Any:
+        import pyarrow as pa
+
+        keys, rows = [], []
+        for text, null in zip(record.to_pylist(), nulls.to_pylist(), strict=True):
+            row = self.maker.row(text, null or ())
+            keys.append(orjson.dumps(self.maker.key_of(row)).decode())
+            rows.append(orjson.dumps(row).decode())
+        return pa.table(
+            {"_key": pa.array(keys, pa.string()), "record": pa.array(rows, pa.string())}
+        )
+
+    def joined(self, key: str) -> str:
+        """A report key (the key's JSON) as the key columns' texts joined by `,`."""
+        values = orjson.loads(key)
+        return ",".join(_text(values[c]) for c in self.pk)
+
+    def equivalent(self, source: list[Any], sink: list[Any]) -> set[tuple[str]]:
+        return equivalent(source, sink, self.placeholders)
+
+
+def _text(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def debezium_rows(sink: Any, dsn: str, table: Table) -> tuple[DebeziumRows, str]:
+    """A format debezium sink's records of `table`, and the topic they go to; a ConfigError
+    for a table whose key verify cannot map back to its rows."""
+    from walstream.formats.debezium import topic
+    from walstream.formats.debezium_types import load_columns, load_key
+
+    settings = sink.debezium_settings()
+    prefix = settings.prefix or sink.source
+    with connect(dsn, autocommit=True) as conn:
+        columns, key = load_columns(conn, table.oid), load_key(conn, table.oid)
+    types = {c.name: c for c in columns}
+    odd = [k for k in key if types[k].array or types[k].type not in TEXT_KEYS]
+    if not key or odd:
+        why = (
+            "has no primary key (Debezium's records of it have no key)"
+            if not key
+            else f"has key column {odd[0]} of type {types[odd[0]].type}, which Debezium's "
+            "key holds in a form verify does not map back to a row yet"
+        )
+        raise ConfigError(
+            f"sink {sink.name} cannot be verified: table {table.qualified} {why}",
+            "leave the table out (--table names the others), or verify a mirror of it",
+        )
+    maker = settings.messages(prefix, "", table.schema, table.name, columns, key)
+    dest = sink.destination.unwrapped()
+    return DebeziumRows(maker, list(table.pk)), dest.topic or topic(
+        prefix, table.schema, table.name
+    )
