@@ -7,8 +7,8 @@ of each key range with a `Boundary`, where a pass can resume) and the rows of so
 evaluates it on a Postgres side, DuckDB on a lake table's rows. A Postgres table (the
 source, or a Postgres mirror's copy of it) is read with ADBC in the backfill's key-range
 chunks, each in a short READ ONLY transaction of its own: nothing is locked and no snapshot
-is held across a pass. A lake table is read by the
-library of its format, which applies its deletion vectors or delete files (`TableSink.scan`).
+is held across a pass. A lake table is read by the library of its format, which applies
+its deletion vectors or delete files (`TableSink.scan`).
 """
 
 from __future__ import annotations
@@ -243,13 +243,19 @@ def _sums_query(
     return sql.SQL("SELECT b, count(*), sum(h) FROM ({}) s GROUP BY b").format(query), params
 
 
+def key_arrays(types: list[str]) -> sql.Composed:
+    """Parameters for keys given as text arrays, one per key column, each cast to an array
+    of its column's type (`types`: as `format_type` names them, from the catalog)."""
+    return sql.SQL(", ").join(sql.SQL("%s::text[]::" + t + "[]") for t in types)
+
+
 def _lookup(table: Table, shape: TableShape) -> sql.Composed:
     """The rows whose key is among arrays of key texts, one array per key column."""
     return sql.SQL("SELECT {} FROM {} WHERE ({}) IN (SELECT * FROM unnest({}))").format(
         sql.SQL(", ").join(select_list(shape)),
         table.ident,
         sql.SQL(", ").join(sql.Identifier(k) for k in table.pk),
-        sql.SQL(", ").join(sql.SQL("%s::text[]::" + t + "[]") for t in table.pk_types),
+        key_arrays(table.pk_types),
     )
 
 

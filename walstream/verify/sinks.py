@@ -22,7 +22,7 @@ from walstream.config import Plan, SinkConfig
 from walstream.decode.table_shape import TableShape, load_shape
 from walstream.errors import ConfigError, WalstreamError
 from walstream.postgres.replication import connect
-from walstream.verify.sides import LakeTable, PostgresTable, Side
+from walstream.verify.sides import LakeTable, PostgresTable, Side, key_arrays
 
 #: A repair's `where` (a backfill predicate) stays under the predicate's length limit; more
 #: keys than fit re-backfill the whole table.
@@ -260,9 +260,7 @@ def remove_extra(
         if not gone:
             return 0
         texts = [[_text(k[i]) for k in gone] for i in range(len(t.pk))]
-        asked = sql.SQL("SELECT * FROM unnest({})").format(
-            sql.SQL(", ").join(sql.SQL("%s::text[]::" + ty + "[]") for ty in t.pk_types)
-        )
+        asked = sql.SQL("SELECT * FROM unnest({})").format(key_arrays(t.pk_types))
         pk = sql.SQL(", ").join(sql.Identifier(k) for k in t.pk)
         deleted = mirror.execute(
             sql.SQL("DELETE FROM {} WHERE ({}) IN ({})").format(target, pk, asked), texts
@@ -278,7 +276,7 @@ def _absent(table: sql.Composable, pk: list[str], types: list[str]) -> sql.Compo
         "SELECT a._i FROM unnest({}) WITH ORDINALITY AS a({}, _i) "
         "WHERE NOT EXISTS (SELECT 1 FROM {} t WHERE ({}) = ({}))"
     ).format(
-        sql.SQL(", ").join(sql.SQL("%s::text[]::" + ty + "[]") for ty in types),
+        key_arrays(types),
         sql.SQL(", ").join(names),
         table,
         sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in pk),
