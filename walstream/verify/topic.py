@@ -73,12 +73,15 @@ def check_compacted(settings: dict[str, Any], topic: str, sink: str) -> None:
 
 class Latest:
     """Per message key, the latest message of a topic: (schema, table, record) or None
-    (a delete or a tombstone). `catch_up()` reads what was added since the last call."""
+    (a delete or a tombstone). `catch_up()` reads what was added since the last call.
+    Keys are what they mean (`_key`): a Debezium key written in other bytes (its fields
+    spaced or ordered otherwise) is the same key, as a consumer applying the records
+    takes it."""
 
     def __init__(self, settings: dict[str, Any], topic: str, fmt: str, table: tuple[str, str]):
         self.settings, self.topic, self.fmt = settings, topic, fmt
         self.table = table  # a `record` message does not say its table: the sink's only one
-        self.latest: dict[bytes, tuple[str, str, str] | None] = {}
+        self.latest: dict[str, tuple[str, str, str] | None] = {}
         self.next: dict[int, int] = {}  # partition -> the offset to read from
 
     def catch_up(self) -> None:
@@ -106,9 +109,8 @@ class Latest:
         """Each partition's messages from `starts` on, until the broker says a fetch reached
         its end or a message is newer than `until` (ms since the epoch): every message sent
         before the read began is then read, and a read while writes flow does not chase the
-        moving end (tansu's end offsets, listed or in a fetch, are those of the last batch's
-        first message: a read to them stops short, and its end-of-partition comes only when
-        no batch of several messages was added since the fetch)."""
+        moving end (an end reached comes only when nothing was added since the fetch; the
+        end offsets tansu lists are not the end: they point into its last batch)."""
         from confluent_kafka import KafkaError, TopicPartition
 
         consumer.assign([TopicPartition(self.topic, p, at) for p, at in starts.items()])
@@ -132,10 +134,14 @@ class Latest:
                     raise WalstreamError(f"reading topic {self.topic}: {error}", "verify again")
                 elif msg.offset() >= self.next.get(p, 0):
                     self.next[p] = msg.offset() + 1
-                    self.latest[msg.key() or b""] = self._entry(msg.value())
+                    self.add(msg.key(), msg.value())
                     if msg.timestamp()[1] > until:
                         left.discard(p)
         consumer.unassign()
+
+    def add(self, key: bytes | None, value: bytes | None) -> None:
+        """One message, read after those before it."""
+        self.latest[self._key(key or b"")] = self._entry(value)
 
     def _entry(self, value: bytes | None) -> tuple[str, str, str] | None:
         if value is None:
@@ -160,17 +166,26 @@ class Latest:
     def of(self, schema: str, table: str) -> dict[str, str]:
         """The table's rows a consumer has: message key -> record."""
         return {
-            self._key(k): e[2]
+            k: e[2]
             for k, e in self.latest.items()
             if e is not None and e[0] == schema and e[1] == table
         }
 
     def _key(self, raw: bytes) -> str:
         """A message key as the report lists it: as it is, or a Debezium key's JSON (its
-        payload, without the schema)."""
-        if self.fmt != "debezium":
-            return raw.decode()
-        return orjson.dumps(_payload(orjson.loads(raw))).decode()
+        payload without the schema, fields in name order: `key_json`). A key that is not
+        what the format writes stays as it is (it is then a key the source lacks)."""
+        if self.fmt == "debezium":
+            try:
+                return key_json(_payload(orjson.loads(raw)))
+            except orjson.JSONDecodeError:
+                pass
+        return raw.decode(errors="backslashreplace")
+
+
+def key_json(payload: Any) -> str:
+    """A Debezium key's payload as one text per key: compact JSON, fields in name order."""
+    return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _payload(message: Any) -> Any:
@@ -350,7 +365,7 @@ class DebeziumRows:
         keys, rows = [], []
         for text, null in zip(record.to_pylist(), nulls.to_pylist(), strict=True):
             row = self.maker.row(text, null or ())
-            keys.append(orjson.dumps(self.maker.key_of(row)).decode())
+            keys.append(key_json(self.maker.key_of(row)))
             rows.append(orjson.dumps(row).decode())
         return pa.table(
             {"_key": pa.array(keys, pa.string()), "record": pa.array(rows, pa.string())}
