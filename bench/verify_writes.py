@@ -4,7 +4,7 @@
 
 1. On an embedded Postgres, the acct table of the tests (tests/lake.py: a composite key
    with text, TOASTed text, arrays with NULLs, jsonb edge values, an enum, NULLs) with
-   ROWS rows; one row in 20 holds a 6 kB TOASTed value (all of them: 6 GB).
+   ROWS rows; one row in 20 holds a 6 kB TOASTed value (300 MB of them at 1M rows).
 2. `walstream run` (the Runtime, `local[2]`) with a Postgres mirror and a merge-on-read
    Delta mirror, both backfilled on creation.
 3. Once both are, the tests' RealWriter writes until the end: updates leaving the TOASTed

@@ -95,3 +95,16 @@ def test_a_key_the_sink_has_twice_differs_whatever_its_rows():
     sink = pa.table({"k": ["a", "b", "b"], "_h": pa.array([1, 2, 2], pa.uint64())})
     found = compare(source, sink, ["k"])
     assert (found.missing, found.extra, found.different) == ({}, {}, {("b",): (2, SEVERAL)})
+
+
+def test_a_lake_scan_is_hashed_in_large_gathered_batches_with_every_row():
+    """A lake reader's small batches are handed on gathered (each hash query costs as much
+    for 8 rows as for many), every row once and in order; a batch of another schema (a
+    file written with other encodings) starts a new table rather than failing."""
+    from walstream.verify.sides import gathered
+
+    small = [pa.record_batch({"id": pa.array(range(i, i + 3), pa.int64())}) for i in (0, 3, 6)]
+    viewed = pa.record_batch({"id": pa.array([9, 10], pa.int64()), "t": pa.array(["a", "b"])})
+    got = list(gathered(iter([*small, viewed, viewed]), 5))
+    assert [t.num_rows for t in got] == [6, 3, 4]
+    assert [v for t in got for v in t.column("id").to_pylist()] == [*range(11), 9, 10]
