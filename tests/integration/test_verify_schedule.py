@@ -143,6 +143,8 @@ def test_scheduled_verification_health_where_kill_and_cancel(spark, db, tmp_path
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait(30)
         assert store.dead(store.get(cut.id))
+        # /health shows it (its snapshot is up to a second old: the kill can come sooner)
+        wait_until(lambda: sink_of(url)["verification"]["id"] == cut.id, 10, interval=0.2)
         assert sink_of(url)["verification"]["status"] == "running"
 
         # Another one takes it over, and is cancelled from another shell.

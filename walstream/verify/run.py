@@ -37,6 +37,10 @@ def buckets_for(rows: int | None) -> int:
     return max(64, min(65_536, (rows or 0) // ROWS_PER_BUCKET))
 
 
+#: Seconds between the heartbeats `Position.reach` writes while it waits.
+NUDGE = 0.5
+
+
 class Position:
     """Where the source's slots are: `reach()` returns once every slot of the sink's source
     has confirmed a heartbeat written now, so the sink has applied every change committed
@@ -57,18 +61,29 @@ class Position:
         self.tick = tick  # called while it waits (a verification's heartbeat)
 
     def reach(self) -> int:
+        """Wait until the sink applied every change committed before now; the heartbeat's LSN.
+
+        Spark commits a batch's end to the source only when it plans the next batch, so on
+        an idle source the batch holding the heartbeat would be confirmed at the next
+        change or walstream's own next heartbeat, seconds later: while it waits, another
+        heartbeat is written every NUDGE seconds (a few bytes of WAL each)."""
         from walstream.capture.reader import HEARTBEAT_PREFIX
         from walstream.change import format_lsn, parse_lsn
         from walstream.postgres.replication import connect
 
-        body = json.dumps({"verify": True, "at": time.time()})
-        with connect(self.writes_dsn, autocommit=True) as primary:
+        def beat(primary: Any) -> int:
+            body = json.dumps({"verify": True, "at": time.time()})
             row = primary.execute(
                 "SELECT pg_logical_emit_message(true, %s, %s)::text", (HEARTBEAT_PREFIX, body)
             ).fetchone()
             assert row is not None
-            mark = parse_lsn(row[0])
-        with connect(self.dsn, autocommit=True) as conn:
+            return parse_lsn(row[0])
+
+        with (
+            connect(self.writes_dsn, autocommit=True) as primary,
+            connect(self.dsn, autocommit=True) as conn,
+        ):
+            mark, nudged = beat(primary), time.monotonic()
             deadline = time.monotonic() + self.timeout
             while True:
                 rows = conn.execute(
@@ -94,6 +109,9 @@ class Position:
                         "is `walstream run` running, and the sink not paused (`walstream "
                         "status`)? Verify again once it has caught up, or give more --wait",
                     )
+                if time.monotonic() - nudged >= NUDGE:
+                    beat(primary)
+                    nudged = time.monotonic()
                 self.tick()
                 time.sleep(0.2)
 

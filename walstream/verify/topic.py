@@ -87,7 +87,13 @@ class Latest:
     def catch_up(self) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        reading = {"group.id": "walstream-verify", "enable.auto.commit": False}
+        # a fetch at a partition's end is answered when data comes or this passed: the
+        # end (which stops the read) is then known at once, not after librdkafka's 500 ms
+        reading = {
+            "group.id": "walstream-verify",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
+        }
         consumer = Consumer(self.settings | reading | {"enable.partition.eof": True})
         try:
             meta = consumer.list_topics(self.topic, timeout=30).topics.get(self.topic)
@@ -117,8 +123,9 @@ class Latest:
         self.next.update(starts)
         left, heard = set(starts), time.monotonic()
         while left:
-            # a short wait: consume() waits for its whole count until the timeout
-            got = consumer.consume(1_000, timeout=1.0)
+            # consume() returns once it has its count or its timeout passed: a topic's last
+            # few hundred messages (and the end) would each cost the whole wait
+            got = consumer.consume(1_000, timeout=0.1)
             if not got and time.monotonic() - heard > 30:
                 raise WalstreamError(
                     f"reading topic {self.topic}: partition(s) {sorted(left)} did not reach "
