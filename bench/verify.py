@@ -33,32 +33,20 @@ from walstream.decode.table_shape import load_shape
 from walstream.postgres.embedded import EmbeddedPostgres
 from walstream.postgres.replication import connect
 from walstream.sinks.registry import sink_for
+from walstream.testing import AtRest
+from walstream.testing import copy_table as copy
 from walstream.verify.run import Verification
 from walstream.verify.sides import Boundary, LakeTable, PostgresTable
 
 CHUNK = 100_000
 
 
-class Still:
-    """No stream: both copies are at rest, so a position is reached at once."""
-
-    def reach(self) -> int:
-        return 0
-
-
 def copy_table(dsn: str, mirror_dsn: str) -> None:
     """The table's rows into the same table in the mirror database (COPY out, COPY in)."""
     from bench.stream import TABLE
 
+    copy(dsn, mirror_dsn, "accounts_history", TABLE)
     with connect(mirror_dsn, autocommit=True) as target:
-        target.execute(TABLE)
-        with (
-            connect(dsn, autocommit=True) as source,
-            source.cursor().copy("COPY accounts_history TO STDOUT (FORMAT binary)") as out,
-            target.cursor().copy("COPY accounts_history FROM STDIN (FORMAT binary)") as cp,
-        ):
-            for data in out:
-                cp.write(data)
         target.execute("VACUUM ANALYZE accounts_history")
 
 
@@ -74,7 +62,7 @@ def delta_copy(dsn: str, shape: Any, path: Path) -> None:
 
 
 def run(name: str, source: Any, sink: Any, pg_data: str, rows: int, copy: float) -> None:
-    check = Verification(source, sink, Still())  # type: ignore[arg-type]
+    check = Verification(source, sink, AtRest())  # type: ignore[arg-type]
     cpu = cpu_by_group(pg_data)
     t0 = time.perf_counter()
     result = check.run("public.accounts_history", name, rows)

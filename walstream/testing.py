@@ -85,6 +85,33 @@ def supervised(runtime: Any, tick: float = 0.2) -> Iterator[Any]:
         runtime.stop()
 
 
+def copy_table(dsn: str, target_dsn: str, table: str, create: str) -> None:
+    """`table` (of the default schema) into the database at `target_dsn`: created there by
+    the statement `create`, its rows copied with binary COPY out and in."""
+    from psycopg import sql
+
+    from walstream.postgres.replication import connect
+
+    name = sql.Identifier(table)
+    with connect(target_dsn, autocommit=True) as target:
+        target.execute(create)
+        with (
+            connect(dsn, autocommit=True) as source,
+            source.cursor().copy(sql.SQL("COPY {} TO STDOUT (FORMAT binary)").format(name)) as out,
+            target.cursor().copy(sql.SQL("COPY {} FROM STDIN (FORMAT binary)").format(name)) as cp,
+        ):
+            for data in out:
+                cp.write(data)
+
+
+class AtRest:
+    """A verification's position (`verify.run.Position`) when nothing streams: both sides
+    are at rest, so every position is reached at once."""
+
+    def reach(self) -> int:
+        return 0
+
+
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):

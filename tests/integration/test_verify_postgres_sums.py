@@ -15,29 +15,15 @@ from tests.lake import REAL_TABLE, fill_real
 from tests.unit.test_verify_run import Kept
 from walstream.decode.table_shape import load_shape
 from walstream.postgres.replication import connect
+from walstream.testing import AtRest, copy_table
 from walstream.verify.run import Verification
 from walstream.verify.sides import PostgresTable
 
 ROWS = 3_000
 
 
-class Still:
-    """No stream: both tables are at rest, so a position is reached at once."""
-
-    def reach(self) -> int:
-        return 0
-
-
 def copy(dsn: str, target: str) -> None:
-    with connect(target, autocommit=True) as t:
-        t.execute(REAL_TABLE)
-        with (
-            connect(dsn, autocommit=True) as s,
-            s.cursor().copy("COPY acct TO STDOUT (FORMAT binary)") as out,
-            t.cursor().copy("COPY acct FROM STDIN (FORMAT binary)") as into,
-        ):
-            for data in out:
-                into.write(data)
+    copy_table(dsn, target, "acct", REAL_TABLE)
 
 
 def sides(db: Any, target: str, chunk: int = 400) -> tuple[PostgresTable, PostgresTable]:
@@ -56,7 +42,7 @@ def test_postgres_sums_find_exactly_the_rows_that_differ(db, target):
         t.execute(f"ALTER DATABASE {name} SET TimeZone = 'Asia/Tokyo'")
     source, sink = sides(db, target)
 
-    check = Verification(source, sink, Still(), direct_rows=0)  # type: ignore[arg-type]
+    check = Verification(source, sink, AtRest(), direct_rows=0)  # type: ignore[arg-type]
     assert check._hashing() == "postgres"
     equal = check.run("public.acct", "acct", ROWS)
     assert equal.equal and equal.buckets_different == 0, equal
@@ -67,7 +53,7 @@ def test_postgres_sums_find_exactly_the_rows_that_differ(db, target):
         t.execute("UPDATE acct SET doc = '{\"a\": 1}' WHERE region = %s AND id = %s", (r1, k1))
         t.execute("DELETE FROM acct WHERE region = %s AND id = %s", (r2, k2))
         t.execute("INSERT INTO acct (region, id, n) VALUES ('zz', 9, 1)")
-    found = Verification(source, sink, Still(), direct_rows=0).run("public.acct", "acct", ROWS)  # type: ignore[arg-type]
+    found = Verification(source, sink, AtRest(), direct_rows=0).run("public.acct", "acct", ROWS)  # type: ignore[arg-type]
     assert (found.different, found.missing, found.extra) == ([(r1, k1)], [(r2, k2)], [("zz", 9)])
     assert 1 <= found.buckets_different <= 3 and found.buckets == 64
 
@@ -82,13 +68,13 @@ def test_a_postgres_sums_pass_cut_short_resumes_with_the_same_sums(db, target):
     source, sink = sides(db, target)
     cut = Kept(stop_at=4)  # in the source's pass, after some key ranges
     with pytest.raises(KeyboardInterrupt):
-        Verification(source, sink, Still(), direct_rows=0, checkpoint=cut).run(  # type: ignore[arg-type]
+        Verification(source, sink, AtRest(), direct_rows=0, checkpoint=cut).run(  # type: ignore[arg-type]
             "public.acct", "acct", ROWS
         )
     assert cut.state is not None and cut.state["hashing"] == "postgres"
     assert cut.state["after"] is not None and cut.state["phase"] == "source"
     cut.stop_at = None
-    resumed = Verification(source, sink, Still(), direct_rows=0, checkpoint=cut).run(  # type: ignore[arg-type]
+    resumed = Verification(source, sink, AtRest(), direct_rows=0, checkpoint=cut).run(  # type: ignore[arg-type]
         "public.acct", "acct", ROWS
     )
     assert resumed.different == [(r, k)] and resumed.source_rows == ROWS == resumed.sink_rows
