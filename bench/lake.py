@@ -130,7 +130,9 @@ def backfills(pg: EmbeddedPostgres, work: Path, rows: int) -> None:
         runtime.stop()
 
 
-def streaming(pg: EmbeddedPostgres, work: Path, changes: int) -> None:
+def streaming(
+    pg: EmbeddedPostgres, work: Path, changes: int, updates: str = "copy_on_write"
+) -> None:
     dsn = pg.dsn()
     with connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE accounts_history")
@@ -142,7 +144,7 @@ def streaming(pg: EmbeddedPostgres, work: Path, changes: int) -> None:
     raw = changes / recvlogical(pg, "raw", end)
     print(f"pg_recvlogical of the backlog: {raw:,.0f} changes/s", flush=True)
     for kind in ("delta", "iceberg"):
-        cfg = plan(dsn, work, f"st_{kind}", [lake_sink(f"st-{kind}", kind, work)])
+        cfg = plan(dsn, work, f"st_{kind}", [lake_sink(f"st-{kind}", kind, work, updates=updates)])
         t0 = time.perf_counter()
         runtime = Runtime(cfg).start()
 
@@ -163,7 +165,7 @@ def streaming(pg: EmbeddedPostgres, work: Path, changes: int) -> None:
         # as bench.kafka: from the first delivered batch (the wall-clock figure when the
         # first batch took the whole backlog)
         rate = (changes - first_n) / (end - first_at) if first_n < changes else wall
-        print(f"streaming into a {kind} mirror: {rate:,.0f} changes/s from the first batch = "
+        print(f"streaming into a {kind} mirror ({updates}): {rate:,.0f} changes/s from the first batch = "
               f"{rate / raw:.3f}x raw; {wall:,.0f}/s with the start", flush=True)  # fmt: skip
         figure("lake", f"stream into {kind} mirror (changes/s)", rate, "/s",
                reference="pg_recvlogical", reference_value=raw, target=">= 0.35x")  # fmt: skip
@@ -199,7 +201,14 @@ class Inserts:
                     time.sleep(ahead)
 
 
-def latency(pg: EmbeddedPostgres, work: Path, rate: int, seconds: float, tables: int = 1) -> None:
+def latency(
+    pg: EmbeddedPostgres,
+    work: Path,
+    rate: int,
+    seconds: float,
+    tables: int = 1,
+    updates: str = "copy_on_write",
+) -> None:
     from deltalake import DeltaTable
 
     dsn = pg.dsn()
@@ -213,7 +222,8 @@ def latency(pg: EmbeddedPostgres, work: Path, rate: int, seconds: float, tables:
         conn.execute(f"CREATE PUBLICATION lat FOR TABLE {', '.join(['lat', *others])}")
         conn.execute(PROBE.format("probe_floor"))
         conn.execute("CREATE PUBLICATION floor FOR TABLE probe_floor")
-    cfg = plan(dsn, work, "lat", [lake_sink("lat", "delta", work)], publication="lat")
+    cfg = plan(dsn, work, "lat", [lake_sink("lat", "delta", work, updates=updates)],
+               publication="lat")  # fmt: skip
     spark = build_spark(cfg)
     # Spark's own micro-batch floor in the same session, as bench.kafka measures it
     floor_p50, _ = percentiles(floor_latencies(spark, dsn, rate, seconds, work)[0])
@@ -372,12 +382,16 @@ def scale_one(
         )  # type: ignore[index]
     out: dict[str, Any] = {"row_size": row_size}
     for kind in kinds:
-        out[kind] = scale_kind(dsn, work, rows, kind, rate, seconds)
+        out[kind] = scale_kind(dsn, work, rows, kind, rate, seconds, pg.data)
     return out
 
 
-def scale_kind(dsn: str, work: Path, rows: int, kind: str, rate: int, seconds: float) -> Any:
-    """One table of `kind` (see KINDS) mirroring or keeping the history of `scale_<rows>`."""
+def scale_kind(
+    dsn: str, work: Path, rows: int, kind: str, rate: int, seconds: float, pg_data: Path
+) -> Any:
+    """One table of `kind` (see KINDS) mirroring or keeping the history of `scale_<rows>`;
+    the CPU each process group spent an update while they flowed and drained (the
+    driver's share: what the executors do not take)."""
     table, name = f"scale_{rows}", f"sc{rows}-{kind}"
     fmt, updates, mode = KINDS[kind]
     sink = lake_sink(name, fmt, work, updates=updates, mode=mode)
@@ -396,11 +410,13 @@ def scale_kind(dsn: str, work: Path, rows: int, kind: str, rate: int, seconds: f
         before = tree_bytes(directory)
         start = runtime.progress()[name].delivered
         writer = Updates(dsn, table, rows, rate, seconds)
+        cpu = cpu_by_group(pg_data)
         writer.thread.start()
         writer.thread.join()
         stopped = time.monotonic()
         wait(runtime, lambda: runtime.progress()[name].delivered - start >= writer.done,
              f"updates into {name}")  # fmt: skip
+        print_breakdown(f"lake {name}", cpu_by_group(pg_data), cpu, writer.done, rate)
         result = {
             "updates": writer.done,
             "bytes_per_update": (tree_bytes(directory) - before) / writer.done,
@@ -473,6 +489,13 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--latency-seconds", type=float, default=30)
     ap.add_argument(
+        "--updates",
+        choices=("copy_on_write", "merge_on_read"),
+        default="copy_on_write",
+        help="the streaming and latency parts' mirrors' `updates` (merge_on_read: the "
+        "executors write the data files)",
+    )
+    ap.add_argument(
         "--latency-tables",
         type=int,
         default=1,
@@ -515,9 +538,10 @@ def main() -> None:
             if "backfill" in parts:
                 backfills(pg, work, args.rows)
             if "streaming" in parts:
-                streaming(pg, work, args.changes)
+                streaming(pg, work, args.changes, args.updates)
             if "latency" in parts:
-                latency(pg, work, args.rate, args.latency_seconds, args.latency_tables)
+                latency(pg, work, args.rate, args.latency_seconds, args.latency_tables,
+                        args.updates)  # fmt: skip
             if "files" in parts:
                 small_files(pg, work, args.files_minutes)
             if "scale" in parts:

@@ -163,10 +163,27 @@ class TableBatch:
         field(default=None, compare=False)
     )
 
+    #: Keys the executors planned and wrote already (a merge-on-read mirror's, see
+    #: `lake/files.py`): `rows` then holds only the changes of keys that need the table's
+    #: current rows, and the commit adds these files and deletes the touched keys' rows.
+    staged: StagedRows | None = field(default=None, compare=False)
+
     @property
     def marker(self) -> str:
         """What the commit records: this query's batch (a replay finds it)."""
         return f"{self.query_id}:{self.batch_id}"
+
+
+@dataclass(frozen=True)
+class StagedRows:
+    """A mirror's newest version of some keys, written by the executors as staged Parquet
+    files (the shape's columns, in the batch's types), and every key they upsert or delete
+    (a pyarrow Table of the key columns; None: every key is new to the table). The sink
+    deletes the table's rows of `touched` and adds the files, in the batch's commit."""
+
+    #: (staged file, a name unique to it in the table's data files)
+    files: tuple[tuple[str, str], ...]
+    touched: Any
 
 
 @dataclass(frozen=True)

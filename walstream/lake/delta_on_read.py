@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from walstream.lake import delta_log
@@ -20,7 +21,13 @@ from walstream.lake.key_index import KeyIndex, KeyIndexes
 from walstream.lake.plan import history_plan, mirror_plan
 from walstream.lake.positions import closed_versions, current_rows, replaced
 from walstream.lake.storage import Store, open_store
-from walstream.lake.tables import LakeTable, as_table, key_schema
+from walstream.lake.tables import (
+    LakeTable,
+    as_table,
+    key_schema,
+    move_staged,
+    unadoptable_rows,
+)
 
 
 class DeltaOnRead:
@@ -33,7 +40,10 @@ class DeltaOnRead:
 
     def mirror(self, table: Any, lake: LakeTable, batch: TableBatch, app_id: str) -> int:
         """The batch's keys marked deleted where the table has them and their newest
-        versions appended, in one commit; after a truncate, an overwrite."""
+        versions appended, in one commit; after a truncate, an overwrite. The keys the
+        executors planned (`batch.staged`): their files added as they are."""
+        import pyarrow as pa
+
         key, columns = list(batch.shape.key), batch.shape.names
         table, store, current, files = self._state(table, lake, batch)
         index = self.indexes.of(lake.location, key)
@@ -52,10 +62,22 @@ class DeltaOnRead:
                 storage_options=self.options or None,
             )
             return int(plan.upserts.num_rows)
-        positions = replaced(fs, files, plan, key, index)
-        new = as_table(plan.upserts, arrow_schema(table))
-        self._commit(lake, store, current, positions, new, app_id, batch, index)
-        return int(plan.upserts.num_rows)
+        staged = batch.staged
+        positions = replaced(
+            fs, files, plan, key, index, None if staged is None else staged.touched
+        )
+        schema = arrow_schema(table)
+        new = as_table(plan.upserts, schema)
+        adds: list[dict[str, Any]] = []
+        if staged is not None and staged.files:
+            placed = [(path, (fs, store.path(name))) for path, name in staged.files]
+            unadopted = unadoptable_rows(placed, lake.schema(batch), schema)
+            if unadopted is None:
+                adds = [staged_add(store, path, name) for path, name in staged.files]
+            else:
+                new = pa.concat_tables([new, unadopted])
+        self._commit(lake, store, current, positions, new, app_id, batch, index, adds)
+        return int(new.num_rows) + sum(int(a["stats_rows"]) for a in adds)
 
     def history(self, table: Any, lake: LakeTable, batch: TableBatch, app_id: str) -> int:
         """The current versions the batch ends deleted and appended closed, and its new
@@ -95,10 +117,12 @@ class DeltaOnRead:
         app_id: str,
         batch: TableBatch,
         index: KeyIndex,
+        staged: Sequence[dict[str, Any]] = (),
     ) -> None:
-        """One version: the positions deleted, the rows `new` in one new data file; the
-        files' new vectors entered in the table's key index."""
+        """One version: the positions deleted, the rows `new` in one new data file and the
+        `staged` files' add actions; the files' new vectors entered in the key index."""
         adds = [data_file(store, new)] if new.num_rows else []
+        adds += [{k: v for k, v in a.items() if k != "stats_rows"} for a in staged]
         if not positions and not adds:
             return
         with index.lock:
@@ -172,6 +196,26 @@ def data_file(store: Store, rows: Any) -> dict[str, Any]:
         "modificationTime": int(time.time() * 1000),
         "dataChange": True,
         "stats": delta_log.stats(pq.read_metadata(pa.BufferReader(data))),
+    }
+
+
+def staged_add(store: Store, staged: str, name: str) -> dict[str, Any]:
+    """A file the executors staged, moved into the table's directory as `name`: its add
+    action (with `stats_rows`, its row count, which is not part of it)."""
+    import pyarrow.parquet as pq
+
+    target = (store.filesystem, store.path(name))
+    move_staged(staged, target)
+    with store.filesystem.open_input_file(target[1]) as f:
+        meta = pq.read_metadata(f)
+    return {
+        "path": name,
+        "partitionValues": {},
+        "size": store.size(name),
+        "modificationTime": int(time.time() * 1000),
+        "dataChange": True,
+        "stats": delta_log.stats(meta),
+        "stats_rows": meta.num_rows,
     }
 
 

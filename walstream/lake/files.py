@@ -1,4 +1,4 @@
-"""A changelog table's data files written on the executors, committed by the driver.
+"""A table's data files written on the executors, committed by the driver.
 
 A changelog table takes every change as a new row: nothing in a batch depends on the
 rows the table has. So its rows need not come to the driver. Each task types its
@@ -10,8 +10,12 @@ the table's columns differ from the files' (a column added or widened at the sou
 since the table was written), the driver reads the files back and writes the batch
 the way it writes any other (`write_batch`), which changes the table's schema first.
 
-Mirror and history tables still write from the driver: their MERGE reads the rows
-the table has (see docs/cluster.md).
+A merge-on-read mirror's (`stage_mirror`): the batch is shuffled by key, so each key's
+changes are in one task, which types them, keeps each key's newest version, writes those
+as one file and returns the keys it touched; the driver deletes the table's rows of those
+keys (its key index) and commits the files. A key whose unchanged TOAST value only the
+table has comes to the driver as its changes; a truncate or a key change sends the whole
+batch the driver's way. History tables still write from the driver (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Any
 from walstream.decode.table_shape import TableShape
 from walstream.engine.frames import map_in_arrow
 from walstream.errors import SinkError
-from walstream.lake.plan import changelog_rows
-from walstream.lake.typed import to_batch, typed_rows
+from walstream.lake.contract import StagedRows
+from walstream.lake.plan import changelog_rows, fill_toast, from_target, key_changes, mirror_plan
+from walstream.lake.typed import RAW_COLUMNS, arrow_typable, arrow_typed, to_batch, typed_rows
 
 _STATS_DDL = "path STRING, rows BIGINT, newest_us BIGINT, problem STRING, fix STRING"
 #: A TableBatch's columns around the table's own (a changelog file has them in its order).
@@ -72,6 +77,172 @@ def stage_changelog(
         sum(r.rows for r in written),
         max((r.newest_us for r in written), default=0),
     )
+
+
+_MIRROR_DDL = (
+    "path STRING, changes BIGINT, rows BIGINT, newest_us BIGINT, problem STRING, fix STRING, "
+    "fallback STRING, touched BINARY, held BINARY"
+)
+
+
+@dataclass(frozen=True)
+class StagedMirror:
+    """What the executors did with one mirror table's changes of a batch."""
+
+    changes: int  # the table's changes in the batch
+    newest_us: int
+    #: Why the batch must be written through the driver instead (a truncate, a key
+    #: change, a value pyarrow could not type); None: `staged` and `held` are the batch.
+    fallback: str | None
+    staged: StagedRows | None  # None: no change of the table, or `fallback`
+    #: The changes of keys whose unchanged TOAST values the table holds (TableBatch rows,
+    #: in WAL order), for the driver.
+    held: Any
+
+
+def stage_mirror(
+    rows: Any, shape: TableShape, stage: str, name: str, only: bool, complete: bool
+) -> StagedMirror:
+    """A merge-on-read mirror's changes among `rows` (the batch's change rows) planned and
+    written by the executors under `stage` (emptied first), shuffled by key (`pk`) over
+    the application's cores; `name` prefixes the files' names in the table. A table
+    pyarrow types (`arrow_typable`) is typed in the tasks, else by the JVM. `complete`:
+    see `TableBatch.complete`. A value its column cannot hold fails the batch here (a
+    SinkError, not retryable)."""
+    import pyarrow as pa
+
+    _empty(stage)
+    if not only:
+        rows = rows.where((rows["schema"] == shape.schema) & (rows["table"] == shape.table))
+    rows = rows.repartition(rows.sparkSession.sparkContext.defaultParallelism, "pk")
+    by_arrow = arrow_typable(shape)
+    typed = rows.select(*RAW_COLUMNS) if by_arrow else typed_rows(rows, shape, only=only)
+    out = map_in_arrow(typed, _mirror_writer(shape, stage, by_arrow, only, complete), _MIRROR_DDL)
+    got = out.collect()
+    for r in got:
+        if r.problem is not None:
+            raise SinkError(r.problem, r.fix, retryable=False)
+    changes = sum(r.changes for r in got)
+    newest = max((r.newest_us for r in got), default=0)
+    fallback = next((r.fallback for r in got if r.fallback is not None), None)
+    if fallback is not None or not got:
+        return StagedMirror(changes, newest, fallback, None, None)
+    written = sorted((r for r in got if r.rows), key=lambda r: r.path)
+    files = tuple((r.path, f"{name}-{i}.parquet") for i, r in enumerate(written))
+    touched = [_from_ipc(r.touched) for r in got if r.touched is not None]
+    held = pa.concat_tables([_from_ipc(r.held) for r in got])
+    held = held.sort_by([("_lsn", "ascending"), ("_seq", "ascending")])
+    # a task whose keys were all new (inserted here first) touched none the table has
+    keys = pa.concat_tables(touched) if touched else None
+    return StagedMirror(changes, newest, None, StagedRows(files, keys), held)
+
+
+def _mirror_schema() -> Any:
+    """`_MIRROR_DDL` in Arrow."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("path", pa.string()),
+            ("changes", pa.int64()),
+            ("rows", pa.int64()),
+            ("newest_us", pa.int64()),
+            ("problem", pa.string()),
+            ("fix", pa.string()),
+            ("fallback", pa.string()),
+            ("touched", pa.binary()),
+            ("held", pa.binary()),
+        ]
+    )
+
+
+def _to_ipc(table: Any) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _from_ipc(data: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.py_buffer(bytes(data))).read_all()
+
+
+def _mirror_writer(
+    shape: TableShape, stage: str, by_arrow: bool, only: bool, complete: bool
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The mapInArrow function: this task's keys' newest versions as one file (see
+    `stage_mirror`), and what it touched."""
+    key = list(shape.key)
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        got = [b for b in batches if b.num_rows]
+        if not got:
+            return
+        schema = _mirror_schema()
+        answer = {"path": "", "rows": 0, "newest_us": 0, "problem": None, "fix": None}
+        answer.update(fallback=None, touched=None, held=None, changes=0)
+        typed = pa.Table.from_batches(got)
+        if by_arrow:
+            typed = arrow_typed(typed, shape, only)
+            if typed is None:  # the JVM names or types the value pyarrow refused
+                answer["fallback"] = "a value pyarrow does not type"
+                yield pa.RecordBatch.from_pylist([answer], schema=schema)
+                return
+        try:
+            rows = to_batch(typed, shape)
+        except SinkError as exc:
+            answer.update(problem=exc.problem, fix=exc.fix)
+            yield pa.RecordBatch.from_pylist([answer], schema=schema)
+            return
+        answer["changes"] = rows.num_rows
+        answer["newest_us"] = pc.max(rows["_committed_at"]).cast(pa.int64()).as_py() or 0
+        if pc.any(pc.equal(rows["_op"], "truncate")).as_py():
+            answer["fallback"] = "a truncate"
+        elif pc.any(key_changes(rows, key)).as_py():
+            answer["fallback"] = "a key change"
+        else:
+            answer.update(_write_mirror(rows, shape, stage, complete))
+        yield pa.RecordBatch.from_pylist([answer], schema=schema)
+
+    return run
+
+
+def _write_mirror(rows: Any, shape: TableShape, stage: str, complete: bool) -> dict[str, Any]:
+    """A task's rows planned: the changes of keys only the table can fill in held for the
+    driver, each other key's newest version written as one file."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+    from pyspark import TaskContext
+
+    key = list(shape.key)
+    held = from_target(rows, key)
+
+    def no_target(keys: list[Any]) -> dict[Any, Any]:
+        raise AssertionError(f"from_target left keys {keys[:3]} to the executors")
+
+    rest = fill_toast(rows.filter(pc.invert(held)), key, no_target)
+    plan = mirror_plan(rest, key, shape.names, complete)
+    out: dict[str, Any] = {"held": _to_ipc(rows.filter(held))}
+    if not plan.appends_only:
+        ups = plan.upserts.select(key)
+        out["touched"] = _to_ipc(pa.concat_tables([ups, plan.deletes.select(key).cast(ups.schema)]))
+    if plan.upserts.num_rows:
+        ctx = TaskContext.get()
+        part = ctx.partitionId() if ctx is not None else 0
+        filesystem, root = pafs.FileSystem.from_uri(stage)
+        pq.write_table(plan.upserts, f"{root}/part-{part:05d}.parquet", filesystem=filesystem)
+        out["path"] = f"{stage.rstrip('/')}/part-{part:05d}.parquet"
+        out["rows"] = plan.upserts.num_rows
+    return out
 
 
 def _empty(stage: str) -> None:

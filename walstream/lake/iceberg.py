@@ -46,6 +46,7 @@ from walstream.lake.tables import (
     move_staged,
     present_keys,
     staged_or,
+    unadoptable_rows,
 )
 from walstream.sinks.registry import register
 
@@ -235,7 +236,10 @@ class IcebergSink(TableSink):
         self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]
     ) -> int:
         """The batch's keys marked deleted where the table has them (a position delete
-        file) and their newest rows appended, in the batch's transaction."""
+        file) and their newest rows appended, in the batch's transaction; the keys the
+        executors planned (`batch.staged`): their files added as they are."""
+        import pyarrow as pa
+
         key, schema = list(batch.shape.key), lake.schema(batch)
         files = iceberg_deletes.data_files(table, key, self._live)
         fs, _ = file_at(table.io, table.location())  # where the data files are
@@ -247,15 +251,44 @@ class IcebergSink(TableSink):
         rows = lake.filled(batch, rows_of)
         plan = mirror_plan(rows, key, columns, batch.complete)
         new = plan.upserts.cast(schema)
+        staged = batch.staged
         if plan.truncated:
             _delete(tx, _always(), props)
-        elif positions := replaced(fs, files, plan, key, index):
-            deletes = iceberg_deletes.write_deletes(table, positions)
-            iceberg_deletes.add_deletes(tx, table, [deletes], props, new)  # one snapshot
-            return int(plan.upserts.num_rows)
-        if new.num_rows:
+            if new.num_rows:
+                tx.append(new, snapshot_properties=props)
+            return int(new.num_rows)
+        also = None if staged is None else staged.touched
+        positions = replaced(fs, files, plan, key, index, also)
+        added, n, unadopted = self._staged(tx, table, lake, batch)
+        if unadopted is not None:
+            new = pa.concat_tables([new, unadopted.select(schema.names).cast(schema)])
+        deletes = [iceberg_deletes.write_deletes(table, positions)] if positions else []
+        if deletes or added:  # one snapshot: deletes, the new rows, the executors' files
+            iceberg_deletes.add_deletes(tx, table, deletes, props, new, added)
+        elif new.num_rows:
             tx.append(new, snapshot_properties=props)
-        return int(plan.upserts.num_rows)
+        return int(new.num_rows) + n
+
+    def _staged(
+        self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch
+    ) -> tuple[list[str], int, Any]:
+        """The files the executors staged for the batch (`batch.staged`) moved under the
+        table's `data/`: their paths and rows; or, when their columns are not the table's
+        now, their rows (written with the batch's own) instead."""
+        if batch.staged is None or not batch.staged.files:
+            return [], 0, None
+        existing = tx.table_metadata.schema().as_arrow()
+        targets = [_data_file(table, name) for _, name in batch.staged.files]
+        placed = [
+            (path, file_at(table.io, target))
+            for (path, _), target in zip(batch.staged.files, targets, strict=True)
+        ]
+        unadopted = unadoptable_rows(placed, lake.schema(batch), existing)
+        if unadopted is not None:
+            return [], 0, unadopted
+        for path, target in placed:
+            move_staged(path, target)
+        return targets, sum(m.num_rows for m in footers([t for _, t in placed])), None
 
     def _history_on_read(
         self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]

@@ -257,12 +257,18 @@ def write_deletes(table: Any, positions: Mapping[str, Sequence[int]]) -> Any:
 
 
 def add_deletes(
-    tx: Any, table: Any, deletes: Sequence[Any], props: Mapping[str, str], rows: Any = None
+    tx: Any,
+    table: Any,
+    deletes: Sequence[Any],
+    props: Mapping[str, str],
+    rows: Any = None,
+    files: Sequence[str] = (),
 ) -> None:
-    """A snapshot of the transaction adding the position delete files `deletes` and the
-    data files of `rows` (a pyarrow Table in the table's schema, or None): one snapshot
-    a batch, so the table's metadata grows by one (pyiceberg copies it whole at each
-    step of a commit)."""
+    """A snapshot of the transaction adding the position delete files `deletes`, the
+    data files of `rows` (a pyarrow Table in the table's schema, or None) and the Parquet
+    data files `files` (written by others, in the table's columns, found by name): one
+    snapshot a batch, so the table's metadata grows by one (pyiceberg copies it whole at
+    each step of a commit)."""
     from pyiceberg.exceptions import ValidationException
     from pyiceberg.manifest import (
         ManifestContent,
@@ -293,6 +299,8 @@ def add_deletes(
 
         def _manifests(self) -> list[ManifestFile]:
             out: list[ManifestFile] = super()._manifests()
+            if not deletes:
+                return out
             writer = DeleteManifest(
                 spec=self._transaction.table_metadata.spec(),
                 schema=self.schema(),
@@ -313,6 +321,13 @@ def add_deletes(
                     )
             return [*out, writer.to_manifest_file()]
 
+    if files and tx.table_metadata.name_mapping() is None:
+        from pyiceberg.table import TableProperties
+
+        # the files carry no field ids: readers find their columns by name, as after
+        # pyiceberg's own add_files, which sets the same mapping
+        mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
+        tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: mapping})
     producer = RowDelta(
         operation=Operation.OVERWRITE, transaction=tx, io=table.io, snapshot_properties=dict(props)
     )
@@ -330,4 +345,9 @@ def add_deletes(
             table_metadata=metadata, write_uuid=producer.commit_uuid, df=rows, io=table.io
         ):
             producer.append_data_file(data_file)
+    if files:
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        for path in files:
+            producer.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, path))
     producer.commit()

@@ -167,18 +167,7 @@ def split_moves(rows: Any, key: Sequence[str]) -> Any:
     pa = _pa()
     import pyarrow.compute as pc
 
-    if "_before" not in rows.column_names or rows.num_rows == 0:
-        return rows
-    # In Arrow first: `_before` is there on every row (its fields NULL when Postgres sent no
-    # old tuple) and, under REPLICA IDENTITY FULL, holds the key of every update.
-    before = rows["_before"].combine_chunks()
-    moves: Any = None
-    for k in key:
-        old = pc.struct_field(before, k)
-        differs = pc.and_(pc.is_valid(old), pc.not_equal(old, rows[k].combine_chunks()))
-        moves = differs if moves is None else pc.or_(moves, differs)
-    moves = pc.and_(pc.equal(rows["_op"], "update"), pc.fill_null(moves, False))
-    if not pc.any(moves).as_py():
+    if not pc.any(key_changes(rows, key)).as_py():
         return rows
     out: list[dict[str, Any]] = []
     moved = 0
@@ -199,6 +188,44 @@ def split_moves(rows: Any, key: Sequence[str]) -> Any:
             moved += 1
         out.append(r)
     return rows if not moved else pa.Table.from_pylist(out, schema=rows.schema)
+
+
+def key_changes(rows: Any, key: Sequence[str]) -> Any:
+    """Which rows are updates that changed their row's key (a boolean array)."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    if "_before" not in rows.column_names or rows.num_rows == 0:
+        return pa.repeat(False, rows.num_rows)
+    # `_before` is there on every row (its fields NULL when Postgres sent no old tuple)
+    # and, under REPLICA IDENTITY FULL, holds the key of every update.
+    before = rows["_before"].combine_chunks()
+    moves: Any = None
+    for k in key:
+        old = pc.struct_field(before, k)
+        differs = pc.and_(pc.is_valid(old), pc.not_equal(old, rows[k].combine_chunks()))
+        moves = differs if moves is None else pc.or_(moves, differs)
+    return pc.and_(pc.equal(rows["_op"], "update"), pc.fill_null(moves, False))
+
+
+def from_target(rows: Any, key: Sequence[str]) -> Any:
+    """Which rows (a boolean array) are of a key whose first change in the batch left an
+    unchanged TOAST value out: only the table's current row (or the source's) can fill
+    it in. Every other key's values are known from the batch itself (`fill_toast` asks
+    for no target row of them). Rows without a key change only (`key_changes`)."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    n = rows.num_rows
+    lacking = pc.fill_null(pc.greater(pc.list_value_length(rows["_toast"]), 0), False)
+    if n == 0 or not pc.any(lacking).as_py():
+        return pa.repeat(False, n)
+    at = pa.array(range(n), pa.int64())
+    indexed = rows.select(list(key)).append_column("_i", at)
+    first = indexed.group_by(list(key), use_threads=False).aggregate([("_i", "min")])["_i_min"]
+    keys = indexed.take(first.filter(pc.take(lacking, first))).select(list(key))
+    marked = indexed.join(keys, keys=list(key), join_type="left semi")["_i"]
+    return pc.is_in(at, value_set=marked.combine_chunks())
 
 
 @dataclass

@@ -194,17 +194,20 @@ def replaced(
     plan: MirrorPlan,
     key: Sequence[str],
     index: Any = None,
+    also: Any = None,
 ) -> dict[str, list[int]]:
-    """The positions (by file) of the live rows a mirror plan upserts or deletes; none when
-    every key is new to the table (inserted in the batch first). With `index` (a
+    """The positions (by file) of the live rows a mirror plan upserts or deletes, and of
+    the keys `also` (a pyarrow Table of key columns: keys the executors planned); none
+    when every key is new to the table (inserted in the batch first). With `index` (a
     `key_index.KeyIndex`), found in memory; else in the files."""
     import pyarrow as pa
 
-    if plan.appends_only:
-        return {}
     ups = plan.upserts.select(list(key))
-    touched = pa.concat_tables([ups, plan.deletes.select(list(key)).cast(ups.schema)])
-    if not touched.num_rows:
+    parts = [] if plan.appends_only else [ups, plan.deletes.select(list(key)).cast(ups.schema)]
+    if also is not None:
+        parts.append(also.select(list(key)).cast(ups.schema))
+    touched = pa.concat_tables(parts) if parts else None
+    if touched is None or not touched.num_rows:
         return {}
     if index is not None:
         with index.lock:

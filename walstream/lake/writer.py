@@ -30,7 +30,7 @@ from walstream.delivery.parking import ParkingLot
 from walstream.engine.sql import selection_expr
 from walstream.errors import SinkError
 from walstream.lake.contract import FilesBatch, TableBatch, TableSink, Written
-from walstream.lake.files import StagedFiles, discard, stage_changelog
+from walstream.lake.files import StagedFiles, discard, stage_changelog, stage_mirror
 from walstream.lake.sources import LakeSources
 from walstream.lake.typed import RAW_COLUMNS, arrow_typable, batch_rows, place, to_batch
 from walstream.sinks.clients import on_source
@@ -274,7 +274,7 @@ def _write_table(w: _Write, shape: Any) -> None:
     placed = None if w.typed_reads is None else place(w.typed_reads, shape, w.skip_before)
     dest = w.table_sink.config
     if _executors_write(w) and not w.no_rows and placed is None:
-        _staged(w, shape)
+        _staged(w, shape, t1)
         return
     arrow = (
         None
@@ -289,8 +289,12 @@ def _write_table(w: _Write, shape: Any) -> None:
     _typed(w, shape, arrow, None if placed is None else placed.rows(), t1)
 
 
-def _staged(w: _Write, shape: Any) -> None:
-    """A changelog table's rows, written to files by the executors and committed as such."""
+def _staged(w: _Write, shape: Any, t1: float) -> None:
+    """A changelog table's rows, written to files by the executors and committed as such;
+    a merge-on-read mirror's (`_staged_mirror`)."""
+    if w.table_sink.config.mode == "mirror":
+        _staged_mirror(w, shape, t1)
+        return
     done = _changelog_files(
         w.rows,
         shape,
@@ -315,6 +319,52 @@ def _staged(w: _Write, shape: Any) -> None:
         wrote.target,
         " (replayed: written before)" if wrote.replayed else "",
     )
+
+
+def _staged_mirror(w: _Write, shape: Any, t1: float) -> None:
+    """A merge-on-read mirror's keys planned and written by the executors, committed by
+    the sink with the changes it must fill in itself; the batch through the driver when
+    the executors cannot (`stage_mirror`'s fallback)."""
+    stage = f"{w.stage}/{w.batch_id}/{shape.schema}.{shape.table}"
+    name = f"walstream-{w.query_id}-{w.batch_id}"
+    try:
+        done = stage_mirror(w.rows, shape, stage, name, not w.several, w.complete)
+        if done.fallback is not None:
+            log.debug(
+                "batch %d: sink %s: %s.%s written through the driver: the batch has %s",
+                w.batch_id,
+                w.sink.name,
+                shape.schema,
+                shape.table,
+                done.fallback,
+            )
+            arrow = batch_rows(w.rows, shape, not w.several)
+            _typed(w, shape, arrow if arrow.num_rows else None, None, t1)
+            return
+        if done.staged is None:
+            return  # no change of the table
+        batch = replace(w.batch(shape, done.held), staged=done.staged)
+        renamed(w.sources, w.sink.name, w.table_sink, shape)
+        t2 = time.monotonic()
+        written: Written = w.table_sink.write_batch(batch)
+        w.out.count(done.changes, written, (shape.schema, shape.table), done.newest_us)
+        log.debug(
+            "batch %d: sink %s wrote %d rows of %s.%s to %s%s, %d file(s) by the executors, "
+            "%d change(s) through the driver (planned %.3fs, commit %.3fs)",
+            w.batch_id,
+            w.sink.name,
+            written.rows,
+            shape.schema,
+            shape.table,
+            written.target,
+            " (replayed: written before)" if written.replayed else "",
+            len(done.staged.files),
+            done.held.num_rows,
+            t2 - t1,
+            time.monotonic() - t2,
+        )
+    finally:
+        discard(stage)
 
 
 def _adopted(w: _Write, shape: Any, placed: Any) -> bool:
@@ -388,9 +438,13 @@ def _executors_write(w: _Write) -> bool:
 
 
 def _on_executors(dest: Any) -> bool:
-    """Whether a table's files are written by the executors: a changelog table's (no
-    partitions: each task writes one file)."""
-    return bool(dest.mode == "changelog" and not dest.partition_by)
+    """Whether a table's files are written by the executors: a changelog table's and a
+    merge-on-read mirror's (no partitions: each task writes one file)."""
+    if dest.partition_by:
+        return False
+    return bool(
+        dest.mode == "changelog" or (dest.mode == "mirror" and dest.updates == "merge_on_read")
+    )
 
 
 def _changelog_files(

@@ -10,7 +10,14 @@ import pyarrow.compute as pc
 import pytest
 
 from walstream.errors import SinkError
-from walstream.lake.plan import fill_toast, history_plan, mirror_plan, split_moves
+from walstream.lake.plan import (
+    fill_toast,
+    from_target,
+    history_plan,
+    key_changes,
+    mirror_plan,
+    split_moves,
+)
 
 SCHEMA = pa.schema([
     ("_op", pa.string()), ("_lsn", pa.int64()), ("_seq", pa.int32()),
@@ -243,3 +250,36 @@ def test_a_value_neither_the_batch_nor_the_target_has_comes_from_the_source():
         (3, "from-source", None), (3, "from-source", None), (9, "nine", None)]  # fmt: skip
     with pytest.raises(SinkError, match="no earlier version"):  # no source: it stops
         fill_toast(batch, ["id"], no_target)
+
+
+def test_the_keys_only_the_table_can_fill_in_are_told_apart_from_the_batchs_own():
+    batch = rows(
+        ("update", 1, 1, "a", None, ["w"]),  # 1's first change lacks w: the table has it
+        ("insert", 2, 2, "b", "big2"),
+        ("update", 3, 2, "b2", None, ["w"]),  # 2 was inserted here: the batch fills it in
+        ("update", 4, 1, "a2", None, ["w"]),
+        ("update", 5, 3, "c", "big3"),  # 3's first change has every value
+        ("update", 6, 3, "c2", None, ["w"]),
+        ("delete", 7, 4, None, None),
+    )
+    held = from_target(batch, ["id"]).to_pylist()
+    assert held == [True, False, False, True, False, False, False]
+    # the rest needs no row of the table (`fill_toast` would ask for it)
+    rest = batch.filter(pc.invert(pa.array(held)))
+
+    def asked(keys: list[Any]) -> dict[Any, Any]:
+        raise AssertionError(keys)
+
+    filled = fill_toast(rest, ["id"], asked)
+    assert [r["w"] for r in filled.to_pylist()] == ["big2", "big2", "big3", "big3", None]
+    assert from_target(rows(("insert", 1, 1, "a", "x")), ["id"]).to_pylist() == [False]
+
+
+def test_a_key_change_is_found_in_arrow():
+    batch = moves(
+        ("update", 1, 1, "a", "x", None, None),  # no old tuple: the key stayed
+        ("update", 2, 100, "a", "x", None, 1),  # 1 -> 100
+        ("update", 3, 5, "a", "x", None, 5),  # REPLICA IDENTITY FULL: the same key
+        ("delete", 4, 6, None, None, None, 6),
+    )
+    assert key_changes(batch, ["id"]).to_pylist() == [False, True, False, False]

@@ -111,3 +111,47 @@ def _user_types(source: Any, oid: int, ddl: list[str], seen: set[int]) -> tuple[
 
 
 # -- the sink ------------------------------------------------------------------------------------
+
+
+#: The target table's columns: name, type, whether the type is built in (its text the same
+#: in every database, so comparable with the source's `format_type`).
+_TARGET = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid < 16384
+FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped"""
+
+
+def conform(conn: Any, fresh: TableDef, sent: Any, create_tables: bool) -> None:
+    """Bring the target table's columns to the source's now (`fresh`), as the target has
+    them in its own catalog (not as this process last saw them: another process, or this
+    one before a restart, may have seen the source before its change): add the columns it
+    lacks; with `create_tables` (the table is walstream's), drop those the source dropped
+    (not one `sent` still names: a change from before the drop) and retype the built-in
+    columns whose type changed (through text, as the lazy retype on a refused value). A
+    retype the rows cannot take (a narrowed type) is left for that refused value to name."""
+    import psycopg
+
+    have = {r[0]: (r[1], r[2]) for r in conn.execute(_TARGET, (fresh.target,)).fetchall()}
+    for ddl in fresh.types:
+        conn.execute(ddl)
+    for col in fresh.columns.values():
+        if col.name not in have:
+            conn.execute(
+                f"ALTER TABLE {fresh.target} ADD COLUMN IF NOT EXISTS {ident(col.name)} "
+                f"{col.type_sql}"
+            )
+    if not create_tables:
+        return
+    for name in have.keys() - fresh.columns.keys() - set(sent):
+        conn.execute(f"ALTER TABLE {fresh.target} DROP COLUMN IF EXISTS {ident(name)}")
+    for col in fresh.columns.values():
+        type_sql, built_in = have.get(col.name, (col.type_sql, False))
+        if not built_in or type_sql == col.type_sql:
+            continue
+        try:
+            with conn.transaction():  # a savepoint: a failed retype leaves the rest
+                conn.execute(
+                    f"ALTER TABLE {fresh.target} ALTER COLUMN {ident(col.name)} TYPE "
+                    f"{col.type_sql} USING {ident(col.name)}::text::{col.type_sql}"
+                )
+        except psycopg.Error:
+            continue

@@ -28,7 +28,7 @@ from walstream.fields import Dsn
 from walstream.sinks.base import Message, MessageDestination, MessageSink, SinkContext
 from walstream.sinks.clients import Clients
 from walstream.sinks.postgres.book import APPLY, SUPERSEDED, row_key
-from walstream.sinks.postgres.definitions import load_definition
+from walstream.sinks.postgres.definitions import conform, load_definition
 from walstream.sinks.postgres.rename import RenamePending, exists
 from walstream.sinks.postgres.sql import (
     Run,
@@ -379,18 +379,9 @@ class PostgresSink(MessageSink):
                 fresh.source_oid,
             )
             self._create(conn, fresh)
-        else:  # the source gained columns: add them; it lost some: drop them (ours only)
-            for ddl in fresh.types:
-                conn.execute(ddl)
-            for col in fresh.columns.values():
-                if col.name not in table.columns:
-                    conn.execute(
-                        f"ALTER TABLE {fresh.target} ADD COLUMN IF NOT EXISTS "
-                        f"{ident(col.name)} {col.type_sql}"
-                    )
-            if self.config.create_tables:
-                for name in table.columns.keys() - fresh.columns.keys() - record.keys():
-                    conn.execute(f"ALTER TABLE {fresh.target} DROP COLUMN IF EXISTS {ident(name)}")
+        # the target as the source is now: columns added, dropped (ours only) or retyped,
+        # as its own catalog says (the target may predate what this process saw)
+        conform(conn, fresh, record.keys(), self.config.create_tables)
         _TABLES[key] = fresh
         # the columns the source has but does not send: no reason to look again for them
         _UNSENT[key] = frozenset(c for c in missing(fresh, change) if c in fresh.columns)
