@@ -160,7 +160,10 @@ def test_the_executors_write_a_mirrors_files_and_the_driver_what_only_the_table_
         {"name": "iceberg", "source": "app", "destination": {
             **place.iceberg_destination("mor"), "updates": "merge_on_read"}},
     ]  # fmt: skip
-    runtime = Runtime(config(db, tmp_path, pub, slot, sinks), spark=spark).start()
+    # small source partitions: a batch of the larger transactions below spans several,
+    # which the executors shuffle by key; a batch of one goes through the driver
+    cfg = config(db, tmp_path, pub, slot, sinks, partition_bytes=64 << 10)
+    runtime = Runtime(cfg, spark=spark).start()
     try:
         # 1. inserts only: every key new, the executors' files alone
         keys = fill_real(db.dsn, 300)
@@ -234,5 +237,12 @@ def test_the_executors_write_a_mirrors_files_and_the_driver_what_only_the_table_
         equal_everywhere(runtime, db, tmp_path)
         (last,) = [c for c in delta_commits(tmp_path, "acct")[before:] if c["vectors"]]
         assert last["executors"] and not last["driver"], last
+        # 6. a small batch (one source partition): through the driver, the latency path
+        before = len(delta_commits(tmp_path, "acct"))
+        with psycopg.connect(db.dsn) as conn:
+            conn.execute(f"UPDATE acct SET big = 'small', n = 1 {where}", keys[7])
+        equal_everywhere(runtime, db, tmp_path)
+        (small,) = [c for c in delta_commits(tmp_path, "acct")[before:] if c["vectors"]]
+        assert small["driver"] and not small["executors"], small
     finally:
         runtime.stop()

@@ -28,6 +28,12 @@ def map_in_arrow(df: Any, func: Callable[[Iterator[Any]], Iterator[Any]], ddl: s
     return DataFrame(df._jdf.mapInArrow(column, False, None), df.sparkSession)
 
 
+def planned_partitions(df: Any) -> int:
+    """How many partitions `df`'s physical plan has; plans it (once: an action on the
+    same DataFrame reuses that plan), runs no job."""
+    return int(df._jdf.queryExecution().toRdd().getNumPartitions())
+
+
 def empty_frame(spark: Any, schema: Any) -> Any:
     """An empty DataFrame of `schema` (a StructType), without pandas on the driver."""
     from pyspark.sql import DataFrame

@@ -105,7 +105,7 @@ def stage_mirror(
 ) -> StagedMirror:
     """A merge-on-read mirror's changes among `rows` (the batch's change rows) planned and
     written by the executors under `stage` (emptied first), shuffled by key (`pk`) over
-    the application's cores; `name` prefixes the files' names in the table. A table
+    the application's cores (a key's changes in one task, as a task needs); `name` prefixes the files' names in the table. A table
     pyarrow types (`arrow_typable`) is typed in the tasks, else by the JVM. `complete`:
     see `TableBatch.complete`. A value its column cannot hold fails the batch here (a
     SinkError, not retryable)."""

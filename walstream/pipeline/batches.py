@@ -28,7 +28,7 @@ from walstream.delivery.ledger import Ledger
 from walstream.delivery.parking import ParkingLot
 from walstream.delivery.progress import SinkProgress
 from walstream.delivery.route import Batch, Route, route
-from walstream.engine.frames import empty_frame
+from walstream.engine.frames import empty_frame, planned_partitions
 from walstream.errors import ConfigError
 from walstream.formats import RECORD_FORMATS
 from walstream.lake.contract import TableSink
@@ -70,12 +70,6 @@ def validate(spark: Any, sink: SinkConfig) -> None:
             "they are Spark SQL over the change columns (source, lsn, seq, xid, committed_at, "
             "action, schema, table, pk, record, old, annotations)",
         ) from None
-
-
-def planned_partitions(df: Any) -> int:
-    """How many partitions `df`'s physical plan has; plans it (once: an action on the
-    same DataFrame reuses that plan), runs no job."""
-    return int(df._jdf.queryExecution().toRdd().getNumPartitions())
 
 
 class Stopping(Exception):
