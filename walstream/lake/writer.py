@@ -355,16 +355,12 @@ def _staged_mirror(w: _Write, shape: Any, t1: float) -> None:
         t2 = time.monotonic()
         written: Written = w.table_sink.write_batch(batch)
         w.out.count(done.changes, written, (shape.schema, shape.table), done.newest_us)
-        log.debug(
-            "batch %d: sink %s wrote %d rows of %s.%s to %s%s, %d file(s) by the executors, "
-            "%d change(s) through the driver (planned %.3fs, commit %.3fs)",
-            w.batch_id,
-            w.sink.name,
-            written.rows,
-            shape.schema,
-            shape.table,
-            written.target,
-            " (replayed: written before)" if written.replayed else "",
+        _wrote(
+            w,
+            shape,
+            written,
+            ", %d file(s) by the executors, %d change(s) through the driver (planned %.3fs, "
+            "commit %.3fs)",
             len(done.staged.files),
             done.held.num_rows,
             t2 - t1,
@@ -418,9 +414,21 @@ def _typed(w: _Write, shape: Any, arrow: Any, reads_part: Any, t1: float) -> Non
     t2 = time.monotonic()
     written: Written = w.table_sink.write_batch(batch)
     w.out.add(typed, written, (shape.schema, shape.table))
+    _wrote(
+        w,
+        shape,
+        written,
+        " (tables %.3fs, typed rows %.3fs, commit %.3fs)",
+        w.t_found,
+        t2 - t1,
+        time.monotonic() - t2,
+    )
+
+
+def _wrote(w: _Write, shape: Any, written: Written, more: str, *args: Any) -> None:
+    """The DEBUG line of a table written: what, where, and `more` (a format of `args`)."""
     log.debug(
-        "batch %d: sink %s wrote %d rows of %s.%s to %s%s (tables %.3fs, typed rows %.3fs, "
-        "commit %.3fs)",
+        "batch %d: sink %s wrote %d rows of %s.%s to %s%s" + more,
         w.batch_id,
         w.sink.name,
         written.rows,
@@ -428,9 +436,7 @@ def _typed(w: _Write, shape: Any, arrow: Any, reads_part: Any, t1: float) -> Non
         shape.table,
         written.target,
         " (replayed: written before)" if written.replayed else "",
-        w.t_found,
-        t2 - t1,
-        time.monotonic() - t2,
+        *args,
     )
 
 
