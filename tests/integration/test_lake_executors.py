@@ -1,16 +1,18 @@
-"""A merge-on-read mirror's data files written by the executors (`lake/files.py`,
-`stage_mirror`): the batch shuffled by key, each task keeping each key's newest version and
-writing it as one file, the driver deleting the touched keys' rows and committing the files.
+"""Merge-on-read tables' data files written by the executors (`lake/files.py`,
+`stage_by_key`): a batch of several source partitions shuffled by key, each task keeping
+each key's newest version (a mirror) or making every change a version (a history) and
+writing them as one file, the driver deleting or closing the touched keys' rows and
+committing the files; a batch of one partition through the driver.
 
 On the kind of table users have (acct: a composite key with a text part, TOASTed text, an
 int array, jsonb, an enum, typed by the JVM) and a table pyarrow types in the tasks, both in
-one publication, into a Delta and an Iceberg mirror, batch by batch: inserts; a transaction
-of updates that leave the TOASTed value out (only the table can fill it in: those keys go to
-the driver) beside updates of it, jsonb updates, deletes, inserts, an insert updated in the
-same batch and a delete followed by a new insert of its key; key changes and a truncate
-(the batch goes the driver's way). After each, both tables read with DuckDB and with
-delta-rs / pyiceberg equal the source, and the Delta log and Iceberg data files show which
-way each batch went."""
+one publication, into Delta and Iceberg mirrors and histories, batch by batch: inserts; a
+transaction of updates that leave the TOASTed value out (only the table can fill it in:
+those keys go to the driver) beside updates of it, jsonb updates, deletes, inserts, an
+insert updated in the same batch and a delete followed by a new insert of its key; key
+changes and a truncate (the batch goes the driver's way). After each, every table read
+with DuckDB and with delta-rs / pyiceberg equals the source (a history: its current
+versions), and the Delta log and Iceberg data files show which way each batch went."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from tests.lake import (
     REAL_TABLE,
     Place,
     big_text,
+    current_versions,
     delta_rows,
     differences,
     duck,
@@ -51,42 +54,48 @@ CREATE TABLE flat (
 );
 ALTER TABLE flat ALTER COLUMN big SET STORAGE EXTERNAL;
 """
-KINDS = ("delta", "iceberg")
+#: The merge-on-read tables: Delta and Iceberg, mirrors and histories ("-h").
+KINDS = ("delta", "iceberg", "delta-h", "iceberg-h")
 
 
 def lake_rows(db: Any, tmp_path: Path, kind: str, table: str) -> list[Any]:
-    """The mirror's rows read by DuckDB; delta-rs / pyiceberg must read the same version."""
+    """The mirror's rows (a history's current versions) read by DuckDB; delta-rs /
+    pyiceberg must read the same version."""
     json_columns = REAL_JSON if table == "acct" else ()
-    if kind == "delta":
+    history = kind.endswith("-h")
+
+    def rows(got: list[dict[str, Any]]) -> list[Any]:
+        return normalised(current_versions(got) if history else got, json_columns)
+
+    if kind.startswith("delta"):
         from deltalake import DeltaTable
 
-        path = tmp_path / "d" / table
+        path = tmp_path / ("dh" if history else "d") / table
         if not (path / "_delta_log").exists():
             return []  # before its first batch
         while True:
             version = DeltaTable(str(path)).version()
-            by_duckdb = normalised(delta_rows(path), json_columns)
+            by_duckdb = rows(delta_rows(path))
             pinned = DeltaTable(str(path), version=version)
             if DeltaTable(str(path)).version() == version:  # DuckDB read that version too
                 break
-        other = normalised(pa.table(pinned.scan()).to_pylist(), json_columns)
+        other = rows(pa.table(pinned.scan()).to_pylist())
     else:
         from pyiceberg.table import StaticTable
 
         try:
-            location = iceberg_metadata(db.dsn, f"mor.{table}")
+            location = iceberg_metadata(db.dsn, f"{'morh' if history else 'mor'}.{table}")
         except psycopg.errors.UndefinedTable:
             return []  # no Iceberg table in the catalog yet
         if location is None:
             return []
         con = duck()
         try:  # the catalog's metadata file now, read by both
-            rows = rows_of(con, "SELECT * FROM iceberg_scan(?)", location.removeprefix("file://"))
+            read = rows_of(con, "SELECT * FROM iceberg_scan(?)", location.removeprefix("file://"))
         finally:
             con.close()
-        by_duckdb = normalised(rows, json_columns)
-        scanned = StaticTable.from_metadata(location).scan().to_arrow().to_pylist()
-        other = normalised(scanned, json_columns)
+        by_duckdb = rows(read)
+        other = rows(StaticTable.from_metadata(location).scan().to_arrow().to_pylist())
     assert by_duckdb == other, f"{kind} {table}: DuckDB and the second reader differ"
     return by_duckdb
 
@@ -121,10 +130,10 @@ def equal_everywhere(runtime: Runtime, db: Any, tmp_path: Path) -> None:
     wait_until(equal, 120, interval=0.5, message=diffs)
 
 
-def delta_commits(tmp_path: Path, table: str) -> list[dict[str, Any]]:
+def delta_commits(tmp_path: Path, table: str, sub: str = "d") -> list[dict[str, Any]]:
     """Each version's data files added (by who wrote them) and deletion vectors written."""
     out = []
-    for entry in sorted((tmp_path / "d" / table / "_delta_log").glob("*.json")):
+    for entry in sorted((tmp_path / sub / table / "_delta_log").glob("*.json")):
         actions = [json.loads(line) for line in entry.read_text().splitlines() if line]
         adds = [a["add"] for a in actions if "add" in a]
         out.append({
@@ -159,6 +168,11 @@ def test_the_executors_write_a_mirrors_files_and_the_driver_what_only_the_table_
             **place.delta_destination(), "updates": "merge_on_read"}},
         {"name": "iceberg", "source": "app", "destination": {
             **place.iceberg_destination("mor"), "updates": "merge_on_read"}},
+        {"name": "delta-h", "source": "app", "destination": {
+            **place.delta_destination("dh"), "mode": "history", "updates": "merge_on_read"}},
+        {"name": "iceberg-h", "source": "app", "destination": {
+            **place.iceberg_destination("morh"), "mode": "history",
+            "updates": "merge_on_read"}},
     ]  # fmt: skip
     # small source partitions: a batch of the larger transactions below spans several,
     # which the executors shuffle by key; a batch of one goes through the driver
@@ -175,9 +189,12 @@ def test_the_executors_write_a_mirrors_files_and_the_driver_what_only_the_table_
                 )
         equal_everywhere(runtime, db, tmp_path)
         for table in ("acct", "flat"):
-            first = [c for c in delta_commits(tmp_path, table) if c["executors"] or c["driver"]]
-            assert first and all(c["executors"] and not c["driver"] for c in first), first
-            assert not any(c["vectors"] for c in first), first
+            for sub in ("d", "dh"):  # the mirror's and the history's
+                first = [
+                    c for c in delta_commits(tmp_path, table, sub) if c["executors"] or c["driver"]
+                ]
+                assert first and all(c["executors"] and not c["driver"] for c in first), first
+                assert not any(c["vectors"] for c in first), first
             assert iceberg_files(tmp_path, table)["driver"] == 0, iceberg_files(tmp_path, table)
         # 2. one transaction of each kind of change, the TOASTed value left out of most
         before = {t: len(delta_commits(tmp_path, t)) for t in ("acct", "flat")}
@@ -209,9 +226,8 @@ def test_the_executors_write_a_mirrors_files_and_the_driver_what_only_the_table_
         equal_everywhere(runtime, db, tmp_path)
         for table in ("acct", "flat"):
             new = [c for c in delta_commits(tmp_path, table)[before[table] :] if c["vectors"]]
-            (mixed,) = new
             # the executors' keys and, in the same commit, the driver's (TOAST filled in)
-            assert mixed["executors"] and mixed["driver"], mixed
+            assert any(c["executors"] and c["driver"] for c in new), new
             files = iceberg_files(tmp_path, table)
             assert files["driver"] >= 1 and files["deletes"] >= 1, files
         # 3. key changes (of the id and of the text part): the batch goes the driver's way

@@ -163,9 +163,10 @@ class TableBatch:
         field(default=None, compare=False)
     )
 
-    #: Keys the executors planned and wrote already (a merge-on-read mirror's, see
-    #: `lake/files.py`): `rows` then holds only the changes of keys that need the table's
-    #: current rows, and the commit adds these files and deletes the touched keys' rows.
+    #: Keys the executors planned and wrote already (a merge-on-read mirror's or history's,
+    #: see `lake/files.py`): `rows` then holds only the changes of keys that need the
+    #: table's current rows, and the commit adds these files and deletes (a history:
+    #: closes) the touched keys' rows.
     staged: StagedRows | None = field(default=None, compare=False)
 
     @property
@@ -176,14 +177,26 @@ class TableBatch:
 
 @dataclass(frozen=True)
 class StagedRows:
-    """A mirror's newest version of some keys, written by the executors as staged Parquet
-    files (the shape's columns, in the batch's types), and every key they upsert or delete
-    (a pyarrow Table of the key columns; None: every key is new to the table). The sink
-    deletes the table's rows of `touched` and adds the files, in the batch's commit."""
+    """Rows of some keys written by the executors as staged Parquet files in the table's
+    columns (the batch's types): a mirror's newest version of each, a history's every
+    version. `touched`: a mirror's keys upserted or deleted (a pyarrow Table of the key
+    columns; None: every key is new to the table), whose rows the sink deletes; a
+    history's keys with `ENDS`, when the table's current version of each ends, which the
+    sink closes. Both in the batch's one commit, with the files added."""
 
     #: (staged file, a name unique to it in the table's data files)
     files: tuple[tuple[str, str], ...]
     touched: Any
+
+    def ends(self, key: list[str]) -> dict[tuple[Any, ...], Any]:
+        """A history's `touched` as {key: when its current version ends}."""
+        if self.touched is None:
+            return {}
+        return {tuple(r[k] for k in key): r[ENDS] for r in self.touched.to_pylist()}
+
+
+#: The column of a history's `StagedRows.touched`: when each key's current version ends.
+ENDS = "_ends"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from walstream.lake import delta_log
 from walstream.lake.contract import FilesBatch, TableBatch
 from walstream.lake.key_index import KeyIndex, KeyIndexes
 from walstream.lake.plan import history_plan, mirror_plan
-from walstream.lake.positions import closed_versions, current_rows, replaced
+from walstream.lake.positions import ROW_GROUP, closed_versions, current_rows, replaced
 from walstream.lake.storage import Store, open_store
 from walstream.lake.tables import (
     LakeTable,
@@ -42,8 +42,6 @@ class DeltaOnRead:
         """The batch's keys marked deleted where the table has them and their newest
         versions appended, in one commit; after a truncate, an overwrite. The keys the
         executors planned (`batch.staged`): their files added as they are."""
-        import pyarrow as pa
-
         key, columns = list(batch.shape.key), batch.shape.names
         table, store, current, files = self._state(table, lake, batch)
         index = self.indexes.of(lake.location, key)
@@ -67,21 +65,15 @@ class DeltaOnRead:
             fs, files, plan, key, index, None if staged is None else staged.touched
         )
         schema = arrow_schema(table)
-        new = as_table(plan.upserts, schema)
-        adds: list[dict[str, Any]] = []
-        if staged is not None and staged.files:
-            placed = [(path, (fs, store.path(name))) for path, name in staged.files]
-            unadopted = unadoptable_rows(placed, lake.schema(batch), schema)
-            if unadopted is None:
-                adds = [staged_add(store, path, name) for path, name in staged.files]
-            else:
-                new = pa.concat_tables([new, unadopted])
+        adds, new = staged_adds(store, lake, batch, schema, as_table(plan.upserts, schema))
         self._commit(lake, store, current, positions, new, app_id, batch, index, adds)
         return int(new.num_rows) + sum(int(a["stats_rows"]) for a in adds)
 
     def history(self, table: Any, lake: LakeTable, batch: TableBatch, app_id: str) -> int:
         """The current versions the batch ends deleted and appended closed, and its new
-        versions appended, in one commit (a truncate ends every current version)."""
+        versions appended, in one commit (a truncate ends every current version). The keys
+        the executors wrote versions of (`batch.staged`): their files added as they are,
+        their current versions closed when the executors say."""
         import pyarrow as pa
 
         key = list(batch.shape.key)
@@ -92,11 +84,14 @@ class DeltaOnRead:
             batch, functools.partial(current_rows, fs, files, keys, columns, index=index)
         )
         plan = history_plan(rows, key, columns, lake.schema(batch))
+        if batch.staged is not None:  # the keys whose versions the executors wrote
+            plan.closes.update(batch.staged.ends(key))
         schema = arrow_schema(table)
         positions, closed = closed_versions(fs, files, plan, key, keys, schema, index)
         new = pa.concat_tables([closed, as_table(plan.versions, schema)])
-        self._commit(lake, store, current, positions, new, app_id, batch, index)
-        return int(plan.versions.num_rows)
+        adds, new = staged_adds(store, lake, batch, schema, new)
+        self._commit(lake, store, current, positions, new, app_id, batch, index, adds)
+        return int(plan.versions.num_rows) + sum(int(a["stats_rows"]) for a in adds)
 
     def _state(self, table: Any, lake: LakeTable, batch: TableBatch) -> tuple[Any, ...]:
         """The table with the batch's new columns, its directory, the snapshot of its
@@ -199,6 +194,24 @@ def data_file(store: Store, rows: Any) -> dict[str, Any]:
     }
 
 
+def staged_adds(
+    store: Store, lake: LakeTable, batch: TableBatch, schema: Any, new: Any
+) -> tuple[list[dict[str, Any]], Any]:
+    """The files the executors staged for the batch (`batch.staged`) as add actions, moved
+    into the table's directory, and the rows `new`; when the files' columns are not the
+    table's (`schema`) now, no actions and their rows added to `new` instead."""
+    import pyarrow as pa
+
+    staged = batch.staged
+    if staged is None or not staged.files:
+        return [], new
+    placed = [(path, (store.filesystem, store.path(name))) for path, name in staged.files]
+    unadopted = unadoptable_rows(placed, lake.schema(batch), schema)
+    if unadopted is not None:
+        return [], pa.concat_tables([new, unadopted])
+    return [staged_add(store, path, name) for path, name in staged.files], new
+
+
 def staged_add(store: Store, staged: str, name: str) -> dict[str, Any]:
     """A file the executors staged, moved into the table's directory as `name`: its add
     action (with `stats_rows`, its row count, which is not part of it)."""
@@ -217,8 +230,3 @@ def staged_add(store: Store, staged: str, name: str) -> dict[str, Any]:
         "stats": delta_log.stats(meta),
         "stats_rows": meta.num_rows,
     }
-
-
-#: Rows per row group of the files merge-on-read writes: a history batch reads back only
-#: the groups that hold the versions it ends.
-ROW_GROUP = 16_384

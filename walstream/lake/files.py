@@ -10,12 +10,13 @@ the table's columns differ from the files' (a column added or widened at the sou
 since the table was written), the driver reads the files back and writes the batch
 the way it writes any other (`write_batch`), which changes the table's schema first.
 
-A merge-on-read mirror's (`stage_mirror`): the batch is shuffled by key, so each key's
-changes are in one task, which types them, keeps each key's newest version, writes those
-as one file and returns the keys it touched; the driver deletes the table's rows of those
-keys (its key index) and commits the files. A key whose unchanged TOAST value only the
-table has comes to the driver as its changes; a truncate or a key change sends the whole
-batch the driver's way. History tables still write from the driver (docs/cluster.md).
+A merge-on-read mirror's or history's (`stage_by_key`): the batch is shuffled by key, so
+each key's changes are in one task, which types them, keeps each key's newest version (a
+history: makes every change a version), writes those as one file and returns the keys it
+touched (a history: when each key's current version ends); the driver deletes the table's
+rows of those keys (its key index; a history appends them closed) and commits the files.
+A key whose unchanged TOAST value only the table has comes to the driver as its changes;
+a truncate or a key change sends the whole batch the driver's way (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -27,8 +28,17 @@ from typing import Any
 from walstream.decode.table_shape import TableShape
 from walstream.engine.frames import map_in_arrow
 from walstream.errors import SinkError
-from walstream.lake.contract import StagedRows
-from walstream.lake.plan import changelog_rows, fill_toast, from_target, key_changes, mirror_plan
+from walstream.lake.contract import ENDS, StagedRows
+from walstream.lake.plan import (
+    changelog_rows,
+    fill_toast,
+    from_target,
+    history_plan,
+    history_schema,
+    key_changes,
+    mirror_plan,
+)
+from walstream.lake.positions import ROW_GROUP
 from walstream.lake.typed import RAW_COLUMNS, arrow_typable, arrow_typed, to_batch, typed_rows
 
 _STATS_DDL = "path STRING, rows BIGINT, newest_us BIGINT, problem STRING, fix STRING"
@@ -79,15 +89,15 @@ def stage_changelog(
     )
 
 
-_MIRROR_DDL = (
+_BY_KEY_DDL = (
     "path STRING, changes BIGINT, rows BIGINT, newest_us BIGINT, problem STRING, fix STRING, "
     "fallback STRING, touched BINARY, held BINARY"
 )
 
 
 @dataclass(frozen=True)
-class StagedMirror:
-    """What the executors did with one mirror table's changes of a batch."""
+class StagedByKey:
+    """What the executors did with one mirror or history table's changes of a batch."""
 
     changes: int  # the table's changes in the batch
     newest_us: int
@@ -100,14 +110,15 @@ class StagedMirror:
     held: Any
 
 
-def stage_mirror(
-    rows: Any, shape: TableShape, stage: str, name: str, only: bool, complete: bool
-) -> StagedMirror:
-    """A merge-on-read mirror's changes among `rows` (the batch's change rows) planned and
-    written by the executors under `stage` (emptied first), shuffled by key (`pk`) over
-    the application's cores (a key's changes in one task, as a task needs); `name` prefixes the files' names in the table. A table
-    pyarrow types (`arrow_typable`) is typed in the tasks, else by the JVM. `complete`:
-    see `TableBatch.complete`. A value its column cannot hold fails the batch here (a
+def stage_by_key(
+    rows: Any, shape: TableShape, stage: str, name: str, only: bool, complete: bool, mode: str
+) -> StagedByKey:
+    """A merge-on-read mirror's or history's (`mode`) changes among `rows` (the batch's
+    change rows) planned and written by the executors under `stage` (emptied first),
+    shuffled by key (`pk`) over the application's cores (a key's changes in one task, as
+    a task needs); `name` prefixes the files' names in the table. A table pyarrow types
+    (`arrow_typable`) is typed in the tasks, else by the JVM. `complete`: see
+    `TableBatch.complete`. A value its column cannot hold fails the batch here (a
     SinkError, not retryable)."""
     import pyarrow as pa
 
@@ -117,7 +128,8 @@ def stage_mirror(
     rows = rows.repartition(rows.sparkSession.sparkContext.defaultParallelism, "pk")
     by_arrow = arrow_typable(shape)
     typed = rows.select(*RAW_COLUMNS) if by_arrow else typed_rows(rows, shape, only=only)
-    out = map_in_arrow(typed, _mirror_writer(shape, stage, by_arrow, only, complete), _MIRROR_DDL)
+    writer = _by_key_writer(shape, stage, by_arrow, only, complete, mode)
+    out = map_in_arrow(typed, writer, _BY_KEY_DDL)
     got = out.collect()
     for r in got:
         if r.problem is not None:
@@ -126,7 +138,7 @@ def stage_mirror(
     newest = max((r.newest_us for r in got), default=0)
     fallback = next((r.fallback for r in got if r.fallback is not None), None)
     if fallback is not None or not got:
-        return StagedMirror(changes, newest, fallback, None, None)
+        return StagedByKey(changes, newest, fallback, None, None)
     written = sorted((r for r in got if r.rows), key=lambda r: r.path)
     files = tuple((r.path, f"{name}-{i}.parquet") for i, r in enumerate(written))
     touched = [_from_ipc(r.touched) for r in got if r.touched is not None]
@@ -134,11 +146,11 @@ def stage_mirror(
     held = held.sort_by([("_lsn", "ascending"), ("_seq", "ascending")])
     # a task whose keys were all new (inserted here first) touched none the table has
     keys = pa.concat_tables(touched) if touched else None
-    return StagedMirror(changes, newest, None, StagedRows(files, keys), held)
+    return StagedByKey(changes, newest, None, StagedRows(files, keys), held)
 
 
-def _mirror_schema() -> Any:
-    """`_MIRROR_DDL` in Arrow."""
+def _by_key_schema() -> Any:
+    """`_BY_KEY_DDL` in Arrow."""
     import pyarrow as pa
 
     return pa.schema(
@@ -171,11 +183,11 @@ def _from_ipc(data: Any) -> Any:
     return pa.ipc.open_stream(pa.py_buffer(bytes(data))).read_all()
 
 
-def _mirror_writer(
-    shape: TableShape, stage: str, by_arrow: bool, only: bool, complete: bool
+def _by_key_writer(
+    shape: TableShape, stage: str, by_arrow: bool, only: bool, complete: bool, mode: str
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The mapInArrow function: this task's keys' newest versions as one file (see
-    `stage_mirror`), and what it touched."""
+    """The mapInArrow function: this task's keys' newest versions (a mirror's) or every
+    version (a history's) as one file (see `stage_by_key`), and what it touched."""
     key = list(shape.key)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -185,7 +197,7 @@ def _mirror_writer(
         got = [b for b in batches if b.num_rows]
         if not got:
             return
-        schema = _mirror_schema()
+        schema = _by_key_schema()
         answer = {"path": "", "rows": 0, "newest_us": 0, "problem": None, "fix": None}
         answer.update(fallback=None, touched=None, held=None, changes=0)
         typed = pa.Table.from_batches(got)
@@ -207,6 +219,8 @@ def _mirror_writer(
             answer["fallback"] = "a truncate"
         elif pc.any(key_changes(rows, key)).as_py():
             answer["fallback"] = "a key change"
+        elif mode == "history":
+            answer.update(_write_history(rows, shape, stage))
         else:
             answer.update(_write_mirror(rows, shape, stage, complete))
         yield pa.RecordBatch.from_pylist([answer], schema=schema)
@@ -218,31 +232,64 @@ def _write_mirror(rows: Any, shape: TableShape, stage: str, complete: bool) -> d
     """A task's rows planned: the changes of keys only the table can fill in held for the
     driver, each other key's newest version written as one file."""
     import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    from pyarrow import fs as pafs
-    from pyspark import TaskContext
 
     key = list(shape.key)
+    rest, out = _held(rows, key)
+    plan = mirror_plan(rest, key, shape.names, complete)
+    if not plan.appends_only:
+        ups = plan.upserts.select(key)
+        out["touched"] = _to_ipc(pa.concat_tables([ups, plan.deletes.select(key).cast(ups.schema)]))
+    out.update(_written(plan.upserts, stage))
+    return out
+
+
+def _write_history(rows: Any, shape: TableShape, stage: str) -> dict[str, Any]:
+    """A task's rows planned as a history's: the changes of keys only the table can fill in
+    held for the driver, every other change a version, written as one file; `touched`:
+    each key and when the table's current version of it ends (`ENDS`)."""
+    import pyarrow as pa
+
+    key = list(shape.key)
+    rest, out = _held(rows, key)
+    plan = history_plan(rest, key, shape.names, history_schema(rest.schema, shape.names))
+    ends = [{**dict(zip(key, k, strict=True)), ENDS: at} for k, at in plan.closes.items()]
+    fields = [
+        *(rest.schema.field(k) for k in key),
+        pa.field(ENDS, rest.schema.field("_committed_at").type),
+    ]
+    out["touched"] = _to_ipc(pa.Table.from_pylist(ends, schema=pa.schema(fields)))
+    out.update(_written(plan.versions, stage))
+    return out
+
+
+def _held(rows: Any, key: list[str]) -> tuple[Any, dict[str, Any]]:
+    """The rows whose key's values the batch itself gives, TOAST filled in; the others
+    held for the driver (the answer's `held`)."""
+    import pyarrow.compute as pc
+
     held = from_target(rows, key)
 
     def no_target(keys: list[Any]) -> dict[Any, Any]:
         raise AssertionError(f"from_target left keys {keys[:3]} to the executors")
 
     rest = fill_toast(rows.filter(pc.invert(held)), key, no_target)
-    plan = mirror_plan(rest, key, shape.names, complete)
-    out: dict[str, Any] = {"held": _to_ipc(rows.filter(held))}
-    if not plan.appends_only:
-        ups = plan.upserts.select(key)
-        out["touched"] = _to_ipc(pa.concat_tables([ups, plan.deletes.select(key).cast(ups.schema)]))
-    if plan.upserts.num_rows:
-        ctx = TaskContext.get()
-        part = ctx.partitionId() if ctx is not None else 0
-        filesystem, root = pafs.FileSystem.from_uri(stage)
-        pq.write_table(plan.upserts, f"{root}/part-{part:05d}.parquet", filesystem=filesystem)
-        out["path"] = f"{stage.rstrip('/')}/part-{part:05d}.parquet"
-        out["rows"] = plan.upserts.num_rows
-    return out
+    return rest, {"held": _to_ipc(rows.filter(held))}
+
+
+def _written(rows: Any, stage: str) -> dict[str, Any]:
+    """`rows` as this task's file under `stage` (none when there are none)."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+    from pyspark import TaskContext
+
+    if not rows.num_rows:
+        return {}
+    ctx = TaskContext.get()
+    part = ctx.partitionId() if ctx is not None else 0
+    filesystem, root = pafs.FileSystem.from_uri(stage)
+    path = f"{root}/part-{part:05d}.parquet"
+    pq.write_table(rows, path, filesystem=filesystem, row_group_size=ROW_GROUP)
+    return {"path": f"{stage.rstrip('/')}/part-{part:05d}.parquet", "rows": rows.num_rows}
 
 
 def _empty(stage: str) -> None:

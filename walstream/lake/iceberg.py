@@ -294,7 +294,8 @@ class IcebergSink(TableSink):
         self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]
     ) -> int:
         """The current versions the batch ends marked deleted (a position delete file) and
-        appended closed, beside its new versions, in the batch's transaction."""
+        appended closed, beside its new versions, in the batch's transaction; the keys the
+        executors wrote versions of (`batch.staged`): their files added as they are."""
         import pyarrow as pa
 
         key, schema = list(batch.shape.key), lake.schema(batch)
@@ -306,16 +307,21 @@ class IcebergSink(TableSink):
             batch, functools.partial(current_rows, fs, files, keys, columns, index=index)
         )
         plan = history_plan(rows, key, columns, schema)
+        if batch.staged is not None:  # the keys whose versions the executors wrote
+            plan.closes.update(batch.staged.ends(key))
         have = table.schema().as_arrow()
         full = pa.schema([*have, *(f for f in schema if f.name not in have.names)])
         positions, closed = closed_versions(fs, files, plan, key, keys, full, index)
         new = pa.concat_tables([closed, as_table(plan.versions, full)])
-        if positions:  # one snapshot: the deletes and the new rows
-            deletes = iceberg_deletes.write_deletes(table, positions)
-            iceberg_deletes.add_deletes(tx, table, [deletes], props, new)
+        added, n, unadopted = self._staged(tx, table, lake, batch)
+        if unadopted is not None:
+            new = pa.concat_tables([new, as_table(unadopted, full)])
+        deletes = [iceberg_deletes.write_deletes(table, positions)] if positions else []
+        if deletes or added:  # one snapshot: deletes, the new rows, the executors' files
+            iceberg_deletes.add_deletes(tx, table, deletes, props, new, added)
         elif new.num_rows:
             tx.append(new, snapshot_properties=props)
-        return int(plan.versions.num_rows)
+        return int(plan.versions.num_rows) + n
 
     def _history(
         self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]

@@ -294,6 +294,24 @@ class HistoryPlan:
     versions: Any = None  # pyarrow Table: the source columns + HISTORY
 
 
+def history_schema(rows: Any, columns: Sequence[str]) -> Any:
+    """A history table's Arrow schema: the source `columns` as typed in `rows` (a schema),
+    then its version columns (`HISTORY`)."""
+    pa = _pa()
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema(
+        [
+            *(rows.field(c) for c in columns),
+            pa.field("_op", pa.string()),
+            pa.field("_lsn", pa.int64()),
+            pa.field("_seq", pa.int32()),
+            pa.field("valid_from", ts),
+            pa.field("valid_to", ts),
+            pa.field("is_current", pa.bool_()),
+        ]
+    )
+
+
 def history_plan(rows: Any, key: Sequence[str], columns: Sequence[str], schema: Any) -> HistoryPlan:
     """Every change a version; each ends where the next change of its key (or a truncate)
     begins. `schema`: the history table's Arrow schema."""

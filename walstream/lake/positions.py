@@ -16,6 +16,10 @@ from typing import Any
 from walstream.lake.plain import plain
 from walstream.lake.plan import HistoryPlan, Key, MirrorPlan, key_of
 
+#: Rows per row group of the files merge-on-read writes: a batch reads back only the groups
+#: that hold the rows it needs (`rows_at`: the versions a history ends, TOAST values).
+ROW_GROUP = 16_384
+
 
 @dataclass(frozen=True)
 class DataFile:

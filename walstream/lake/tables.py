@@ -20,6 +20,7 @@ from walstream.lake.plan import (
     MirrorPlan,
     changelog_rows,
     fill_toast,
+    history_schema,
     key_of,
     split_moves,
 )
@@ -57,17 +58,7 @@ class LakeTable:
         if mode == "mirror":
             return pa.schema(cols)
         if mode == "history":
-            return pa.schema(
-                [
-                    *cols,
-                    pa.field("_op", pa.string()),
-                    pa.field("_lsn", pa.int64()),
-                    pa.field("_seq", pa.int32()),
-                    pa.field("valid_from", ts),
-                    pa.field("valid_to", ts),
-                    pa.field("is_current", pa.bool_()),
-                ]
-            )
+            return history_schema(rows, batch.shape.names)
         return pa.schema(
             [
                 pa.field("_op", pa.string()),

@@ -31,7 +31,7 @@ from walstream.engine.frames import planned_partitions
 from walstream.engine.sql import selection_expr
 from walstream.errors import SinkError
 from walstream.lake.contract import FilesBatch, TableBatch, TableSink, Written
-from walstream.lake.files import StagedFiles, discard, stage_changelog, stage_mirror
+from walstream.lake.files import StagedFiles, discard, stage_by_key, stage_changelog
 from walstream.lake.sources import LakeSources
 from walstream.lake.typed import RAW_COLUMNS, arrow_typable, batch_rows, place, to_batch
 from walstream.sinks.clients import on_source
@@ -92,7 +92,7 @@ class _Write:
     #: brought them to the driver (`_tables_of`); None: each table's rows are its own job.
     raw: Any = None
     persisted: bool = False  # `rows` is cached for the jobs after the one that found them
-    #: The batch spans several source partitions: a merge-on-read mirror's files are then
+    #: The batch spans several source partitions: a merge-on-read table's files are then
     #: written by the executors (`_executors_write`), a batch of one by the driver.
     spread: bool = False
     t_found: float = 0.0
@@ -298,9 +298,9 @@ def _write_table(w: _Write, shape: Any) -> None:
 
 def _staged(w: _Write, shape: Any, t1: float) -> None:
     """A changelog table's rows, written to files by the executors and committed as such;
-    a merge-on-read mirror's (`_staged_mirror`)."""
-    if w.table_sink.config.mode == "mirror":
-        _staged_mirror(w, shape, t1)
+    a merge-on-read mirror's or history's (`_staged_by_key`)."""
+    if w.table_sink.config.mode != "changelog":
+        _staged_by_key(w, shape, t1)
         return
     done = _changelog_files(
         w.rows,
@@ -328,14 +328,15 @@ def _staged(w: _Write, shape: Any, t1: float) -> None:
     )
 
 
-def _staged_mirror(w: _Write, shape: Any, t1: float) -> None:
-    """A merge-on-read mirror's keys planned and written by the executors, committed by
-    the sink with the changes it must fill in itself; the batch through the driver when
-    the executors cannot (`stage_mirror`'s fallback)."""
+def _staged_by_key(w: _Write, shape: Any, t1: float) -> None:
+    """A merge-on-read mirror's or history's keys planned and written by the executors,
+    committed by the sink with the changes it must fill in itself; the batch through the
+    driver when the executors cannot (`stage_by_key`'s fallback)."""
     stage = f"{w.stage}/{w.batch_id}/{shape.schema}.{shape.table}"
     name = f"walstream-{w.query_id}-{w.batch_id}"
     try:
-        done = stage_mirror(w.rows, shape, stage, name, not w.several, w.complete)
+        mode = w.table_sink.config.mode
+        done = stage_by_key(w.rows, shape, stage, name, not w.several, w.complete, mode)
         if done.fallback is not None:
             log.debug(
                 "batch %d: sink %s: %s.%s written through the driver: the batch has %s",
@@ -447,20 +448,19 @@ def _source_rows(dsn: str, shape: Any, keys: list[tuple[Any, ...]]) -> dict[Any,
 
 def _executors_write(w: _Write) -> bool:
     """Whether the executors write the sink's table files, where they have a stage: a
-    changelog's always, a merge-on-read mirror's when the batch spans several partitions
-    (one partition through the driver: commit → visible p50 191 ms against 247 ms by one
-    task and 344 ms shuffled, floor 156-162 ms, bench.lake --updates merge_on_read)."""
+    changelog's always, a merge-on-read mirror's or history's when the batch spans several
+    partitions (one partition through the driver: commit → visible p50 191 ms against 247
+    ms by one task and 344 ms shuffled, floor 156-162 ms, bench.lake --updates
+    merge_on_read)."""
     return w.stage is not None and _on_executors(w.table_sink.config) and w.spread
 
 
 def _on_executors(dest: Any) -> bool:
     """Whether a table's files are written by the executors: a changelog table's and a
-    merge-on-read mirror's (no partitions: each task writes one file)."""
+    merge-on-read mirror's or history's (no partitions: each task writes one file)."""
     if dest.partition_by:
         return False
-    return bool(
-        dest.mode == "changelog" or (dest.mode == "mirror" and dest.updates == "merge_on_read")
-    )
+    return bool(dest.mode == "changelog" or dest.updates == "merge_on_read")
 
 
 def _changelog_files(
