@@ -26,7 +26,7 @@ from walstream.lake.tables import (
     as_table,
     key_schema,
     move_staged,
-    unadoptable_rows,
+    staged_footers,
 )
 
 
@@ -206,21 +206,21 @@ def staged_adds(
     if staged is None or not staged.files:
         return [], new
     placed = [(path, (store.filesystem, store.path(name))) for path, name in staged.files]
-    unadopted = unadoptable_rows(placed, lake.schema(batch), schema)
-    if unadopted is not None:
+    metas, unadopted = staged_footers(placed, lake.schema(batch), schema)
+    if metas is None:
         return [], pa.concat_tables([new, unadopted])
-    return [staged_add(store, path, name) for path, name in staged.files], new
+    adds = [
+        staged_add(store, path, name, meta)
+        for (path, name), meta in zip(staged.files, metas, strict=True)
+    ]
+    return adds, new
 
 
-def staged_add(store: Store, staged: str, name: str) -> dict[str, Any]:
+def staged_add(store: Store, staged: str, name: str, meta: Any) -> dict[str, Any]:
     """A file the executors staged, moved into the table's directory as `name`: its add
-    action (with `stats_rows`, its row count, which is not part of it)."""
-    import pyarrow.parquet as pq
-
-    target = (store.filesystem, store.path(name))
-    move_staged(staged, target)
-    with store.filesystem.open_input_file(target[1]) as f:
-        meta = pq.read_metadata(f)
+    action (`meta`: its Parquet footer; with `stats_rows`, its row count, which is not
+    part of it)."""
+    move_staged(staged, (store.filesystem, store.path(name)))
     return {
         "path": name,
         "partitionValues": {},

@@ -276,8 +276,9 @@ def _held(rows: Any, key: list[str]) -> tuple[Any, dict[str, Any]]:
     return rest, {"held": _to_ipc(rows.filter(held))}
 
 
-def _written(rows: Any, stage: str) -> dict[str, Any]:
-    """`rows` as this task's file under `stage` (none when there are none)."""
+def _written(rows: Any, stage: str, row_group_size: int | None = ROW_GROUP) -> dict[str, Any]:
+    """`rows` as this task's file under `stage` (none when there are none): its `path` and
+    `rows`. `row_group_size` None: pyarrow's own (a changelog's files)."""
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
     from pyspark import TaskContext
@@ -288,7 +289,7 @@ def _written(rows: Any, stage: str) -> dict[str, Any]:
     part = ctx.partitionId() if ctx is not None else 0
     filesystem, root = pafs.FileSystem.from_uri(stage)
     path = f"{root}/part-{part:05d}.parquet"
-    pq.write_table(rows, path, filesystem=filesystem, row_group_size=ROW_GROUP)
+    pq.write_table(rows, path, filesystem=filesystem, row_group_size=row_group_size)
     return {"path": f"{stage.rstrip('/')}/part-{part:05d}.parquet", "rows": rows.num_rows}
 
 
@@ -317,9 +318,6 @@ def _writer(shape: TableShape, stage: str) -> Callable[[Iterator[Any]], Iterator
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-        from pyarrow import fs as pafs
-        from pyspark import TaskContext
 
         schema = pa.schema(
             [
@@ -341,24 +339,10 @@ def _writer(shape: TableShape, stage: str) -> Callable[[Iterator[Any]], Iterator
                 schema=schema,
             )
             return
-        ctx = TaskContext.get()
-        part = ctx.partitionId() if ctx is not None else 0
-        filesystem, root = pafs.FileSystem.from_uri(stage)
-        path = f"{root}/part-{part:05d}.parquet"
-        pq.write_table(rows, path, filesystem=filesystem)
         newest = pc.max(rows["_committed_at"]).cast(pa.int64()).as_py() or 0
-        uri = f"{stage.rstrip('/')}/part-{part:05d}.parquet"
+        answer = {"newest_us": newest, "problem": None, "fix": None}
         yield pa.RecordBatch.from_pylist(
-            [
-                {
-                    "path": uri,
-                    "rows": rows.num_rows,
-                    "newest_us": newest,
-                    "problem": None,
-                    "fix": None,
-                }
-            ],
-            schema=schema,
+            [{**answer, **_written(rows, stage, row_group_size=None)}], schema=schema
         )
 
     return run

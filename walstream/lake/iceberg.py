@@ -45,8 +45,8 @@ from walstream.lake.tables import (
     key_schema,
     move_staged,
     present_keys,
+    staged_footers,
     staged_or,
-    unadoptable_rows,
 )
 from walstream.sinks.registry import register
 
@@ -283,12 +283,12 @@ class IcebergSink(TableSink):
             (path, file_at(table.io, target))
             for (path, _), target in zip(batch.staged.files, targets, strict=True)
         ]
-        unadopted = unadoptable_rows(placed, lake.schema(batch), existing)
-        if unadopted is not None:
+        metas, unadopted = staged_footers(placed, lake.schema(batch), existing)
+        if metas is None:
             return [], 0, unadopted
         for path, target in placed:
             move_staged(path, target)
-        return targets, sum(m.num_rows for m in footers([t for _, t in placed])), None
+        return targets, sum(m.num_rows for m in metas), None
 
     def _history_on_read(
         self, tx: Any, table: Any, lake: LakeTable, batch: TableBatch, props: dict[str, str]

@@ -282,23 +282,26 @@ def adoptable(files: Any, wanted: Any, existing: Any | None) -> bool:
     return set(have) == set(names) and all(_same(have[f.name], f.type) for f in wanted)
 
 
-def unadoptable_rows(files: Sequence[tuple[str, Placed]], wanted: Any, existing: Any) -> Any:
-    """None when staged files (each: its staged path, where the table keeps it) can be the
-    table's data files as they are (`adoptable`: the shape's columns `wanted`, as the table
-    `existing` has them); else their rows in `existing`'s schema, for the sink to write
-    with its own (a column the table has that the batch does not, or of another type)."""
+def staged_footers(
+    files: Sequence[tuple[str, Placed]], wanted: Any, existing: Any
+) -> tuple[list[Any] | None, Any]:
+    """(the files' Parquet footers, None) when staged files (each: its staged path, where
+    the table keeps it) can be the table's data files as they are (`adoptable`: the
+    shape's columns `wanted`, as the table `existing` has them); else (None, their rows in
+    `existing`'s schema), for the sink to write with its own (a column the table has that
+    the batch does not, or of another type)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     at = [staged_or(staged, moved) for staged, moved in files]
     metas = footers(at)
     if adoptable([m.schema.to_arrow_schema() for m in metas], wanted, existing):
-        return None
+        return metas, None
     parts = []
     for filesystem, path in at:
         with filesystem.open_input_file(path) as f:
             parts.append(as_table(pq.read_table(f), existing))
-    return pa.concat_tables(parts)
+    return None, pa.concat_tables(parts)
 
 
 def as_table(rows: Any, schema: Any) -> Any:

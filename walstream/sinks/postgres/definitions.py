@@ -149,9 +149,15 @@ def conform(conn: Any, fresh: TableDef, sent: Any, create_tables: bool) -> None:
             continue
         try:
             with conn.transaction():  # a savepoint: a failed retype leaves the rest
-                conn.execute(
-                    f"ALTER TABLE {fresh.target} ALTER COLUMN {ident(col.name)} TYPE "
-                    f"{col.type_sql} USING {ident(col.name)}::text::{col.type_sql}"
-                )
+                retype(conn, fresh, col)
         except psycopg.Error:
             continue
+
+
+def retype(conn: Any, table: TableDef, col: Column) -> None:
+    """The target's column `col.name` given the type `col` has, through text: every type
+    has a text form."""
+    conn.execute(
+        f"ALTER TABLE {table.target} ALTER COLUMN {ident(col.name)} TYPE {col.type_sql} "
+        f"USING {ident(col.name)}::text::{col.type_sql}"
+    )

@@ -28,12 +28,11 @@ from walstream.fields import Dsn
 from walstream.sinks.base import Message, MessageDestination, MessageSink, SinkContext
 from walstream.sinks.clients import Clients
 from walstream.sinks.postgres.book import APPLY, SUPERSEDED, row_key
-from walstream.sinks.postgres.definitions import conform, load_definition
+from walstream.sinks.postgres.definitions import conform, load_definition, retype
 from walstream.sinks.postgres.rename import RenamePending, exists
 from walstream.sinks.postgres.sql import (
     Run,
     TableDef,
-    ident,
     missing,
     operations,
     row_keys,
@@ -316,11 +315,8 @@ class PostgresSink(MessageSink):
             return None
         for ddl in fresh.types:
             conn.execute(ddl)
-        for col in changed:  # through text: every type has a text form
-            conn.execute(
-                f"ALTER TABLE {fresh.target} ALTER COLUMN {ident(col.name)} TYPE {col.type_sql} "
-                f"USING {ident(col.name)}::text::{col.type_sql}"
-            )
+        for col in changed:
+            retype(conn, fresh, col)
         key = (self.dsn, table.schema, table.name)
         _TABLES[key] = fresh
         self._created.append(key)  # forgotten if the transaction rolls back
