@@ -69,11 +69,12 @@ def lake_sink(name: str, kind: str, work: Path, **dest: Any) -> dict[str, Any]:
 
 def plan(
     dsn: str, work: Path, slot: str, sinks: list[dict[str, Any]], publication: str = "bench",
-    **source: Any,
+    trigger: float = 0.0, **source: Any,
 ) -> Any:  # fmt: skip
     return parse_config({
         "server": {"enabled": False},
-        "spark": {"master": "local[2]", "checkpoint_dir": str(work / f"ckpt-{slot}")},
+        "spark": {"master": "local[2]", "checkpoint_dir": str(work / f"ckpt-{slot}"),
+                  "trigger_interval": trigger},
         "sources": [{"name": "bench", "dsn": dsn, "slot": slot, "publication": publication,
                      **source}],
         "sinks": sinks,
@@ -353,16 +354,39 @@ KINDS = {
 DEFAULT_KINDS = ("delta", "deltamor", "iceberg", "icebergmor")
 
 
-def tree_bytes(path: Path) -> int:
-    """The bytes under a table's directory (a wrong directory is an error, not 0 bytes)."""
+def tree_bytes(path: Path) -> dict[str, int]:
+    """The bytes under a table's directory by what they hold (`part_of`); a wrong
+    directory is an error, not 0 bytes."""
     if not path.is_dir():
         raise SystemExit(f"no table directory {path}")
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    out: dict[str, int] = {}
+    for f in path.rglob("*"):
+        if f.is_file():
+            out[part_of(f)] = out.get(part_of(f), 0) + f.stat().st_size
+    return out
+
+
+def part_of(f: Path) -> str:
+    """What a lake table's file holds: data, deletes (Delta's vectors, Iceberg's position
+    deletes), log (Delta's commits, Iceberg's metadata and manifests) or checkpoints."""
+    if "checkpoint" in f.name:
+        return "checkpoints"
+    if f.name.startswith(("deletion_vector_", "walstream-deletes-")):
+        return "deletes"
+    if f.suffix == ".parquet":
+        return "data"
+    return "log"
+
+
+def grown(before: dict[str, int], after: dict[str, int], updates: int) -> dict[str, float]:
+    """The bytes each part of a table grew by, an update."""
+    return {k: (after.get(k, 0) - before.get(k, 0)) / updates for k in sorted(after)}
 
 
 def scale_one(
-    pg: EmbeddedPostgres, work: Path, rows: int, rate: int, seconds: float, kinds: list[str]
-) -> dict[str, Any]:
+    pg: EmbeddedPostgres, work: Path, rows: int, rate: int, seconds: float, kinds: list[str],
+    trigger: float,
+) -> dict[str, Any]:  # fmt: skip
     """One table of `rows` rows, and for each of `kinds` alone (its own walstream, slot and
     mirror, so no other sink shares its batches): backfilled, then updated at random keys;
     bytes written per update, drain time, a DuckDB read."""
@@ -382,20 +406,21 @@ def scale_one(
         )  # type: ignore[index]
     out: dict[str, Any] = {"row_size": row_size}
     for kind in kinds:
-        out[kind] = scale_kind(dsn, work, rows, kind, rate, seconds, pg.data)
+        out[kind] = scale_kind(dsn, work, rows, kind, rate, seconds, pg.data, trigger)
     return out
 
 
 def scale_kind(
-    dsn: str, work: Path, rows: int, kind: str, rate: int, seconds: float, pg_data: Path
-) -> Any:
+    dsn: str, work: Path, rows: int, kind: str, rate: int, seconds: float, pg_data: Path,
+    trigger: float,
+) -> Any:  # fmt: skip
     """One table of `kind` (see KINDS) mirroring or keeping the history of `scale_<rows>`;
     the CPU each process group spent an update while they flowed and drained (the
     driver's share: what the executors do not take)."""
     table, name = f"scale_{rows}", f"sc{rows}-{kind}"
     fmt, updates, mode = KINDS[kind]
     sink = lake_sink(name, fmt, work, updates=updates, mode=mode)
-    cfg = plan(dsn, work, f"scale_{rows}_{kind}", [sink], publication=table)
+    cfg = plan(dsn, work, f"scale_{rows}_{kind}", [sink], publication=table, trigger=trigger)
     directory = (
         work / name / table
         if fmt == "delta"
@@ -408,7 +433,7 @@ def scale_kind(
         wait(runtime, lambda: getattr(store.get(b.id), "status", None) == DONE,
              f"backfill of {rows:,} rows into {name}")  # fmt: skip
         before = tree_bytes(directory)
-        start = runtime.progress()[name].delivered
+        start, batches = runtime.progress()[name].delivered, runtime.progress()[name].batches
         writer = Updates(dsn, table, rows, rate, seconds)
         cpu = cpu_by_group(pg_data)
         writer.thread.start()
@@ -416,11 +441,15 @@ def scale_kind(
         stopped = time.monotonic()
         wait(runtime, lambda: runtime.progress()[name].delivered - start >= writer.done,
              f"updates into {name}")  # fmt: skip
+        drained = time.monotonic() - stopped
         print_breakdown(f"lake {name}", cpu_by_group(pg_data), cpu, writer.done, rate)
+        parts = grown(before, tree_bytes(directory), writer.done)
         result = {
             "updates": writer.done,
-            "bytes_per_update": (tree_bytes(directory) - before) / writer.done,
-            "drain_s": time.monotonic() - stopped,
+            "bytes_per_update": sum(parts.values()),
+            "parts": parts,
+            "drain_s": drained,
+            "per_batch": writer.done / max(1, runtime.progress()[name].batches - batches),
         }
         read = time.perf_counter()
         n = duck_rows(fmt, mode, directory, cfg.state_dsn, f"{name.replace('-', '_')}.{table}")
@@ -457,11 +486,11 @@ def label(kind: str) -> str:
 
 def scale(
     pg: EmbeddedPostgres, work: Path, sizes: list[int], rate: int, seconds: float,
-    kinds: list[str],
+    kinds: list[str], trigger: float = 0.0,
 ) -> None:  # fmt: skip
     results = {}
     for rows in sizes:
-        r = results[rows] = scale_one(pg, work, rows, rate, seconds, kinds)
+        r = results[rows] = scale_one(pg, work, rows, rate, seconds, kinds, trigger)
         for kind in kinds:
             k = r[kind]
             print(f"{label(kind)} of {rows:,} rows, {k['updates']:,} random-key updates at "
@@ -469,6 +498,8 @@ def scale(
                   f"({k['bytes_per_update'] / r['row_size']:.1f}x the row's {r['row_size']:.0f} B), "
                   f"drained {k['drain_s']:.1f}s after the writer stopped; DuckDB reads it in "
                   f"{k['read_s']:.2f}s", flush=True)  # fmt: skip
+            print(f"  {k['per_batch']:,.0f} updates a batch; of which, an update: " + ", ".join(
+                f"{part} {b:,.1f} B" for part, b in k["parts"].items()), flush=True)  # fmt: skip
     small, large = min(results), max(results)
     for kind in kinds:
         for what, unit in (("bytes_per_update", "B"), ("drain_s", "s")):
@@ -515,6 +546,12 @@ def main() -> None:
     ap.add_argument("--update-rate", type=int, default=1600)
     ap.add_argument("--update-seconds", type=float, default=60)
     ap.add_argument(
+        "--trigger-interval",
+        type=float,
+        default=0.0,
+        help="the scale part's spark.trigger_interval (s): longer batches, fewer per-batch bytes",
+    )
+    ap.add_argument(
         "--only",
         default="backfill,streaming,latency,files",
         help="the parts to run, of backfill,streaming,latency,files,scale",
@@ -550,7 +587,8 @@ def main() -> None:
                 unknown = set(kinds) - set(KINDS)
                 if unknown:
                     ap.error(f"--scale-kinds: {', '.join(sorted(unknown))}: not of {list(KINDS)}")
-                scale(pg, work, sizes, args.update_rate, args.update_seconds, kinds)
+                scale(pg, work, sizes, args.update_rate, args.update_seconds, kinds,
+                      args.trigger_interval)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

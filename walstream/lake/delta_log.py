@@ -320,20 +320,8 @@ def delete_commit(
     descriptors = dv.write(store.filesystem, store.root, unions) if unions else []
     for (path, _), descriptor in zip(changed, descriptors, strict=True):
         old = current.files[path].add
-        removed = {
-            "path": path,
-            "deletionTimestamp": now,
-            "dataChange": True,
-            "extendedFileMetadata": True,
-            "partitionValues": old.get("partitionValues") or {},
-            "size": old["size"],
-        }
-        if old.get("deletionVector") is not None:
-            removed["deletionVector"] = old["deletionVector"]
-        actions.append({"remove": removed})
-        added = {k: v for k, v in old.items() if k != "deletionVector"}
-        added.update(dataChange=True, deletionVector=descriptor.action())
-        actions.append({"add": added})
+        actions.append({"remove": _removed(old, now)})
+        actions.append({"add": _with_vector(old, descriptor.action())})
     actions.extend({"add": a} for a in adds)
     info = {
         "timestamp": now,
@@ -351,6 +339,36 @@ def delete_commit(
         for (path, _), descriptor, union in zip(changed, descriptors, unions, strict=True):
             known[path] = (_vector_id(descriptor.action()), union)
     return version
+
+
+def _removed(add: Mapping[str, Any], now: int) -> dict[str, Any]:
+    """The remove action of a data file whose vector changes: only what the protocol asks
+    for (a batch of random keys removes and re-adds hundreds of files; every byte here is
+    written once a file a batch). Partition values are kept where the table has them."""
+    out: dict[str, Any] = {
+        "path": add["path"],
+        "deletionTimestamp": now,
+        "dataChange": True,
+        "size": add["size"],
+    }
+    if add.get("partitionValues"):
+        out.update(extendedFileMetadata=True, partitionValues=add["partitionValues"])
+    if add.get("deletionVector") is not None:
+        out["deletionVector"] = add["deletionVector"]
+    return out
+
+
+def _with_vector(add: Mapping[str, Any], vector: dict[str, Any]) -> dict[str, Any]:
+    """The add action of a data file with its new vector: the same file, its statistics
+    marked wide (`tightBounds: false`, as the protocol asks of a file whose deleted rows
+    the min/max may still count) and its unset fields left out (a checkpoint's nulls)."""
+    out = {k: v for k, v in add.items() if v is not None and k != "deletionVector"}
+    out.update(dataChange=True, deletionVector=vector)
+    if out.get("stats"):
+        stats = json.loads(out["stats"])
+        stats["tightBounds"] = False
+        out["stats"] = json.dumps(stats, separators=(",", ":"))
+    return out
 
 
 #: Parquet physical types whose footer min/max are Delta statistics as they are.
@@ -385,4 +403,4 @@ def stats(meta: Any) -> str:
             if len(values) == len(stats):
                 out["minValues"][name] = min(s.min for s in values)
                 out["maxValues"][name] = max(s.max for s in values)
-    return json.dumps(out)
+    return json.dumps(out, separators=(",", ":"))

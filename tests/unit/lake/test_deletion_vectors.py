@@ -140,6 +140,33 @@ def test_deleted_rows_and_new_files_in_one_commit_read_alike_by_two_readers(tmp_
     assert c not in masks(location)
 
 
+def test_a_file_re_added_with_its_vector_says_its_statistics_are_wide(tmp_path: Path) -> None:
+    """The add action of a file whose vector changed: its min/max may count deleted rows, so
+    `tightBounds` is false (the protocol's rule for such a file); numRecords stays the
+    file's physical rows. The remove action names the file and its old vector, nothing a
+    reader does not need; no field is written as null (a checkpoint's unset ones)."""
+    import json
+
+    location = tmp_path / "t"
+    a, _, _ = three_files(location)
+    commit(location, {a: [1]})
+    deltalake.DeltaTable(str(location)).create_checkpoint()  # the next commit reads `a` there
+    version = commit(location, {a: [2]}, batch_id=2)
+    log = location / "_delta_log" / f"{version:020d}.json"
+    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    (added,) = [x["add"] for x in actions if "add" in x]
+    (removed,) = [x["remove"] for x in actions if "remove" in x]
+    assert None not in added.values()
+    assert json.loads(added["stats"]) | {"minValues": None, "maxValues": None} == {
+        "numRecords": 10, "tightBounds": False, "minValues": None, "maxValues": None,
+        "nullCount": {"id": 0, "v": 0},
+    }  # fmt: skip
+    assert added["deletionVector"]["cardinality"] == 2
+    assert set(removed) == {"path", "deletionTimestamp", "dataChange", "size", "deletionVector"}
+    assert removed["deletionVector"]["cardinality"] == 1
+    assert ids_by_duckdb(location) == ids_by_delta_rs(location) == [0, *range(3, 30)]
+
+
 def test_the_live_files_are_read_from_a_checkpoint_and_compaction_folds_the_vectors(
     tmp_path: Path,
 ) -> None:
