@@ -24,9 +24,11 @@ On an embedded Postgres, with walstream's Runtime (`local[2]`):
    of that many rows, and for each of SCALE_KINDS alone (Delta and Iceberg, copy-on-write
    and merge-on-read mirrors; the histories on request) a table backfilled, then single-row
    updates of random keys at UPDATE_RATE/s for UPDATE_SECONDS: bytes each table's directory grew by
-   per update, next to the changed row's own size (target <= 4x) and the smallest table's
-   figure (target: the largest within 1.5x); drain time after the writer stops; a DuckDB
-   read of the whole table.
+   per update (and of which: data, deletes, log, checkpoints), next to the changed row's
+   own size (target <= 4x) and the smallest table's figure (target: the largest within
+   1.5x); the updates a batch (`--trigger-interval` sets spark.trigger_interval); drain
+   time after the writer stops; a DuckDB read of the whole table, then the sink's
+   optimize (maintenance: its time and bytes, apart) and the read again.
 """
 
 from __future__ import annotations
@@ -451,13 +453,33 @@ def scale_kind(
             "drain_s": drained,
             "per_batch": writer.done / max(1, runtime.progress()[name].batches - batches),
         }
-        read = time.perf_counter()
-        n = duck_rows(fmt, mode, directory, cfg.state_dsn, f"{name.replace('-', '_')}.{table}")
-        result["read_s"] = time.perf_counter() - read
-        assert n == rows, f"{name}: {n:,} current rows read back, {rows:,} in the source"
+        result.update(maintenance(cfg, name, table, directory, rows))
     finally:
         runtime.stop()
     return result
+
+
+def maintenance(cfg: Any, name: str, table: str, directory: Path, rows: int) -> dict[str, Any]:
+    """DuckDB's read of the table, the sink's optimize (what `optimize.every` runs: its
+    time and the bytes it wrote, the maintenance a schedule amortises) and the read
+    again; each read must find the source's rows."""
+    from walstream.sinks.registry import sink_for
+
+    fmt, mode = cfg.sink(name).destination.type, KINDS[name.split("-", 1)[1]][2]
+    identifier = f"{name.replace('-', '_')}.{table}"
+    out: dict[str, Any] = {}
+    for when in ("read_s", "read_after_s"):
+        if when == "read_after_s":
+            before, t0 = sum(tree_bytes(directory).values()), time.perf_counter()
+            done = sink_for(cfg.sink(name).destination).optimize("public", table)
+            out["optimize_s"] = time.perf_counter() - t0
+            print(f"  optimize: {done}", flush=True)
+            out["optimize_bytes"] = sum(tree_bytes(directory).values()) - before
+        t0 = time.perf_counter()
+        n = duck_rows(fmt, mode, directory, cfg.state_dsn, identifier)
+        out[when] = time.perf_counter() - t0
+        assert n == rows, f"{name}: {n:,} current rows read back, {rows:,} in the source"
+    return out
 
 
 def duck_rows(fmt: str, mode: str, directory: Path, state_dsn: str, identifier: str) -> int:
@@ -497,7 +519,9 @@ def scale(
                   f"{rate:,}/s: {k['bytes_per_update']:,.0f} B written per update "
                   f"({k['bytes_per_update'] / r['row_size']:.1f}x the row's {r['row_size']:.0f} B), "
                   f"drained {k['drain_s']:.1f}s after the writer stopped; DuckDB reads it in "
-                  f"{k['read_s']:.2f}s", flush=True)  # fmt: skip
+                  f"{k['read_s']:.2f}s; optimize (maintenance) took {k['optimize_s']:.1f}s and "
+                  f"wrote {k['optimize_bytes'] / 1e6:,.1f} MB, then DuckDB read it in "
+                  f"{k['read_after_s']:.2f}s", flush=True)  # fmt: skip
             print(f"  {k['per_batch']:,.0f} updates a batch; of which, an update: " + ", ".join(
                 f"{part} {b:,.1f} B" for part, b in k["parts"].items()), flush=True)  # fmt: skip
     small, large = min(results), max(results)
@@ -506,6 +530,9 @@ def scale(
             figure("lake", f"{label(kind)} {what} at {large:,} rows", results[large][kind][what],
                    unit, reference=f"the same at {small:,} rows",
                    reference_value=results[small][kind][what], target="<= 1.5x")  # fmt: skip
+        figure("lake", f"{label(kind)} DuckDB read after optimize at {large:,} rows",
+               results[large][kind]["read_after_s"], "s", reference="before optimize",
+               reference_value=results[large][kind]["read_s"])  # fmt: skip
         figure("lake", f"{label(kind)} bytes per update at {large:,} rows (B)",
                results[large][kind]["bytes_per_update"], "B", reference="the changed row's size",
                reference_value=results[large]["row_size"], target="<= 4x")  # fmt: skip
