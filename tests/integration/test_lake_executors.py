@@ -109,8 +109,25 @@ def source(db: Any, table: str) -> list[Any]:
         return normalised([dict(zip(names, r, strict=True)) for r in cur.fetchall()])
 
 
-def equal_everywhere(runtime: Runtime, db: Any, tmp_path: Path) -> None:
-    """Wait until every mirror equals its source table; the differences if they never do."""
+def before_commit(conn: Any) -> int:
+    """Inside a transaction: a time (µs) before its commit, so a sink whose newest written
+    commit is at or past it has written the transaction (or its first batch)."""
+    row = conn.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::int8").fetchone()
+    return int(row[0])
+
+
+def equal_everywhere(runtime: Runtime, db: Any, tmp_path: Path, since_us: int) -> None:
+    """Wait until every sink has written the commit after `since_us` (cheap: no table
+    read), then until every mirror equals its source table; the differences if they
+    never do. Reading eight tables twice at each poll would take the cores the batches
+    need."""
+
+    def written() -> bool:
+        runtime.poll()
+        progress = runtime.progress()
+        return all(getattr(progress.get(k), "last_committed_us", 0) >= since_us for k in KINDS)
+
+    wait_until(written, 120, interval=0.2, message=lambda: f"progress: {runtime.progress()}")
 
     def diffs() -> str:
         out = []
@@ -127,7 +144,7 @@ def equal_everywhere(runtime: Runtime, db: Any, tmp_path: Path) -> None:
         assert not runtime.parking.paused(), runtime.parking.paused()
         return not diffs()
 
-    wait_until(equal, 120, interval=0.5, message=diffs)
+    wait_until(equal, 120, interval=1, message=diffs)
 
 
 def delta_commits(tmp_path: Path, table: str, sub: str = "d") -> list[dict[str, Any]]:
@@ -187,7 +204,8 @@ def test_the_executors_write_a_mirrors_files_and_the_driver_what_only_the_table_
                     "INSERT INTO flat VALUES (%s, %s, %s, %s, now())",
                     (region, k, big_text(k, 0), k),
                 )
-        equal_everywhere(runtime, db, tmp_path)
+            since = before_commit(conn)
+        equal_everywhere(runtime, db, tmp_path, since)
         for table in ("acct", "flat"):
             for sub in ("d", "dh"):  # the mirror's and the history's
                 first = [
@@ -223,7 +241,8 @@ def test_the_executors_write_a_mirrors_files_and_the_driver_what_only_the_table_
                 conn.execute("INSERT INTO flat VALUES ('eu', %s, %s, 1, NULL)", (k, big_text(k, 1)))
                 conn.execute("UPDATE flat SET n = n + 1 WHERE region = 'eu' AND id = %s", (k,))
             conn.execute("UPDATE acct SET doc = %s, arr = %s WHERE id > 200", ('"é"', [None, 2]))
-        equal_everywhere(runtime, db, tmp_path)
+            since = before_commit(conn)
+        equal_everywhere(runtime, db, tmp_path, since)
         for table in ("acct", "flat"):
             new = [c for c in delta_commits(tmp_path, table)[before[table] :] if c["vectors"]]
             # the executors' keys and, in the same commit, the driver's (TOAST filled in)
@@ -236,28 +255,32 @@ def test_the_executors_write_a_mirrors_files_and_the_driver_what_only_the_table_
                 conn.execute(f"UPDATE {t} SET id = id + 100000 {where}", keys[200])
                 conn.execute(f"UPDATE {t} SET region = 'moved', n = 3 {where}", keys[201])
                 conn.execute(f"UPDATE {t} SET n = n + 1 {where}", keys[202])
-        equal_everywhere(runtime, db, tmp_path)
+            since = before_commit(conn)
+        equal_everywhere(runtime, db, tmp_path, since)
         # 4. a truncate, then rows again; 5. and updates of them through the executors
         with psycopg.connect(db.dsn) as conn, conn.transaction():
             conn.execute("TRUNCATE acct, flat")
             for region, k in keys[:50]:
                 conn.execute("INSERT INTO acct VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                              real_row(region, k, 2))  # fmt: skip
-        equal_everywhere(runtime, db, tmp_path)
+            since = before_commit(conn)
+        equal_everywhere(runtime, db, tmp_path, since)
         before = len(delta_commits(tmp_path, "acct"))
         with psycopg.connect(db.dsn) as conn, conn.transaction():
             for region, k in keys[:50:2]:
                 conn.execute(
                     f"UPDATE acct SET big = %s, n = 1 {where}", (big_text(k, 3), region, k)
                 )
-        equal_everywhere(runtime, db, tmp_path)
+            since = before_commit(conn)
+        equal_everywhere(runtime, db, tmp_path, since)
         (last,) = [c for c in delta_commits(tmp_path, "acct")[before:] if c["vectors"]]
         assert last["executors"] and not last["driver"], last
         # 6. a small batch (one source partition): through the driver, the latency path
         before = len(delta_commits(tmp_path, "acct"))
         with psycopg.connect(db.dsn) as conn:
             conn.execute(f"UPDATE acct SET big = 'small', n = 1 {where}", keys[7])
-        equal_everywhere(runtime, db, tmp_path)
+            since = before_commit(conn)
+        equal_everywhere(runtime, db, tmp_path, since)
         (small,) = [c for c in delta_commits(tmp_path, "acct")[before:] if c["vectors"]]
         assert small["driver"] and not small["executors"], small
     finally:
