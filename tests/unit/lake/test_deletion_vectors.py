@@ -165,6 +165,9 @@ def test_a_file_re_added_with_its_vector_says_its_statistics_are_wide(tmp_path: 
     assert set(removed) == {"path", "deletionTimestamp", "dataChange", "size", "deletionVector"}
     assert removed["deletionVector"]["cardinality"] == 1
     assert ids_by_duckdb(location) == ids_by_delta_rs(location) == [0, *range(3, 30)]
+    deltalake.DeltaTable(str(location)).create_checkpoint()  # the short remove in one
+    commit(location, {a: [3]}, batch_id=3)  # ... read back from it
+    assert ids_by_duckdb(location) == ids_by_delta_rs(location) == [0, *range(4, 30)]
 
 
 def test_the_live_files_are_read_from_a_checkpoint_and_compaction_folds_the_vectors(
