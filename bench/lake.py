@@ -364,7 +364,8 @@ def tree_bytes(path: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     for f in path.rglob("*"):
         if f.is_file():
-            out[part_of(f)] = out.get(part_of(f), 0) + f.stat().st_size
+            part = part_of(f)
+            out[part] = out.get(part, 0) + f.stat().st_size
     return out
 
 
